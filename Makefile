@@ -1,0 +1,28 @@
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test bench clean
+
+$(BIN)/rnr: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the CPU wheel on disk; an unpinned resolve pulls CUDA.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(BIN)/rnr
+
+setup: $(BIN)/rnr
+
+demo: setup
+	$(BIN)/rnr audit --model smollm2 --task arithmetic --n 24 --k 32 --out runs/demo
+	$(BIN)/rnr report runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q -rs tests
+
+bench: setup
+	$(BIN)/python benchmarks/sampling.py --quick
+
+clean:
+	rm -rf $(VENV) runs
