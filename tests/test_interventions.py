@@ -1,0 +1,174 @@
+"""The hook registry against independent manual computations on tiny models."""
+
+import copy
+import json
+
+import pytest
+import torch
+import transformers as tf
+
+from rnr_interp.generate import Decoding, forward, generate, left_pad
+from rnr_interp.interventions import (
+    Ablate, AblateUnits, Route, Steer, applied, dumps, from_json, loads, set_id, to_json,
+)
+from rnr_interp.models import build_tiny, load_model
+
+FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-gpt2", "tiny-gemma"]
+PROMPTS = ["hello 12+3", "what is 7*8?", "a"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lm(request):
+    return load_model(f"{request.param}:4")
+
+
+def batch(lm):
+    return left_pad([lm.encode(lm.render(p)) for p in PROMPTS], lm.tokenizer.pad_token_id)
+
+
+def logits_of(lm, rows=None):
+    ids, mask = batch(lm)
+    with torch.inference_mode(), applied(lm, rows, batch_size=ids.shape[0]):
+        return forward(lm, ids, mask)[0]
+
+
+def reference(name, n_layers, edit):
+    """The same random model rebuilt by plain transformers, with its layer list edited
+    by `edit(layers) -> layers` (copied HF layers, no bridge, no hooks)."""
+    model, tok = build_tiny(name, n_layers=n_layers, seed=0)
+    owner = model.transformer if hasattr(model, "transformer") else model.model
+    attr = "h" if hasattr(owner, "h") else "layers"
+    layers = edit(list(getattr(owner, attr)))
+    for i, layer in enumerate(layers):
+        attn = layer.attn if hasattr(layer, "attn") else layer.self_attn
+        attn.layer_idx = i
+    setattr(owner, attr, torch.nn.ModuleList(layers))
+    model.config.num_hidden_layers = len(layers)
+    if getattr(model.config, "layer_types", None) is not None:
+        model.config.layer_types = [model.config.layer_types[0]] * len(layers)
+    return model
+
+
+def ref_logits(lm, model):
+    ids, mask = batch(lm)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+def real_positions(lm):
+    return batch(lm)[1].bool()
+
+
+def close(a, b, lm, atol=1e-4):
+    m = real_positions(lm)
+    return torch.allclose(a[m], b[m], atol=atol)
+
+
+def test_bridge_matches_plain_transformers(lm):
+    family = lm.spec.split(":")[0]
+    assert close(logits_of(lm), ref_logits(lm, build_tiny(family, 4)[0]), lm)
+
+
+def test_identity_route_reproduces_baseline_exactly(lm):
+    base = logits_of(lm)
+    assert torch.equal(logits_of(lm, [Route(tuple(range(lm.n_layers)))]), base)
+
+
+@pytest.mark.parametrize("path", [(0, 1, 3), (0, 2, 3), (1, 2, 3)])
+def test_skip_route_equals_model_without_block(lm, path):
+    family = lm.spec.split(":")[0]
+    ref = reference(family, 4, lambda layers: [layers[i] for i in path])
+    assert close(logits_of(lm, [Route(path)]), ref_logits(lm, ref), lm)
+
+
+@pytest.mark.parametrize("path", [(0, 1, 1, 2, 3), (0, 1, 2, 1, 2, 3)])
+def test_repeat_route_equals_model_with_duplicated_block(lm, path):
+    family = lm.spec.split(":")[0]
+    ref = reference(family, 4, lambda layers: [copy.deepcopy(layers[i]) for i in path])
+    assert close(logits_of(lm, [Route(path)]), ref_logits(lm, ref), lm)
+
+
+def test_layer_ablation_equals_skip_route(lm):
+    assert close(logits_of(lm, [Ablate("layer", 2)]), logits_of(lm, [Route((0, 1, 3))]), lm)
+
+
+@pytest.mark.parametrize("component", ["mlp", "attn"])
+def test_zero_ablation_equals_manual_forward(lm, component):
+    """Drop the component's output by patching the plain HF submodule to return zeros."""
+    family = lm.spec.split(":")[0]
+    model, _ = build_tiny(family, 4)
+    layer = (model.transformer.h if hasattr(model, "transformer") else model.model.layers)[1]
+    sub = getattr(layer, component) if hasattr(layer, component) else layer.self_attn
+    orig_forward = sub.forward
+
+    def zeroed(*a, **k):
+        out = orig_forward(*a, **k)
+        return (torch.zeros_like(out[0]), *out[1:]) if isinstance(out, tuple) else torch.zeros_like(out)
+
+    sub.forward = zeroed
+    assert close(logits_of(lm, [Ablate(component, 1)]), ref_logits(lm, model), lm)
+    assert not close(logits_of(lm, [Ablate(component, 1)]), logits_of(lm), lm)
+
+
+def test_steer_alpha_zero_is_noop_and_nonzero_moves(lm):
+    v = tuple(torch.randn(lm.bridge.cfg.d_model, generator=torch.Generator().manual_seed(1)).tolist())
+    assert torch.equal(logits_of(lm, [Steer(1, v, 0.0)]), logits_of(lm))
+    assert not close(logits_of(lm, [Steer(1, v, 4.0)]), logits_of(lm), lm)
+
+
+def test_all_units_equals_mlp_ablation():
+    # Llama-style MLPs have no output bias, so zeroing every unit is zeroing the output.
+    lm = load_model("tiny-llama:4")
+    all_units = AblateUnits(2, tuple(range(lm.bridge.cfg.d_mlp)))
+    assert close(logits_of(lm, [all_units]), logits_of(lm, [Ablate("mlp", 2)]), lm, atol=1e-5)
+
+
+def test_per_row_batched_equals_one_at_a_time(lm):
+    rows = [[Ablate("mlp", 0)], [Ablate("attn", 3), AblateUnits(1, (0, 5, 7))], [Ablate("layer", 1)]]
+    batched = logits_of(lm, rows)
+    ids, mask = batch(lm)
+    for r, specs in enumerate(rows):
+        with torch.inference_mode(), applied(lm, specs):
+            single = forward(lm, ids[r:r + 1], mask[r:r + 1])[0]
+        m = mask[r].bool()
+        assert torch.allclose(batched[r][m], single[0][m], atol=1e-5)
+
+
+def test_context_manager_restores_model_even_on_error(lm):
+    base = logits_of(lm)
+    with pytest.raises(RuntimeError, match="boom"):
+        with applied(lm, [Route((0, 0, 1)), Ablate("mlp", 1)]):
+            raise RuntimeError("boom")
+    assert torch.equal(logits_of(lm), base)
+    assert len(lm.bridge.blocks) == lm.n_layers
+
+
+def test_cached_equals_uncached_generation(lm):
+    prompts = [lm.encode(lm.render(p)) for p in PROMPTS]
+    dec = Decoding(max_new_tokens=10)
+    for iv in (None, [Route((0, 1, 1, 2, 3))], [Route((0, 2, 3))], [[Ablate("attn", 0)], [], [AblateUnits(1, (1, 2))]]):
+        a = generate(lm, prompts, n=2, decoding=dec, interventions=iv, use_cache=True)
+        b = generate(lm, prompts, n=2, decoding=dec, interventions=iv, use_cache=False)
+        assert [[g.tokens for g in r] for r in a] == [[g.tokens for g in r] for r in b], iv
+
+
+def test_specs_serialise_round_trip():
+    specs = [Ablate("attn", 3), Steer(2, (0.5, -1.0), 2.0, "hook_mlp_out"), AblateUnits(1, (9, 2)), Route((0, 1, 1, 2))]
+    assert loads(dumps(specs)) == tuple(specs)
+    assert json.loads(json.dumps(to_json(specs[1])))["kind"] == "Steer"
+    assert set_id(specs[:1]) == "ablate:attn:3"
+    with pytest.raises(ValueError, match="unknown intervention kind"):
+        from_json({"kind": "Nope"})
+
+
+def test_bad_specs_give_clear_errors():
+    lm = load_model("tiny-llama:3")
+    with pytest.raises(ValueError, match="component"):
+        Ablate("head", 1)
+    with pytest.raises(ValueError, match="layers 0..2"):
+        with applied(lm, [Ablate("mlp", 7)]):
+            pass
+    with pytest.raises(ValueError, match="different routes"):
+        with applied(lm, [[Route((0, 1))], [Route((0, 2))]]):
+            pass
