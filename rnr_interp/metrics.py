@@ -1,0 +1,396 @@
+"""Question-level audit metrics: realized (D), reachable (O_K), their gap, and intervals.
+
+For question i, d_i says whether the deployed (greedy) candidate is correct and
+o_i(K) whether any of the first K probe candidates is. Aggregates are means over
+questions: D = mean d_i, O_K = mean o_i(K), gap = O_K - D. The gap is a *paired*
+difference (both numbers come from the same questions), so its interval must use the
+pairing: an unpaired interval would be far too wide whenever d_i and o_i agree a lot.
+
+Interval choices (documented here once):
+- `ci="wilson"`: Wilson score intervals for D and O_K; for the gap, Newcombe's
+  square-and-add interval for paired proportions (Newcombe 1998, method 10, with the
+  continuity-corrected correlation estimate), which is built from those same two
+  Wilson intervals, so the three intervals are mutually consistent and deterministic.
+- `ci="bootstrap"`: one seeded paired bootstrap over questions (percentile method);
+  D, O_K and the gap are computed on the same resamples.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+from scipy import stats
+
+DEPLOYED = "deployed"
+
+__all__ = [
+    "DEPLOYED",
+    "pass_at_k",
+    "pass_at_k_curve",
+    "mean_pass_at_k",
+    "question_scores",
+    "audit_summary",
+    "wilson_interval",
+    "bootstrap_ci",
+    "paired_diff_ci",
+    "discordant_counts",
+    "mcnemar",
+    "gap_recovery",
+]
+
+
+# -- pass@k -------------------------------------------------------------------
+
+
+def _check_nck(n: int, c: int, ks: np.ndarray) -> None:
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n, got n={n}, c={c}")
+    if ks.size and (ks.min() < 1 or ks.max() > n):
+        raise ValueError(f"pass@k needs 1 <= k <= n={n}, got k in {ks.tolist()}")
+
+
+def pass_at_k_curve(n: int, c: int, ks: ArrayLike) -> np.ndarray:
+    """Unbiased pass@k, 1 - C(n-c, k) / C(n, k), for each k in `ks`.
+
+    Uses the product form 1 - prod_{i=n-c+1}^{n} (1 - k/i), summed in log space
+    (log1p) so that neither binomial coefficient is ever formed: C(1000, 500) alone
+    overflows a float.
+    """
+    ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
+    n, c = int(n), int(c)
+    _check_nck(n, c, ks_arr)
+    out = np.ones(ks_arr.shape, dtype=float)
+    # When k > n - c every k-subset contains a correct sample: C(n-c, k) = 0.
+    some_miss = ks_arr <= n - c
+    if c == 0:
+        out[:] = 0.0
+    elif some_miss.any():
+        i = np.arange(n - c + 1, n + 1, dtype=float)
+        log_miss = np.log1p(-ks_arr[some_miss, None] / i[None, :]).sum(axis=1)
+        out[some_miss] = -np.expm1(log_miss)  # 1 - exp(x), accurate when x is tiny
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one question with n samples of which c are correct."""
+    return float(pass_at_k_curve(n, c, [k])[0])
+
+
+def mean_pass_at_k(ns: ArrayLike, cs: ArrayLike, ks: ArrayLike) -> np.ndarray:
+    """Mean pass@k curve over questions with per-question sample counts n_i and
+    correct counts c_i. Every k must be <= min n_i (pass@k is undefined beyond n)."""
+    ns_arr = np.asarray(ns, dtype=np.int64).ravel()
+    cs_arr = np.asarray(cs, dtype=np.int64).ravel()
+    if ns_arr.shape != cs_arr.shape or ns_arr.size == 0:
+        raise ValueError(f"need equally long, non-empty n and c, got {ns_arr.size} and {cs_arr.size}")
+    # Questions share few distinct (n, c) pairs (n is usually constant), so each
+    # curve is computed once and weighted by how many questions have it.
+    pairs, counts = np.unique(np.stack([ns_arr, cs_arr], axis=1), axis=0, return_counts=True)
+    curves = np.stack([pass_at_k_curve(n, c, ks) for n, c in pairs])
+    return (counts[:, None] * curves).sum(axis=0) / counts.sum()
+
+
+# -- per-question scores --------------------------------------------------------
+
+
+def _require_columns(df: pd.DataFrame, cols: Sequence[str]) -> None:
+    missing = [col for col in cols if col not in df.columns]
+    if missing:
+        raise ValueError(f"records lack columns {missing}")
+
+
+def _some(ids: Any, limit: int = 5) -> str:
+    ids = sorted(map(str, ids))
+    more = f" (+{len(ids) - limit} more)" if len(ids) > limit else ""
+    return ", ".join(ids[:limit]) + more
+
+
+def question_scores(records: pd.DataFrame, probe: str, k: int | None = None) -> pd.DataFrame:
+    """One row per question (index `question_id`, in order of the deployed rows):
+    `d` deployed correct, `c` correct probe samples, `n` probe samples, `o` any correct
+    among the first k probe candidates by candidate index (all of them when k is None).
+
+    Raises ValueError when the records are ambiguous or incomplete for this audit: a
+    question with several deployed rows (filter to one run first), probe rows without a
+    deployed row, a question without probe rows, duplicate candidate indices, or fewer
+    than k probe samples. Silently scoring such questions would bias D or O_K.
+    """
+    _require_columns(records, ("question_id", "probe", "candidate", "correct"))
+    if probe == DEPLOYED:
+        raise ValueError("probe must be a probe, not the deployed candidate itself")
+    if k is not None and k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+
+    dep = records[records["probe"] == DEPLOYED]
+    multi = dep["question_id"][dep["question_id"].duplicated()]
+    if len(multi):
+        raise ValueError(
+            f"several deployed rows for questions {_some(set(multi))}; "
+            "filter the records to one run/model before scoring"
+        )
+    d = dep.set_index("question_id")["correct"].astype(bool)
+
+    rows = records[records["probe"] == probe]
+    if rows.empty:
+        present = sorted(set(records["probe"]) - {DEPLOYED})
+        raise ValueError(f"no rows for probe {probe!r}; probes present: {present}")
+    dup = rows.duplicated(["question_id", "candidate"])
+    if dup.any():
+        raise ValueError(
+            f"probe {probe!r} repeats candidate indices for questions "
+            f"{_some(set(rows.loc[dup, 'question_id']))}"
+        )
+    no_deployed = set(rows["question_id"]) - set(d.index)
+    if no_deployed:
+        raise ValueError(f"questions without a deployed row: {_some(no_deployed)}")
+    no_probe = set(d.index) - set(rows["question_id"])
+    if no_probe:
+        raise ValueError(f"questions without {probe!r} rows: {_some(no_probe)}")
+
+    rows = rows.sort_values(["question_id", "candidate"], kind="stable")
+    correct = rows["correct"].astype(bool)
+    by_q = correct.groupby(rows["question_id"])
+    n = by_q.size()
+    c = by_q.sum().astype(np.int64)
+    if k is None:
+        o = c > 0
+    else:
+        short = n[n < k]
+        if len(short):
+            raise ValueError(
+                f"k={k} but questions {_some(short.index)} have fewer {probe!r} samples "
+                f"(min {int(short.min())})"
+            )
+        first_k = rows.groupby("question_id").cumcount() < k
+        o = correct[first_k].groupby(rows.loc[first_k, "question_id"]).any()
+    out = pd.DataFrame({"d": d, "c": c, "n": n, "o": o}).loc[d.index]
+    return out.astype({"d": bool, "c": np.int64, "n": np.int64, "o": bool})
+
+
+# -- intervals and tests --------------------------------------------------------
+
+
+def _z(level: float) -> float:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    return float(stats.norm.ppf(0.5 + level / 2))
+
+
+def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; (nan, nan) when n == 0."""
+    z = _z(level)
+    if n == 0:
+        return (math.nan, math.nan)
+    if not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # Clip float round-off so 0/n gives exactly 0 and n/n exactly 1.
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _bootstrap_stats(
+    values: np.ndarray,
+    statistic: Callable[[np.ndarray], Any] | None,
+    n_boot: int,
+    seed: int,
+) -> np.ndarray:
+    """Statistic on n_boot resamples of the rows of `values` (rows resampled together,
+    which is what makes a bootstrap of paired per-question data paired)."""
+    n = len(values)
+    rng = np.random.default_rng(seed)
+    if statistic is not None:
+        return np.stack([np.asarray(statistic(values[rng.integers(0, n, n)])) for _ in range(n_boot)])
+    # Column means, vectorised; chunked so n_boot x n indices never need much memory.
+    chunk = max(1, 4_000_000 // max(n, 1))
+    parts = []
+    for start in range(0, n_boot, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, n_boot - start), n))
+        parts.append(values[idx].mean(axis=1))
+    return np.concatenate(parts)
+
+
+def bootstrap_ci(
+    values: ArrayLike,
+    statistic: Callable[[np.ndarray], Any] | None = None,
+    *,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[Any, Any]:
+    """Percentile bootstrap interval, seeded.
+
+    `values` is (n,) or (n, m): rows are the resampled units (questions), resampled
+    whole so columns stay paired. `statistic` maps a resampled array to a scalar or
+    vector; None means column means (vectorised, fast). Returns (lo, hi): floats for a
+    scalar statistic, arrays for a vector one.
+    """
+    _z(level)
+    arr = np.asarray(values, dtype=float)
+    if len(arr) == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    boot = _bootstrap_stats(arr, statistic, n_boot, seed)
+    alpha = 1 - level
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=0)
+    if np.ndim(lo) == 0:
+        return (float(lo), float(hi))
+    return (lo, hi)
+
+
+def discordant_counts(before: ArrayLike, after: ArrayLike) -> tuple[int, int]:
+    """McNemar's discordant pairs for paired binary outcomes: b = right before and
+    wrong after, c = wrong before and right after."""
+    x0 = _as_binary(before, "before")
+    x1 = _as_binary(after, "after")
+    if x0.shape != x1.shape:
+        raise ValueError(f"paired arrays differ in length: {x0.size} vs {x1.size}")
+    return int((x0 & ~x1).sum()), int((~x0 & x1).sum())
+
+
+def _as_binary(x: ArrayLike, name: str) -> np.ndarray:
+    arr = np.asarray(x).ravel()
+    if arr.dtype != bool:
+        if not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"{name} must be binary (0/1 or bool)")
+        arr = arr.astype(bool)
+    return arr
+
+
+def paired_diff_ci(
+    x_before: ArrayLike,
+    x_after: ArrayLike,
+    *,
+    level: float = 0.95,
+    method: Literal["newcombe", "bootstrap"] = "newcombe",
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Interval for mean(x_after) - mean(x_before) over paired units.
+
+    "newcombe": Newcombe's (1998) square-and-add interval for paired binary outcomes,
+    built from Wilson intervals of both margins and the continuity-corrected phi
+    correlation (binary inputs only). "bootstrap": paired percentile bootstrap of the
+    per-unit differences (any numeric inputs).
+    """
+    if method == "bootstrap":
+        x0 = np.asarray(x_before, dtype=float).ravel()
+        x1 = np.asarray(x_after, dtype=float).ravel()
+        if x0.shape != x1.shape:
+            raise ValueError(f"paired arrays differ in length: {x0.size} vs {x1.size}")
+        return bootstrap_ci(x1 - x0, level=level, n_boot=n_boot, seed=seed)
+    if method != "newcombe":
+        raise ValueError(f"method must be 'newcombe' or 'bootstrap', got {method!r}")
+    return _newcombe_paired(x_before, x_after, level)
+
+
+def _newcombe_paired(x_before: ArrayLike, x_after: ArrayLike, level: float) -> tuple[float, float]:
+    b, c = discordant_counts(x_before, x_after)
+    x0 = _as_binary(x_before, "before")
+    n = x0.size
+    if n == 0:
+        return (math.nan, math.nan)
+    both = int((x0 & _as_binary(x_after, "after")).sum())
+    neither = n - both - b - c
+    s1, s0 = both + c, both + b  # successes after / before
+    p1, p0 = s1 / n, s0 / n
+    l1, u1 = wilson_interval(s1, n, level)
+    l0, u0 = wilson_interval(s0, n, level)
+    # Correlation of the two margins; Newcombe's continuity correction shrinks a
+    # positive association by n/2 and leaves a negative one as is.
+    margins = (both + b) * (c + neither) * (both + c) * (b + neither)
+    cross = both * neither - b * c
+    if margins == 0 or 0 <= cross <= n / 2:
+        phi = 0.0
+    else:
+        phi = (cross - n / 2 if cross > n / 2 else cross) / math.sqrt(margins)
+    diff = p1 - p0
+    down = (p1 - l1) ** 2 + (u0 - p0) ** 2 - 2 * phi * (p1 - l1) * (u0 - p0)
+    up = (u1 - p1) ** 2 + (p0 - l0) ** 2 - 2 * phi * (u1 - p1) * (p0 - l0)
+    return (max(-1.0, diff - math.sqrt(max(down, 0.0))), min(1.0, diff + math.sqrt(max(up, 0.0))))
+
+
+def mcnemar(b: int, c: int, exact_below: int = 25) -> dict[str, Any]:
+    """McNemar test on discordant counts b and c (see `discordant_counts`).
+
+    Exact two-sided binomial test (b ~ Bin(b + c, 1/2)) when b + c < exact_below,
+    where the chi-square approximation is poor; otherwise chi-square with continuity
+    correction, max(|b - c| - 1, 0)^2 / (b + c), 1 degree of freedom (the max keeps
+    b == c at statistic 0, p = 1). For the exact test the statistic is min(b, c), as
+    in statsmodels.
+    """
+    b, c = int(b), int(c)
+    if b < 0 or c < 0:
+        raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
+    m = b + c
+    if m < exact_below:
+        p = 1.0 if m == 0 else min(1.0, 2 * float(stats.binom.cdf(min(b, c), m, 0.5)))
+        return {"statistic": float(min(b, c)), "p_value": p, "b": b, "c": c, "method": "exact"}
+    chi2 = max(abs(b - c) - 1, 0) ** 2 / m
+    return {"statistic": chi2, "p_value": float(stats.chi2.sf(chi2, 1)), "b": b, "c": c, "method": "chi2"}
+
+
+# -- audit aggregates -------------------------------------------------------------
+
+
+def audit_summary(
+    records: pd.DataFrame,
+    probe: str,
+    k: int | None = None,
+    ci: Literal["wilson", "bootstrap"] = "wilson",
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """D, O_K, gap = O_K - D over questions, with intervals (see module docstring for
+    which). `k` in the result is the K used; when k is None it is the common number of
+    probe samples per question, or None when questions differ. Plain Python types, so
+    the dict can go straight into summary.json."""
+    scores = question_scores(records, probe, k)
+    n_q = len(scores)
+    if n_q == 0:
+        raise ValueError("no questions to summarise")
+    d = scores["d"].to_numpy(dtype=float)
+    o = scores["o"].to_numpy(dtype=float)
+    if ci == "wilson":
+        d_ci = wilson_interval(d.sum(), n_q, level)
+        o_ci = wilson_interval(o.sum(), n_q, level)
+        gap_ci = paired_diff_ci(d, o, level=level, method="newcombe")
+    elif ci == "bootstrap":
+        lo, hi = bootstrap_ci(np.column_stack([d, o, o - d]), level=level, n_boot=n_boot, seed=seed)
+        d_ci, o_ci, gap_ci = zip(lo.tolist(), hi.tolist())
+    else:
+        raise ValueError(f"ci must be 'wilson' or 'bootstrap', got {ci!r}")
+    if k is None:
+        ns = scores["n"].unique()
+        k_used = int(ns[0]) if len(ns) == 1 else None
+    else:
+        k_used = int(k)
+    D, O = float(d.mean()), float(o.mean())
+    return {
+        "probe": probe,
+        "n_questions": n_q,
+        "k": k_used,
+        "D": D,
+        "O_K": O,
+        "gap": O - D,
+        "D_ci": [float(x) for x in d_ci],
+        "O_K_ci": [float(x) for x in o_ci],
+        "gap_ci": [float(x) for x in gap_ci],
+        "ci": ci,
+        "level": level,
+    }
+
+
+def gap_recovery(selector: float, greedy: float, oracle: float) -> float:
+    """Share of the greedy-to-oracle gap a selector closes: (selector - greedy) /
+    (oracle - greedy). NaN when oracle == greedy (nothing to recover); can be negative
+    (selector worse than greedy)."""
+    if oracle == greedy:
+        return math.nan
+    return (selector - greedy) / (oracle - greedy)

@@ -1,0 +1,480 @@
+"""Run folders: candidate records in Parquet parts, a manifest, resumable writes.
+
+A run folder looks like::
+
+    run/
+      manifest.json        config given by the caller + created, versions, config_hash
+      summary.json         written by the audit when it finishes
+      records/part-00000.parquet, part-00001.parquet, ...
+      artefacts/NAME.parquet, NAME.json   named extra tables and JSON (failure sets, ...)
+
+Every candidate is one row (`RECORD_SCHEMA`). A part holds complete (question, probe)
+groups, so the questions present in the parts are exactly the questions done, and a
+resumed run skips them. Every file is written to a `*.tmp` in its final folder and then
+moved into place with `os.replace`, which is atomic on POSIX: a kill leaves at most a
+stray `*.tmp`, which readers never look at and the next writer's open removes.
+
+One writer per run folder: `RunDir.create` removes stray temp files, which would break
+a second writer that is mid-write in the same folder. Readers may open a run that is
+still being written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import tomllib
+import warnings
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable, TypedDict
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+RECORDS_DIR = "records"
+ARTEFACTS_DIR = "artefacts"
+
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("question_id", pa.string(), nullable=False),
+        # "deployed" for the deployed candidate; otherwise the probe, e.g. "temperature",
+        # "random_route", "mcts", "ablate:mlp:3".
+        pa.field("probe", pa.string(), nullable=False),
+        # index of the candidate within its probe for this question
+        pa.field("candidate", pa.int64(), nullable=False),
+        # JSON id of the intervention set or route; "" for none
+        pa.field("intervention", pa.string(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        # None when no answer parses out of the text
+        pa.field("extracted", pa.string(), nullable=True),
+        pa.field("gold", pa.string(), nullable=False),
+        pa.field("correct", pa.bool_(), nullable=False),
+        # sum of the generated tokens' log-probabilities
+        pa.field("logprob", pa.float64(), nullable=False),
+        pa.field("n_tokens", pa.int64(), nullable=False),
+        # "stop" | "length"
+        pa.field("finish", pa.string(), nullable=False),
+    ]
+)
+RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+#: what identifies a row; read_records drops later duplicates of it
+RECORD_KEY: tuple[str, ...] = ("question_id", "probe", "candidate", "intervention")
+
+
+class Record(TypedDict):
+    """One candidate, as a row dict for `RunDir.write_question_batch`."""
+
+    run_id: str
+    model: str
+    task: str
+    question_id: str
+    probe: str
+    candidate: int
+    intervention: str
+    seed: int
+    text: str
+    extracted: str | None
+    gold: str
+    correct: bool
+    logprob: float
+    n_tokens: int
+    finish: str
+
+
+class ConfigMismatchError(ValueError):
+    """A run folder exists with a different config; `keys` are the differing keys
+    (dotted paths into nested dicts)."""
+
+    def __init__(self, path: Path, keys: list[str], old: dict[str, Any], new: dict[str, Any]):
+        lines = [f"  {key}: {_lookup(old, key)!r} (stored) != {_lookup(new, key)!r} (given)" for key in keys]
+        super().__init__(
+            f"{path} holds a run with a different config; differing keys:\n"
+            + "\n".join(lines)
+            + "\nUse another folder; existing results are never overwritten."
+        )
+        self.keys = keys
+
+
+# -- atomic files -----------------------------------------------------------------
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename is only durable once the directory entry is; not all platforms allow it.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write through a temp file in the same folder (so os.replace cannot cross
+    filesystems) and move it into place; on any error the temp file is removed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars and arrays turn up in summaries computed with numpy/pandas.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=_json_default)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Serialise first (a failing encode never touches the file), then write atomically."""
+    data = (_to_json(obj) + "\n").encode()
+    return _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def _write_parquet_atomic(path: Path, table: pa.Table) -> Path:
+    return _atomic_write(path, lambda f: pq.write_table(table, f))
+
+
+def _remove_temp_files(*folders: Path) -> None:
+    for folder in folders:
+        if folder.is_dir():
+            for tmp in folder.glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+
+
+# -- config -------------------------------------------------------------------------
+
+
+def _normalise(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as it reads back from JSON (tuples become lists, numpy scalars
+    numbers), so a stored config and a fresh one compare equal."""
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    return json.loads(json.dumps(config, default=_json_default))
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the config (sorted keys, no whitespace)."""
+    canonical = json.dumps(_normalise(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}{key}"
+            if key not in old or key not in new:
+                keys.append(path)
+            else:
+                keys.extend(_config_diff(old[key], new[key], path + "."))
+        return keys
+    return [] if old == new else [prefix.rstrip(".") or "<config>"]
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "<missing>"
+        node = node[part]
+    return node
+
+
+def _own_version() -> str | None:
+    try:
+        return importlib.metadata.version("rnr_interp")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # Not installed (run from a checkout): read the version from the pyproject beside us.
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+        return str(project["version"]) if project.get("name") == "rnr_interp" else None
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _versions() -> dict[str, str | None]:
+    """Versions of what shapes the results. Read from package metadata rather than by
+    importing: importing torch and transformer_lens costs seconds."""
+    out: dict[str, str | None] = {"rnr_interp": _own_version(), "python": platform.python_version()}
+    for dist in ("torch", "transformers", "transformer_lens", "numpy", "pandas", "pyarrow"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+# -- run folders ----------------------------------------------------------------------
+
+_PART_RE = re.compile(r"^part-(\d+)\.parquet$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class RunDir:
+    """An existing run folder. `RunDir(path)` opens it for reading (it never deletes
+    anything); `RunDir.create(path, config)` starts or resumes one for writing."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if not (self.path / MANIFEST).is_file():
+            raise FileNotFoundError(f"{self.path} is not a run folder (no {MANIFEST})")
+        self._manifest: dict[str, Any] | None = None
+        # (question_id, probe) groups stored in parts; loaded on first use
+        self._stored: set[tuple[str, str]] | None = None
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True) -> "RunDir":
+        """Start a run in `path`, or resume the one there.
+
+        Same config (by config_hash) and resume=True: resume, after removing stray temp
+        files a killed writer left. Same config and resume=False: FileExistsError.
+        Different config: ConfigMismatchError naming the differing keys. Nothing already
+        written is ever deleted or overwritten.
+        """
+        root = Path(path)
+        config = _normalise(config)
+        digest = config_hash(config)
+        if (root / MANIFEST).is_file():
+            run = cls(root)
+            if run.config_hash != digest:
+                raise ConfigMismatchError(root, _config_diff(run.config, config), run.config, config)
+            if not resume:
+                raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
+            _remove_temp_files(root, run.records_dir, run.artefacts_dir)
+            return run
+        records = root / RECORDS_DIR
+        if records.is_dir() and any(_PART_RE.match(p.name) for p in records.iterdir()):
+            raise FileExistsError(f"{root} holds records but no {MANIFEST}; refusing to mix runs")
+        records.mkdir(parents=True, exist_ok=True)
+        _remove_temp_files(root, records)
+        manifest = {
+            "config": config,
+            "config_hash": digest,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": _versions(),
+            "record_columns": list(RECORD_COLUMNS),
+        }
+        # The manifest goes last: its presence is what marks the folder as a run.
+        write_json_atomic(root / MANIFEST, manifest)
+        return cls(root)
+
+    # -- metadata --------------------------------------------------------------------
+    @property
+    def manifest(self) -> dict[str, Any]:
+        if self._manifest is None:
+            self._manifest = json.loads((self.path / MANIFEST).read_text())
+        return self._manifest
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.manifest["config"]
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest["config_hash"]
+
+    @property
+    def records_dir(self) -> Path:
+        return self.path / RECORDS_DIR
+
+    @property
+    def artefacts_dir(self) -> Path:
+        return self.path / ARTEFACTS_DIR
+
+    # -- records ---------------------------------------------------------------------
+    def parts(self) -> list[Path]:
+        """Record part files in write order (by part number, not by name)."""
+        if not self.records_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.records_dir.iterdir() if (m := _PART_RE.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def _next_part_path(self) -> Path:
+        # One past the highest number, so a part never replaces another (gaps are fine).
+        numbers = [int(m.group(1)) for p in self.parts() if (m := _PART_RE.match(p.name))]
+        return self.records_dir / f"part-{max(numbers, default=-1) + 1:05d}.parquet"
+
+    def _stored_groups(self) -> set[tuple[str, str]]:
+        if self._stored is None:
+            self._stored = set()
+            for part in self.parts():
+                t = pq.read_table(part, columns=["question_id", "probe"])
+                self._stored.update(zip(t["question_id"].to_pylist(), t["probe"].to_pylist()))
+        return self._stored
+
+    def write_question_batch(self, rows: list[Record] | list[dict[str, Any]]) -> Path | None:
+        """Write the rows as one new part, atomically; returns its path (None for no rows).
+
+        The rows must hold every row of each (question, probe) group they touch: a group
+        already stored raises ValueError (a resumed run must skip `done_question_ids()`),
+        as do missing or unknown columns, values that do not fit RECORD_SCHEMA, and a
+        key (question_id, probe, candidate, intervention) repeated in the batch.
+        """
+        if not rows:
+            return None
+        expected = set(RECORD_COLUMNS)
+        for i, row in enumerate(rows):
+            if row.keys() != expected:
+                missing, extra = sorted(expected - row.keys()), sorted(row.keys() - expected)
+                raise ValueError(
+                    f"row {i} (question {row.get('question_id')!r}): missing columns {missing}, "
+                    f"unknown columns {extra}"
+                )
+        try:
+            table = pa.Table.from_pylist(list(rows), schema=RECORD_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ValueError(f"rows do not fit RECORD_SCHEMA: {err}") from err
+        # Arrow does not enforce nullable=False on conversion.
+        nulls = [f.name for f in RECORD_SCHEMA if not f.nullable and table[f.name].null_count]
+        if nulls:
+            raise ValueError(f"None in non-nullable columns {nulls}")
+        repeated = [key for key, n in Counter(tuple(r[c] for c in RECORD_KEY) for r in rows).items() if n > 1]
+        if repeated:
+            raise ValueError(f"batch repeats record keys {RECORD_KEY}: {repeated[:3]}")
+        groups = {(r["question_id"], r["probe"]) for r in rows}
+        already = groups & self._stored_groups()
+        if already:
+            raise ValueError(
+                f"(question, probe) groups already stored: {sorted(already)[:5]}; "
+                "a part must hold complete groups, so skip done_question_ids() when resuming"
+            )
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        path = _write_parquet_atomic(self._next_part_path(), table)
+        self._stored_groups().update(groups)
+        return path
+
+    def done_question_ids(self, probe_set: Iterable[str] | None = None) -> set[str]:
+        """Questions already stored (with every probe in `probe_set`, when given)."""
+        groups = self._stored_groups()
+        if probe_set is None:
+            return {q for q, _ in groups}
+        need = {probe_set} if isinstance(probe_set, str) else set(probe_set)
+        have: dict[str, set[str]] = {}
+        for q, probe in groups:
+            have.setdefault(q, set()).add(probe)
+        return {q for q, probes in have.items() if need <= probes}
+
+    def read_records(self, filters: Any = None) -> pd.DataFrame:
+        """All records as one DataFrame, sorted stably by RECORD_KEY.
+
+        `filters` is passed to pyarrow (DNF list, e.g. [("probe", "in", ["deployed",
+        "temperature"])], or an expression). Rows repeating a key are dropped keeping
+        the first (earliest part) with a warning; they should not occur, but a crash
+        during `compact` can leave them.
+        """
+        tables = [pq.read_table(p, schema=RECORD_SCHEMA, filters=filters) for p in self.parts()]
+        table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
+        df = table.to_pandas()
+        dup = df.duplicated(list(RECORD_KEY))
+        if dup.any():
+            warnings.warn(f"{self.path}: dropping {int(dup.sum())} duplicate record rows", stacklevel=2)
+            df = df[~dup]
+        return df.sort_values(list(RECORD_KEY), kind="stable").reset_index(drop=True)
+
+    def compact(self) -> Path | None:
+        """Merge all parts into one, atomically: the merged part is in place before the
+        old ones are removed, so a crash in between only leaves duplicates that
+        read_records drops."""
+        old = self.parts()
+        if len(old) <= 1:
+            return old[0] if old else None
+        table = pa.Table.from_pandas(self.read_records(), schema=RECORD_SCHEMA, preserve_index=False)
+        merged = _write_parquet_atomic(self._next_part_path(), table)
+        for part in old:
+            part.unlink()
+        _fsync_dir(self.records_dir)
+        return merged
+
+    # -- summary and named artefacts ------------------------------------------------
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        return write_json_atomic(self.path / SUMMARY, summary)
+
+    def read_summary(self) -> dict[str, Any]:
+        path = self.path / SUMMARY
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.path} has no {SUMMARY} yet (run not finished?)")
+        return json.loads(path.read_text())
+
+    def _artefact(self, name: str, suffix: str) -> Path:
+        if not _NAME_RE.match(name) or name.endswith(".tmp"):
+            raise ValueError(f"artefact name {name!r} must match {_NAME_RE.pattern} (no folders)")
+        return self.artefacts_dir / f"{name}{suffix}"
+
+    def _existing_artefact(self, name: str, suffix: str) -> Path:
+        path = self._artefact(name, suffix)
+        if not path.is_file():
+            have = sorted(p.stem for p in self.artefacts_dir.glob(f"*{suffix}")) if self.artefacts_dir.is_dir() else []
+            raise FileNotFoundError(f"{self.path}: no {suffix} artefact {name!r}; have {have}")
+        return path
+
+    def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        """Store a named DataFrame (a non-default index is kept and restored)."""
+        path = self._artefact(name, ".parquet")
+        self.artefacts_dir.mkdir(exist_ok=True)
+        return _write_parquet_atomic(path, pa.Table.from_pandas(df))
+
+    def read_table(self, name: str) -> pd.DataFrame:
+        return pq.read_table(self._existing_artefact(name, ".parquet")).to_pandas()
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self._artefact(name, ".json")
+        self.artefacts_dir.mkdir(exist_ok=True)
+        return write_json_atomic(path, obj)
+
+    def read_json(self, name: str) -> Any:
+        return json.loads(self._existing_artefact(name, ".json").read_text())
+
+
+def load_runs(path: str | os.PathLike[str]) -> list[RunDir]:
+    """The runs under `path` (a sweep folder, searched recursively, sorted by path), or
+    `[RunDir(path)]` when `path` is itself a run."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder")
+    if (root / MANIFEST).is_file():
+        return [RunDir(root)]
+    runs: list[RunDir] = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        runs.extend(load_runs(sub))
+    return runs

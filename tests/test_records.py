@@ -1,0 +1,256 @@
+"""Run folders: round trip, resume after a kill, config guard, atomic files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rnr_interp import records as rec
+from rnr_interp.records import (
+    RECORD_COLUMNS,
+    RECORD_SCHEMA,
+    ConfigMismatchError,
+    RunDir,
+    load_runs,
+)
+
+CONFIG = {
+    "model": {"name": "smollm2", "dtype": "float32"},
+    "task": {"name": "arithmetic", "n_questions": 5},
+    "decoding": {"temperature": 0.7, "max_new_tokens": 32},
+    "budget": {"k": 3},
+    "seeds": [0, 1],
+}
+QUESTIONS = [f"q{i}" for i in range(5)]
+
+
+def question_rows(qid: str, k: int = 3) -> list[dict]:
+    """Deployed candidate plus k temperature samples for one question."""
+    rows = []
+    for probe, n in (("deployed", 1), ("temperature", k)):
+        for i in range(n):
+            answer = str((len(qid) + i) % 3)
+            rows.append(
+                {
+                    "run_id": "r1",
+                    "model": "smollm2",
+                    "task": "arithmetic",
+                    "question_id": qid,
+                    "probe": probe,
+                    "candidate": i,
+                    "intervention": "" if probe == "deployed" else json.dumps({"seed": i}),
+                    "seed": i,
+                    "text": f"Answer: {answer}",
+                    "extracted": None if i == 2 else answer,
+                    "gold": "1",
+                    "correct": answer == "1",
+                    "logprob": -1.5 * (i + 1),
+                    "n_tokens": 3 + i,
+                    "finish": "stop" if i else "length",
+                }
+            )
+    return rows
+
+
+def run_all(run: RunDir, qids: list[str]) -> None:
+    """What the audit loop does: skip done questions, write one batch per question."""
+    done = run.done_question_ids()
+    for qid in qids:
+        if qid not in done:
+            run.write_question_batch(question_rows(qid))
+
+
+def test_record_columns() -> None:
+    assert RECORD_COLUMNS == (
+        "run_id", "model", "task", "question_id", "probe", "candidate", "intervention", "seed",
+        "text", "extracted", "gold", "correct", "logprob", "n_tokens", "finish",
+    )  # fmt: skip
+    assert [f.name for f in RECORD_SCHEMA if f.nullable] == ["extracted"]
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    rows = question_rows("q1") + question_rows("q0")
+    run.write_question_batch(rows)
+    df = run.read_records()
+    assert list(df.columns) == list(RECORD_COLUMNS)
+    assert len(df) == 8
+    # sorted by key: q0 before q1, deployed before temperature, candidates ascending
+    assert list(df.question_id[:4]) == ["q0"] * 4
+    assert list(df.probe[:4]) == ["deployed", "temperature", "temperature", "temperature"]
+    expected = pd.DataFrame(rows)[list(RECORD_COLUMNS)]
+    back = df.set_index(list(rec.RECORD_KEY)).sort_index()
+    want = expected.set_index(list(rec.RECORD_KEY)).sort_index()
+    assert back["text"].tolist() == want["text"].tolist()
+    assert back["correct"].tolist() == want["correct"].tolist()
+    assert back["extracted"].isna().tolist() == want["extracted"].isna().tolist()
+    assert run.done_question_ids() == {"q0", "q1"}
+    assert run.done_question_ids(["deployed", "temperature"]) == {"q0", "q1"}
+    assert run.done_question_ids({"mcts"}) == set()
+    temp = run.read_records(filters=[("probe", "==", "temperature")])
+    assert set(temp.probe) == {"temperature"} and len(temp) == 6
+
+
+def test_resume_after_kill_equals_uninterrupted_run(tmp_path: Path) -> None:
+    clean = RunDir.create(tmp_path / "clean", CONFIG)
+    run_all(clean, QUESTIONS)
+
+    killed = RunDir.create(tmp_path / "killed", CONFIG)
+    run_all(killed, QUESTIONS[:3])
+    # The kill hit while part 3 was being written: a half-written temp file remains.
+    stray = killed.records_dir / "part-00003.parquet.12345.tmp"
+    stray.write_bytes(b"PAR1\x00garbage, not parquet")
+    assert len(RunDir(killed.path).read_records()) == 12  # readers ignore it
+    assert stray.exists()  # and do not delete it (the writer might be alive)
+
+    resumed = RunDir.create(tmp_path / "killed", CONFIG)
+    assert resumed.done_question_ids() == set(QUESTIONS[:3])
+    assert not stray.exists()
+    run_all(resumed, QUESTIONS)
+
+    pd.testing.assert_frame_equal(resumed.read_records(), clean.read_records())
+    assert len(resumed.parts()) == len(QUESTIONS)
+
+
+def test_batch_must_not_split_a_stored_question(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    rows = question_rows("q0")
+    run.write_question_batch(rows[:2])
+    with pytest.raises(ValueError, match="already stored"):
+        run.write_question_batch(rows[2:])
+    # A new probe for a stored question is a new group, so it may come later.
+    extra = [dict(r, probe="mcts") for r in question_rows("q0")[1:]]
+    run.write_question_batch(extra)
+    assert run.done_question_ids(["deployed", "mcts"]) == {"q0"}
+    # Fresh readers see the same stored groups.
+    with pytest.raises(ValueError, match="already stored"):
+        RunDir(run.path).write_question_batch(extra)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda r: r.pop("gold"), r"missing columns \['gold'\]"),
+        (lambda r: r.update(score=1.0), r"unknown columns \['score'\]"),
+        (lambda r: r.update(candidate="first"), "RECORD_SCHEMA"),
+        (lambda r: r.update(text=None), r"non-nullable columns \['text'\]"),
+    ],
+)
+def test_bad_rows_refused(tmp_path: Path, change, match: str) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    rows = question_rows("q0")
+    change(rows[1])
+    with pytest.raises(ValueError, match=match):
+        run.write_question_batch(rows)
+    with pytest.raises(ValueError, match="repeats record keys"):
+        run.write_question_batch(question_rows("q1") + question_rows("q1")[:1])
+    assert run.parts() == []
+
+
+def test_config_mismatch_names_the_key(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    run_all(run, QUESTIONS[:2])
+    changed = json.loads(json.dumps(CONFIG))
+    changed["decoding"]["temperature"] = 1.0
+    changed["notes"] = "new key"
+    with pytest.raises(ConfigMismatchError, match=r"decoding\.temperature: 0\.7 \(stored\) != 1\.0") as err:
+        RunDir.create(tmp_path / "run", changed)
+    assert err.value.keys == ["decoding.temperature", "notes"]
+    assert len(RunDir(run.path).read_records()) == 8  # nothing deleted
+    with pytest.raises(FileExistsError):
+        RunDir.create(tmp_path / "run", CONFIG, resume=False)
+    # Tuples and numpy scalars are the same config as their JSON forms.
+    same = dict(CONFIG, seeds=(np.int64(0), 1))
+    assert RunDir.create(tmp_path / "run", same).done_question_ids() == {"q0", "q1"}
+
+
+def test_manifest(tmp_path: Path) -> None:
+    m = RunDir.create(tmp_path / "run", CONFIG).manifest
+    assert m["config"] == CONFIG
+    assert m["config_hash"] == rec.config_hash(CONFIG)
+    assert m["created"].endswith("+00:00")
+    assert m["versions"]["python"] and "torch" in m["versions"] and "transformer_lens" in m["versions"]
+    assert m["versions"]["rnr_interp"]
+    with pytest.raises(FileNotFoundError):
+        RunDir(tmp_path / "nothing")
+
+
+def test_atomic_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    run.write_summary({"D": np.float64(0.5), "n": np.int64(3), "ci": np.array([0.1, 0.9])})
+    assert run.read_summary() == {"D": 0.5, "n": 3, "ci": [0.1, 0.9]}
+
+    # A crash between writing the temp file and moving it leaves the old summary whole.
+    def crash(src: str, dst: str) -> None:
+        raise OSError("killed")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="killed"):
+        run.write_summary({"D": 0.9})
+    monkeypatch.undo()
+    assert run.read_summary()["D"] == 0.5
+    assert list(run.path.glob("*.tmp")) == []
+
+    # An unencodable object fails before the file is touched.
+    with pytest.raises(TypeError):
+        run.write_json("bad", {"x": object()})
+    assert not (run.artefacts_dir / "bad.json").exists()
+
+
+def test_named_artefacts(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    table = pd.DataFrame({"d": [True, False], "c": [3, 0]}, index=pd.Index(["q0", "q1"], name="question_id"))
+    run.write_table("failure_set", table)
+    pd.testing.assert_frame_equal(run.read_table("failure_set"), table)
+    run.write_json("repair", {"layers": [3, 4]})
+    assert run.read_json("repair") == {"layers": [3, 4]}
+    with pytest.raises(FileNotFoundError, match="failure_set"):
+        run.read_table("missing")
+    with pytest.raises(ValueError):
+        run.write_json("../escape", {})
+
+
+def test_compact_keeps_records(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    run_all(run, QUESTIONS)
+    before = run.read_records()
+    run.compact()
+    assert len(run.parts()) == 1
+    pd.testing.assert_frame_equal(run.read_records(), before)
+    run.write_question_batch(question_rows("q9"))
+    assert run.done_question_ids() == set(QUESTIONS) | {"q9"}
+
+
+def test_load_runs(tmp_path: Path) -> None:
+    for name in ("b", "a", "nested/c"):
+        RunDir.create(tmp_path / "sweep" / name, dict(CONFIG, name=name))
+    (tmp_path / "sweep" / "not_a_run").mkdir()
+    runs = load_runs(tmp_path / "sweep")
+    assert [r.config["name"] for r in runs] == ["a", "b", "nested/c"]
+    assert [r.path for r in load_runs(tmp_path / "sweep" / "a")] == [tmp_path / "sweep" / "a"]
+
+
+def test_duplicate_parts_are_dropped_with_a_warning(tmp_path: Path) -> None:
+    # What a crash inside compact() leaves: the merged part and an old part both in place.
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    run_all(run, QUESTIONS[:2])
+    clean = run.read_records()
+    (run.records_dir / "part-00007.parquet").write_bytes(run.parts()[0].read_bytes())
+    with pytest.warns(UserWarning, match="dropping 4 duplicate"):
+        pd.testing.assert_frame_equal(run.read_records(), clean)
+
+
+def test_records_feed_the_audit(tmp_path: Path) -> None:
+    from rnr_interp.metrics import audit_summary
+
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    run_all(run, QUESTIONS)
+    summary = audit_summary(run.read_records(), "temperature", k=2)
+    run.write_summary(summary)
+    assert run.read_summary() == summary
+    assert summary["n_questions"] == len(QUESTIONS) and summary["k"] == 2
