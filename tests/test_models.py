@@ -1,0 +1,79 @@
+"""Model loading: every spec kind, the demo model's facts and behaviour, clear errors."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rnr_interp.generate import Decoding, generate, left_pad, forward
+from rnr_interp.models import ModelSpecError, _smollm2_dir, build_tiny, load_model
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2:2", "tiny-gpt2:4", "tiny-gemma:3"])
+def test_tiny_models_load_as_bridges(spec):
+    lm = load_model(spec)
+    facts = lm.facts()
+    assert facts["n_layers"] == int(spec.partition(":")[2] or 3)
+    assert {"d_model", "n_heads", "n_kv_heads", "d_mlp", "d_vocab", "n_params", "architecture"} <= facts.keys()
+    assert not lm.hf_model.training
+    assert "blocks.0.hook_mlp_out" in lm.bridge.hook_dict
+    assert lm.stop_token_ids
+
+
+def test_local_checkpoint_folder_round_trip(tmp_path):
+    model, tok = build_tiny("tiny-llama", n_layers=2)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = load_model("tiny-llama:2")
+    again = load_model(str(tmp_path))
+    ids = torch.tensor([lm.encode("abc")])
+    assert torch.allclose(lm.bridge(ids), again.bridge(ids), atol=1e-5)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("nonsense", "unknown model spec 'nonsense'"),
+    ("/no/such/model.gguf", "GGUF file not found"),
+    ("./missing-dir", "not a .gguf file or a checkpoint folder"),
+])
+def test_bad_specs_fail_with_one_clear_line(spec, message):
+    with pytest.raises(ModelSpecError, match=message) as err:
+        load_model(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(ModelSpecError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_smollm2_facts(smollm2):
+    facts = smollm2.facts()
+    assert facts["architecture"] == "LlamaForCausalLM"
+    assert (facts["n_layers"], facts["d_model"], facts["n_heads"], facts["n_kv_heads"], facts["d_mlp"]) == (30, 576, 9, 3, 1536)
+    assert 130e6 < facts["n_params"] < 140e6
+    assert smollm2.chat and smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>") in smollm2.stop_token_ids
+
+
+@pytest.mark.slow
+def test_smollm2_bridge_logits_match_plain_transformers(smollm2):
+    """Tolerance 1e-3 absolute on float32 logits (the bridge reimplements attention
+    eagerly; transformers uses SDPA)."""
+    plain = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.float32).eval()
+    prompts = [smollm2.encode(smollm2.render(q)) for q in ["What is the capital of France?", "2+2="]]
+    ids, mask = left_pad(prompts, smollm2.tokenizer.pad_token_id)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        ours = forward(smollm2, ids, mask)[0]
+        ref = plain(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    real = mask.bool()
+    assert (ours[real] - ref[real]).abs().max() < 1e-3
+
+
+@pytest.mark.slow
+def test_smollm2_answers_sensibly(smollm2):
+    prompt = smollm2.encode(smollm2.render("What is the capital of France? Answer in one word."))
+    [[g]] = generate(smollm2, [prompt], decoding=Decoding(max_new_tokens=12))
+    assert "paris" in g.text.lower()
+    assert g.finish == "stop"
