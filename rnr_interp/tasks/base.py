@@ -105,21 +105,35 @@ class Task:
 
 
 class MultipleChoiceTask(Task):
-    """Options are lettered A, B, ...; the gold answer is a letter."""
+    """Options are lettered A, B, ...; the gold answer is a letter, `gold_index` its
+    position. (A subclass may grade option words instead, e.g. BoolQ's "yes"/"no";
+    `gold_index` always names the gold option in `choices`.)"""
 
     answer_format = "letter of the chosen option"
     instruction = "Answer with the letter of the correct option, e.g. 'Answer: A'."
     max_new_tokens = 32
 
-    _answer_re = re.compile(r"answer\s*(?:is)?\s*[:\-]?\s*\(?([A-J])\b", re.IGNORECASE)
-    _lead_re = re.compile(r"^\W*\(?([A-J])\b[).:]?")
+    # "Answer: B", "the answer is (C)", "**Answer:** c", "option B", "correct choice is D".
+    # A lower-case letter counts only after ':' or '(' so "the answer is a bit..." is no "A".
+    _answer_re = re.compile(
+        r"\b(?P<kw>answer|option|choice)\b(?:\s+(?:is|would be|should be))?(?P<sep>[\s:*\-(]*)"
+        r"(?P<letter>[A-J])(?![\w'])",
+        re.IGNORECASE,
+    )
+    # A bare leading letter: "B", "B.", "(C)", "**D**", "A) ..." but not "A dog ...".
+    _lead_re = re.compile(r"^[\s*(\[]*([A-J])(?:[).:\]*,]|\s*$|\s+[-\u2013\u2014])")
 
     def extract(self, generation: str) -> str | None:
-        m = self._answer_re.search(generation)
-        if m:
-            return m.group(1).upper()
+        found = [
+            m for m in self._answer_re.finditer(generation)
+            if m.group("letter").isupper() or ":" in m.group("sep") or "(" in m.group("sep")
+        ]
+        # "Option A is wrong, the answer is B": a stated answer outranks a mentioned option.
+        found.sort(key=lambda m: m.group("kw").lower() != "answer")
+        if found:
+            return found[0].group("letter").upper()
         m = self._lead_re.match(generation.strip())
-        return m.group(1).upper() if m else None
+        return m.group(1) if m else None
 
     def recognition_prompt(self, q: Question) -> str:
         """The context before each option's text when options are ranked by

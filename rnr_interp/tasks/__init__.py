@@ -1,0 +1,82 @@
+"""Tasks by name: `load_task("gsm8k")`, `load_task("jsonl", data="mine.jsonl")`.
+
+File-based tasks read their benchmark file from `data`, or, when none is given, from
+the default file under `../shared/data/` (relative to the working directory, then to
+the repository). Synthetic tasks take their generator's keywords (seed, digits, ...).
+`answer` conventions: multiple-choice tasks hold the gold option's LETTER (by position)
+and `gold_index`; BoolQ holds "yes"/"no"; numeric tasks a canonical number string.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .arc import ARC, load_arc
+from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
+from .boolq import BoolQ, load_boolq
+from .gsm8k import GSM8K, load_gsm8k
+from .hellaswag import HellaSwag, load_hellaswag
+from .hf import HFLoadError, load_hf
+from .jsonl import JsonlMCTask, JsonlTask, load_jsonl
+from .logiqa import LogiQA, load_logiqa
+from .piqa import PIQA, load_piqa
+from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc
+
+# name -> (loader taking a path, default file under shared/data or None)
+_FILE_TASKS: dict[str, tuple[Callable[..., Task], str | None]] = {
+    "gsm8k": (load_gsm8k, "gsm8k/test.jsonl"),
+    "arc": (load_arc, "arc/ARC-Challenge-Test.jsonl"),
+    "arc_challenge": (load_arc, "arc/ARC-Challenge-Test.jsonl"),
+    "arc_easy": (load_arc, "arc/ARC-Easy-Test.jsonl"),
+    "piqa": (load_piqa, "piqa/valid.jsonl"),
+    "boolq": (load_boolq, "boolq/validation.jsonl"),
+    "logiqa": (load_logiqa, "logiqa/Test.txt"),
+    "hellaswag": (load_hellaswag, "hellaswag/hellaswag_val_full.txt.bz2"),
+    "jsonl": (load_jsonl, None),
+}
+_SYNTHETIC: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "arithmetic_mc": arithmetic_mc}
+TASKS: tuple[str, ...] = tuple(_FILE_TASKS) + tuple(_SYNTHETIC)
+
+
+def shared_data_dirs() -> list[Path]:
+    """Where default benchmark files are looked for, first match wins."""
+    repo = Path(__file__).resolve().parents[2]
+    return [Path.cwd().parent / "shared" / "data", repo.parent / "shared" / "data"]
+
+
+def default_data_path(name: str) -> Path:
+    """The default file of file-based task `name`, or FileNotFoundError saying what to pass."""
+    rel = _FILE_TASKS[name][1]
+    if rel is None:
+        raise FileNotFoundError(f"task {name!r} has no default file: pass --data PATH")
+    dirs = shared_data_dirs()
+    for d in dirs:
+        if (d / rel).is_file():
+            return d / rel
+    tried = ", ".join(str(d / rel) for d in dict.fromkeys(dirs))
+    raise FileNotFoundError(f"task {name!r}: default file {rel} not found (tried {tried}); pass --data PATH")
+
+
+def load_task(name: str, data: str | Path | None = None, n: int | None = None, **kw: Any) -> Task:
+    """Task `name` (see TASKS). `n` keeps the first n questions (synthetic tasks:
+    generates n, default 200). `kw` goes to the loader or generator."""
+    if name in _SYNTHETIC:
+        if data is not None:
+            raise ValueError(f"task {name!r} is generated, it reads no data file (got {data})")
+        return _SYNTHETIC[name](**kw) if n is None else _SYNTHETIC[name](n=n, **kw)
+    if name not in _FILE_TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+    path = Path(data) if data is not None else default_data_path(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"task {name!r}: data file {path} not found")
+    return _FILE_TASKS[name][0](path, **kw).head(n)
+
+
+__all__ = [
+    "ARC", "GSM8K", "LETTERS", "PIQA", "TASKS", "Arithmetic", "ArithmeticMC", "BoolQ",
+    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlTask", "LogiQA",
+    "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
+    "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
+    "load_jsonl", "load_logiqa", "load_piqa", "load_task", "shared_data_dirs",
+]

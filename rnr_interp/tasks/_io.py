@@ -1,0 +1,112 @@
+"""Reading data files row by row, shared by every loader.
+
+Each format module splits into `parse_row(obj, index) -> Question` (one row as a dict,
+the same shape whether it came from a local file or a Hugging Face dataset) and file
+iteration here. Row parsers raise `RowError` with the problem only; the iteration that
+knows the file and line turns it into a `DataFormatError`.
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from .base import DataFormatError, Question
+
+RowParser = Callable[[dict[str, Any], int], Question]
+
+
+class RowError(ValueError):
+    """A row that does not fit its format; the caller adds file and line."""
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The file's lines, read as UTF-8 (bz2 when the name ends in .bz2).
+
+    Splits on '\\n' only: `str.splitlines` would also split on characters such as
+    U+2028 that can occur inside a question and shift every later record."""
+    p = Path(path)
+    opener = bz2.open if p.suffix == ".bz2" else open
+    with opener(p, "rt", encoding="utf-8", newline="") as f:
+        text = f.read()
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":  # the final newline ends the last line, it starts none
+        lines.pop()
+    return lines
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) for each non-blank line of a JSON-lines file."""
+    for line_no, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataFormatError(path, line_no, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataFormatError(path, line_no, f"expected a JSON object, got {type(obj).__name__}")
+        yield line_no, obj
+
+
+def iter_records(path: str | Path, size: int) -> Iterator[tuple[int, list[str]]]:
+    """(1-based first line, lines) for a file of fixed-size multi-line records.
+    Trailing blank lines are ignored; a short final record is an error."""
+    lines = read_lines(path)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    for start in range(0, len(lines), size):
+        record = lines[start : start + size]
+        if len(record) < size:
+            raise DataFormatError(
+                path, start + 1, f"truncated record: {len(record)} of {size} lines before end of file"
+            )
+        yield start + 1, record
+
+
+def parse_all(
+    path: str | Path, rows: Iterable[tuple[int, dict[str, Any]]], parse_row: RowParser
+) -> list[Question]:
+    """Parse numbered rows; the row's index (0-based) feeds default ids."""
+    out = []
+    for index, (line_no, obj) in enumerate(rows):
+        try:
+            out.append(parse_row(obj, index))
+        except RowError as e:
+            raise DataFormatError(path, line_no, str(e)) from None
+    return out
+
+
+# -- field access for row parsers --------------------------------------------
+def get_str(obj: dict[str, Any], key: str, *, allow_empty: bool = False) -> str:
+    if key not in obj:
+        raise RowError(f"missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, str):
+        raise RowError(f"field {key!r} must be a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise RowError(f"field {key!r} is empty")
+    return value
+
+
+def get_str_list(obj: dict[str, Any], key: str, n: int | None = None) -> list[str]:
+    value = obj.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RowError(f"field {key!r} must be a list of strings")
+    if n is not None and len(value) != n:
+        raise RowError(f"field {key!r} must have {n} entries, has {len(value)}")
+    return value
+
+
+def get_index(obj: dict[str, Any], key: str, n: int) -> int:
+    """An option index 0..n-1 given as an int or a digit string (HF exports use both)."""
+    if key not in obj:
+        raise RowError(f"missing field {key!r}")
+    value = obj[key]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        raise RowError(f"field {key!r} must be an option index 0..{n - 1}, got {obj[key]!r}")
+    return value
