@@ -1,0 +1,345 @@
+"""Route search for one question, under a budget of distinct route evaluations.
+
+ORACLE. These searches maximise whatever the caller's `evaluate` returns; in the audit
+that is correctness against the gold answer, so a route they find shows what the model
+can *reach*, not what it would answer. (The answer-blind variants "mcts_vote",
+"hill_climb_vote", "genetic_vote" are these same searches run with
+`selectors.majority_agreement_reward` in place of the gold reward.)
+
+Budget: one unit is one distinct route sent to `evaluate`. The full path is always the
+first evaluation, for every method; a route proposed again is answered from the cache
+and costs nothing; a search stops exactly at its budget, or earlier only when every
+route of the space has been evaluated (then `n_evaluations` says how many there were).
+`evaluate(routes) -> scores` is called with batches of new routes (never empty, never
+a route twice over the whole search); rewards in [0, 1] suit the MCTS constant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from .spaces import STOP, Action, Route, RouteSpace
+
+EvaluateFn = Callable[[list[Route]], Sequence[float]]
+
+_SAMPLE_TRIES = 64  # random draws for an unseen route before enumerating the space
+
+
+class BudgetExceeded(RuntimeError):
+    """A search asked for more new routes than its budget has left (a bug in the search)."""
+
+
+class Evaluator:
+    """The caller's `evaluate` behind a cache and a hard budget of distinct routes."""
+
+    def __init__(self, space: RouteSpace, evaluate: EvaluateFn, budget: int):
+        if budget < 1:
+            raise ValueError("budget must be >= 1 (the full path is always evaluated)")
+        self.space, self.budget = space, budget
+        self._evaluate = evaluate
+        self.scores: dict[Route, float] = {}  # insertion order is evaluation order
+        self.n_calls = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.scores)
+
+    def __contains__(self, route: Route) -> bool:
+        return route in self.scores
+
+    def __call__(self, routes: Iterable[Route]) -> list[float]:
+        """Scores of `routes`, evaluating (in one batch) those not seen before.
+        Raises BudgetExceeded when the new ones do not fit in the budget."""
+        routes = [tuple(r) for r in routes]
+        new = list(dict.fromkeys(r for r in routes if r not in self.scores))
+        if len(new) > self.remaining:
+            raise BudgetExceeded(f"{len(new)} new routes, {self.remaining} left of {self.budget}")
+        for route in new:
+            if route not in self.space:
+                raise ValueError(f"route {route} is not in {self.space}")
+        if new:
+            scores = list(self._evaluate(new))
+            self.n_calls += 1
+            if len(scores) != len(new):
+                raise ValueError(f"evaluate returned {len(scores)} scores for {len(new)} routes")
+            self.scores.update(zip(new, map(float, scores)))
+        return [self.scores[r] for r in routes]
+
+    def result(self, method: str) -> SearchResult:
+        evaluated = list(self.scores.items())
+        # max() keeps the first of equal rewards: the earliest route found wins ties.
+        best_route, best_reward = max(evaluated, key=lambda item: item[1])
+        return SearchResult(method, evaluated, best_route, best_reward, len(evaluated), self.n_calls)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """`evaluated`: (route, callback value) in evaluation order, the full path first.
+    Rewards are the callback's raw values (MCTS's length penalty stays inside its tree)."""
+
+    method: str
+    evaluated: list[tuple[Route, float]] = field(repr=False)
+    best_route: Route
+    best_reward: float
+    n_evaluations: int
+    n_calls: int  # how many batches went to the callback
+
+
+def _begin(space: RouteSpace, evaluate: EvaluateFn, budget: int) -> tuple[Evaluator, float]:
+    ev = Evaluator(space, evaluate, budget)
+    return ev, ev([space.full_path])[0]
+
+
+def _fresh(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, taken: Iterable[Route] = ()) -> Route | None:
+    """A route neither evaluated nor in `taken`: a random sample if one of a few draws
+    is new, else the first such route of the enumeration; None once the space is spent.
+    This is every search's way out of a corner it has already explored."""
+    taken = set(taken)
+    for _ in range(_SAMPLE_TRIES):
+        route = space.sample(rng)
+        if route not in ev and route not in taken:
+            return route
+    # Only |evaluated| + |taken| routes are excluded, so this stops early for any L.
+    return next((r for r in space.iter_routes() if r not in ev and r not in taken), None)
+
+
+def _fresh_batch(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, n: int) -> list[Route]:
+    """Up to n distinct unseen routes (fewer only when the space runs out)."""
+    batch: list[Route] = []
+    while len(batch) < n and (route := _fresh(space, ev, rng, batch)) is not None:
+        batch.append(route)
+    return batch
+
+
+# -- random ----------------------------------------------------------------
+
+
+def random_search(
+    space: RouteSpace, evaluate: EvaluateFn, budget: int, rng: np.random.Generator, batch_size: int | None = None
+) -> SearchResult:
+    """The full path, then budget - 1 distinct samples from `space.sample` (all in one
+    batch unless `batch_size` is given)."""
+    ev, _ = _begin(space, evaluate, budget)
+    routes = _fresh_batch(space, ev, rng, ev.remaining)
+    step = batch_size or max(1, len(routes))
+    for i in range(0, len(routes), step):
+        ev(routes[i : i + step])
+    return ev.result("random")
+
+
+# -- MCTS ------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Node:
+    route: Route
+    untried: list[Action]  # actions not expanded yet; a STOP child is a leaf
+    children: list[_Node] = field(default_factory=list)
+    visits: int = 0
+    total: float = 0.0
+
+    def ucb(self, parent_visits: int, c: float) -> float:
+        if self.visits == 0:
+            return math.inf
+        return self.total / self.visits + c * math.sqrt(math.log(parent_visits) / self.visits)
+
+
+def _node(space: RouteSpace, route: Route, terminal: bool = False) -> _Node:
+    return _Node(route, [] if terminal else [*space.actions(route), STOP])
+
+
+def _rollout(space: RouteSpace, route: Route, rng: np.random.Generator, p_stop: float) -> Route:
+    """Random tree actions until a coin with P(stop) = p_stop says stop."""
+    while rng.random() >= p_stop:
+        actions = space.actions(route)
+        if not actions:
+            break
+        route = space.apply(route, actions[int(rng.integers(len(actions)))])
+    return route
+
+
+def mcts(
+    space: RouteSpace,
+    evaluate: EvaluateFn,
+    budget: int,
+    rng: np.random.Generator,
+    c_ucb: float = 1.4,
+    length_penalty: float = 0.1,
+    p_stop: float = 0.5,
+    stall: int = 64,
+) -> SearchResult:
+    """UCB1 over `space.actions` from the full path; each node also has a STOP child
+    (evaluate the node's own route). One iteration: descend by UCB1 to a node with
+    untried actions, expand one at random, roll out from the new child by random
+    actions (stop with probability p_stop before each), evaluate the final route.
+
+    Tree reward = score - length_penalty * |len(route) - L| / L: with the default 0.1 and
+    bounds at L +- L // 3 the penalty is at most ~0.033, so it only breaks ties between
+    equally scored routes in favour of the smaller change of depth.
+
+    A route already evaluated is re-scored from the cache at no cost; after `stall`
+    such iterations in a row, a fresh random route is evaluated instead, so a tree
+    that has explored its corner still spends its budget (or stops when the space is
+    exhausted). One route per callback batch.
+    """
+    ev, _ = _begin(space, evaluate, budget)
+    L = space.n_layers
+    root = _node(space, space.full_path)
+    idle = 0
+    while ev.remaining:
+        path = [root]
+        while not path[-1].untried and path[-1].children:
+            parent = path[-1]
+            path.append(max(parent.children, key=lambda ch: ch.ucb(parent.visits, c_ucb)))
+        leaf = path[-1]
+        final = leaf.route  # a STOP leaf re-scores its route
+        if leaf.untried:
+            action = leaf.untried.pop(int(rng.integers(len(leaf.untried))))
+            child = _node(space, space.apply(leaf.route, action), terminal=action == STOP)
+            leaf.children.append(child)
+            path.append(child)
+            final = child.route if action == STOP else _rollout(space, child.route, rng, p_stop)
+        idle = 0 if final not in ev else idle + 1
+        reward = ev([final])[0] - length_penalty * abs(len(final) - L) / L
+        for node in path:
+            node.visits += 1
+            node.total += reward
+        if idle >= stall and ev.remaining:
+            route = _fresh(space, ev, rng)
+            if route is None:
+                break
+            ev([route])
+            idle = 0
+    return ev.result("mcts")
+
+
+# -- hill climbing -----------------------------------------------------------
+
+
+def _climb_step(
+    space: RouteSpace,
+    ev: Evaluator,
+    route: Route,
+    score: float,
+    rng: np.random.Generator,
+    batch_size: int,
+    patience: int,
+) -> tuple[Route, float] | None:
+    """A neighbour scoring above `score`, or None: none of the already-known ones and
+    none of `patience` batches of unseen ones (in random order) does better. Within a
+    batch the best neighbour wins (first improvement at batch granularity)."""
+    near = space.neighborhood(route)
+    known = [(ev.scores[r], r) for r in near if r in ev]
+    if known and (best := max(known, key=lambda item: item[0]))[0] > score:
+        return best[1], best[0]  # a free move: no evaluation needed
+    unseen = [near[i] for i in rng.permutation(len(near)) if near[i] not in ev]
+    for k in range(patience):
+        batch = unseen[k * batch_size : (k + 1) * batch_size][: ev.remaining]
+        if not batch:
+            break
+        scores = ev(batch)
+        i = int(np.argmax(scores))
+        if scores[i] > score:
+            return batch[i], scores[i]
+    return None
+
+
+def hill_climb(
+    space: RouteSpace,
+    evaluate: EvaluateFn,
+    budget: int,
+    rng: np.random.Generator,
+    batch_size: int = 8,
+    patience: int = 4,
+) -> SearchResult:
+    """Stochastic hill climbing with random restarts. Starts at the full path; each step
+    evaluates unseen neighbours `batch_size` at a time and moves to the best one that
+    strictly improves; after `patience` batches without improvement (or with the whole
+    neighbourhood known) the climb restarts from an unseen `space.sample`."""
+    ev, score = _begin(space, evaluate, budget)
+    route = space.full_path
+    while ev.remaining:
+        step = _climb_step(space, ev, route, score, rng, batch_size, patience)
+        if step is not None:
+            route, score = step
+            continue
+        if not ev.remaining or (start := _fresh(space, ev, rng)) is None:
+            break
+        route, score = start, ev([start])[0]
+    return ev.result("hill_climb")
+
+
+# -- genetic -----------------------------------------------------------------
+
+
+def _tournament(pop: list[Route], ev: Evaluator, rng: np.random.Generator, size: int) -> Route:
+    picks = rng.choice(len(pop), size=size, replace=len(pop) < size)
+    return max((pop[i] for i in sorted(picks)), key=lambda r: ev.scores[r])
+
+
+def _child(
+    space: RouteSpace,
+    ev: Evaluator,
+    pop: list[Route],
+    taken: list[Route],
+    rng: np.random.Generator,
+    tournament: int,
+    p_crossover: float,
+    p_mutation: float,
+) -> Route | None:
+    """One new route bred from the population; when breeding keeps giving known
+    routes, a few more mutations, then a fresh sample (None when the space is spent)."""
+    child = _tournament(pop, ev, rng, tournament)
+    if rng.random() < p_crossover:
+        child = space.crossover(child, _tournament(pop, ev, rng, tournament), rng)
+    if rng.random() < p_mutation:
+        child = space.neighbors(child, rng)
+    for _ in range(8):
+        if child not in ev and child not in taken:
+            return child
+        child = space.neighbors(child, rng)
+    return _fresh(space, ev, rng, taken)
+
+
+def genetic(
+    space: RouteSpace,
+    evaluate: EvaluateFn,
+    budget: int,
+    rng: np.random.Generator,
+    population: int = 8,
+    tournament: int = 2,
+    p_crossover: float = 0.9,
+    p_mutation: float = 0.5,
+) -> SearchResult:
+    """Elitist (mu + lambda) genetic search. Generation 0: the full path and
+    population - 1 samples. Each generation breeds `population` new routes (tournament
+    selection, `space.crossover`, mutation by `space.neighbors`), evaluates them as one
+    batch, and keeps the best `population` of parents and children (parents first on ties)."""
+    ev, _ = _begin(space, evaluate, budget)
+    pop = [space.full_path, *_fresh_batch(space, ev, rng, min(population - 1, ev.remaining))]
+    ev(pop)
+    while ev.remaining:
+        children: list[Route] = []
+        while len(children) < min(population, ev.remaining):
+            child = _child(space, ev, pop, children, rng, tournament, p_crossover, p_mutation)
+            if child is None:
+                break
+            children.append(child)
+        if not children:
+            break
+        ev(children)
+        pop = sorted(pop + children, key=lambda r: -ev.scores[r])[:population]
+    return ev.result("genetic")
+
+
+SearchFn = Callable[..., SearchResult]
+SEARCHES: dict[str, SearchFn] = {
+    "random": random_search,
+    "mcts": mcts,
+    "hill_climb": hill_climb,
+    "genetic": genetic,
+}
