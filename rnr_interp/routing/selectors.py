@@ -85,6 +85,7 @@ def majority_vote(
     tied = [members for members in groups.values() if len(members) == top]  # in first-seen order
     if tie_break == "first":
         return tied[0][0]
+    confidence = list(confidence)  # by position, whatever index a pandas column has
     best = [_argmax(members, confidence) for members in tied]
     return _argmax(best, confidence)
 
@@ -106,8 +107,8 @@ def self_verification(
     """The candidate the model most confidently calls right: the highest log P("yes"),
     then the highest `confidence` (if given), then the earliest. When no candidate gets
     a "yes" this is still the least doubted one."""
-    indices = _answered(extracted) if extracted is not None else range(len(verify_yes_logprob))
-    keys = [verify_yes_logprob] if confidence is None else [verify_yes_logprob, confidence]
+    keys = [list(verify_yes_logprob)] + ([] if confidence is None else [list(confidence)])  # by position
+    indices = _answered(extracted) if extracted is not None else range(len(keys[0]))
     return _argmax(list(indices), *keys)
 
 
