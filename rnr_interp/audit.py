@@ -1,0 +1,82 @@
+"""The realization/reachability audit: one run folder per (model, task, decoding, budget).
+
+`run_audit` samples the deployed candidate and K probe samples per question into a
+`RunDir` (resuming one that was interrupted), then scores it: per question `d_i`,
+`c_i` of `n`, `o_i(K)`; aggregates D, O_K and the gap with intervals, and the pass@k
+curve, in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from rnr_interp.generate import Decoding
+from rnr_interp.interventions import Intervention, dumps
+from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores
+from rnr_interp.records import RunDir
+from rnr_interp.sampling import Probe, sample_task
+from rnr_interp.tasks.base import Task
+
+
+def audit_config(lm, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int) -> dict[str, Any]:
+    """Everything that decides the records: two runs are comparable only when these
+    agree (the checkpoint audit checks them)."""
+    return {
+        "kind": "audit",
+        "model": lm.spec,
+        "model_facts": lm.facts(),
+        "task": task.describe(),
+        "question_ids_hash": _ids_hash(task),
+        "probe": asdict(probe),
+        "deployed": asdict(deployed),
+        "interventions": dumps(interventions),
+        "batch_size": batch_size,
+    }
+
+
+def _ids_hash(task: Task) -> str:
+    import hashlib
+
+    return hashlib.sha1("\n".join(q.id for q in task.questions).encode()).hexdigest()[:16]
+
+
+def run_audit(
+    lm,
+    task: Task,
+    out: str | Path,
+    *,
+    probe: Probe = Probe(),
+    deployed: Decoding | None = None,
+    interventions: Sequence[Intervention] = (),
+    batch_size: int = 8,
+    ci: str = "wilson",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Sample (or resume) and score; returns the summary written to ``summary.json``."""
+    deployed = deployed or Decoding(max_new_tokens=task.max_new_tokens)
+    run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size))
+    run_id = run.manifest.get("run_id") or run.config_hash
+    sample_task(lm, task, probe=probe, deployed=deployed, run=run, interventions=interventions,
+                batch_size=batch_size, run_id=run_id, progress=progress)
+    summary = summarize(run, probe.name, ci=ci)
+    run.write_summary(summary)
+    return summary
+
+
+def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson") -> dict[str, Any]:
+    records = run.read_records()
+    scores = question_scores(records, probe)
+    summary = audit_summary(records, probe, ci=ci)
+    ks = list(range(1, int(scores["n"].min()) + 1)) if len(scores) and scores["n"].min() > 0 else []
+    config = run.config
+    summary.update({
+        "model": config.get("model"),
+        "task": (config.get("task") or {}).get("name"),
+        "temperature": (config.get("probe") or {}).get("temperature"),
+        "pass_at_k": {"k": ks, "pass": mean_pass_at_k(scores["n"].to_numpy(), scores["c"].to_numpy(), ks).tolist() if ks else []},
+        "unparsed_rate": float(records["extracted"].isna().mean()) if len(records) else 0.0,
+    })
+    return summary

@@ -1,0 +1,135 @@
+"""The `rnr` command line. Each analysis module owns its command function; this file
+holds the shared options and registers the commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Realized vs reachable: question-level audits of language models.")
+
+# Options every analysis command shares (same names, same defaults).
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
+TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | arithmetic | arithmetic_mc")]
+DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
+NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
+KOpt = Annotated[int, typer.Option("--k", help="probe budget K per question")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="run folder (resumed if it exists with the same config)")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="base seed of every random draw")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="questions per batched forward")]
+TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling temperature")]
+MaxTokOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", help="generation length (default: the task's)")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+
+
+def fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int]):
+    """Model and task for a command, with one-line errors for bad input."""
+    from rnr_interp.models import ModelSpecError, load_model
+    from rnr_interp.tasks import DataFormatError, load_task
+
+    try:
+        t = load_task(task, data=data, n=n)
+    except (ValueError, FileNotFoundError, DataFormatError) as exc:
+        fail(str(exc))
+    if len(t) == 0:
+        fail(f"task {task!r} has no questions")
+    try:
+        lm = load_model(model)
+    except ModelSpecError as exc:
+        fail(str(exc))
+    return lm, t
+
+
+def fmt_ci(value: float, ci) -> str:
+    return f"{value:6.3f}  [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+@app.command("model-info")
+def model_info(spec: Annotated[str, typer.Argument(help="model spec")]):
+    """Print the loaded model's facts as one JSON object."""
+    from rnr_interp.models import ModelSpecError, load_model
+
+    try:
+        lm = load_model(spec)
+    except ModelSpecError as exc:
+        fail(str(exc))
+    typer.echo(json.dumps(lm.facts()))
+
+
+@app.command()
+def audit(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "arithmetic",
+    data: DataOpt = None,
+    n: NOpt = None,
+    k: KOpt = 32,
+    out: OutOpt = Path("runs/audit"),
+    temperature: TempOpt = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    deployed_temperature: Annotated[float, typer.Option("--deployed-temperature", help="0 = greedy")] = 0.0,
+    max_new_tokens: MaxTokOpt = None,
+    seed: SeedOpt = 0,
+    batch_size: BatchOpt = 8,
+    ci: Annotated[str, typer.Option("--ci", help="wilson | bootstrap")] = "wilson",
+    quiet: QuietOpt = False,
+):
+    """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
+    from rnr_interp.audit import run_audit
+    from rnr_interp.generate import Decoding
+    from rnr_interp.records import ConfigMismatchError
+    from rnr_interp.sampling import Probe
+
+    if ci not in ("wilson", "bootstrap"):
+        fail(f"--ci must be wilson or bootstrap, got {ci!r}")
+    lm, t = load_inputs(model, task, data, n)
+    try:
+        probe = Probe(k=k, temperature=temperature, top_p=top_p, seed=seed)
+        deployed = Decoding(temperature=deployed_temperature, max_new_tokens=max_new_tokens or t.max_new_tokens)
+        summary = run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
+    except ConfigMismatchError as exc:
+        fail(f"{exc} (use another --out, or the same options as the existing run)")
+    except ValueError as exc:
+        fail(str(exc))
+    print_audit_table(summary)
+    typer.echo(f"run folder: {out}")
+
+
+def print_audit_table(s: dict) -> None:
+    typer.echo(f"{s.get('model')} on {s.get('task')}: {s['n_questions']} questions, K={s['k']}, T={s.get('temperature')}  ({s['level']:.0%} {s['ci']} intervals)")
+    typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}")
+    typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}")
+    typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}")
+
+
+@app.command("pass-at-k")
+def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
+              probe: Annotated[str, typer.Option("--probe")] = "temperature"):
+    """Print the unbiased pass@k curve of a run, k = 1..n."""
+    from rnr_interp.audit import summarize
+    from rnr_interp.records import RunDir
+
+    if not (run / "manifest.json").is_file():
+        fail(f"{run} is not a run folder (no manifest.json)")
+    s = summarize(RunDir(run), probe)
+    typer.echo(f"D (deployed) = {s['D']:.3f}")
+    typer.echo("k\tpass@k")
+    for k, p in zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"]):
+        typer.echo(f"{k}\t{p:.4f}")
+
+
+def main() -> None:  # pragma: no cover
+    app(sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,141 @@
+"""Deployed and probe candidates for a task, graded, as records.
+
+For each question, one prefill feeds the deployed candidate (greedy unless configured)
+and the K probe samples (`generate` fans the prompt's KV cache out to 1 + K rows).
+Questions are processed in fixed chunks of `batch_size` in task order and each chunk is
+written as one atomic records part, so a killed run resumes at a chunk boundary and
+produces exactly the records an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Sequence
+
+from tqdm.auto import tqdm
+
+from rnr_interp.generate import Decoding, Generation, generate
+from rnr_interp.interventions import Intervention, set_id
+from rnr_interp.metrics import DEPLOYED
+from rnr_interp.tasks.base import Question, Task
+
+
+@dataclass(frozen=True)
+class Probe:
+    """K temperature samples per question. `name` labels the records' `probe` column."""
+
+    k: int = 32
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int = 0
+    name: str = "temperature"
+
+    def __post_init__(self):
+        if self.k < 0:
+            raise ValueError(f"probe budget k must be >= 0, got {self.k}")
+        if self.k and self.temperature <= 0:
+            raise ValueError("a sampling probe needs temperature > 0 (greedy samples would all be equal)")
+
+
+def candidate_seed(seed: int, question_id: str, candidate: int) -> int:
+    """A stable 63-bit seed per (run seed, question, candidate): the same candidate
+    gets the same randomness whatever batch it lands in."""
+    digest = hashlib.blake2b(f"{seed}\x1f{question_id}\x1f{candidate}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def prompt_ids(lm, task: Task, q: Question) -> list[int]:
+    return lm.encode(lm.render(task.user_message(q)))
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def candidate_row(task: Task, q: Question, g: Generation, /, **fields) -> dict[str, Any]:
+    extracted = task.extract(g.text)
+    return {
+        **fields,
+        "question_id": q.id,
+        "text": g.text,
+        "extracted": extracted,
+        "gold": q.answer,
+        "correct": bool(task.grade(extracted, q)),
+        "logprob": float(g.logprob),
+        "n_tokens": g.n_tokens,
+        "finish": g.finish,
+    }
+
+
+def sample_questions(
+    lm,
+    task: Task,
+    questions: Sequence[Question],
+    *,
+    probe: Probe,
+    deployed: Decoding,
+    interventions: Sequence[Intervention] = (),
+    run_id: str = "",
+) -> list[dict[str, Any]]:
+    """Records for one batch of questions: the deployed candidate and K probe samples each."""
+    max_new = deployed.max_new_tokens
+    prompts = [prompt_ids(lm, task, q) for q in questions]
+    n = 1 + probe.k
+    # Column 0 is the deployed candidate (seed index -1); columns 1..K the probe samples.
+    seeds = [[candidate_seed(probe.seed, q.id, j - 1) for j in range(n)] for q in questions]
+    gens = generate(
+        lm, prompts, n=n,
+        decoding=Decoding(temperature=probe.temperature, top_p=probe.top_p, max_new_tokens=max_new),
+        temperatures=[deployed.temperature] + [probe.temperature] * probe.k,
+        seeds=seeds,
+        interventions=list(interventions),
+        stop_strings=task.stop_strings,
+    )
+    common = {"run_id": run_id, "model": lm.spec, "task": task.name, "intervention": set_id(interventions)}
+    rows = []
+    for q, q_seeds, q_gens in zip(questions, seeds, gens):
+        for j, g in enumerate(q_gens):
+            probe_name, cand = (DEPLOYED, 0) if j == 0 else (probe.name, j - 1)
+            rows.append(candidate_row(task, q, g, **common, probe=probe_name, candidate=cand, seed=q_seeds[j]))
+    return rows
+
+
+def sample_task(
+    lm,
+    task: Task,
+    *,
+    probe: Probe,
+    deployed: Decoding,
+    run=None,
+    interventions: Sequence[Intervention] = (),
+    batch_size: int = 8,
+    run_id: str = "",
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Sample every question of `task` not already in `run` (a `RunDir`), writing each
+    chunk as it completes. Returns the rows produced by this call."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batches = list(chunks(task.questions, batch_size))
+    done = run.done_question_ids() if run is not None else set()
+    produced: list[dict[str, Any]] = []
+    bar = tqdm(total=len(task.questions), unit="q", desc=f"{task.name} K={probe.k}", disable=not progress)
+    with bar:
+        for batch in batches:
+            todo = [q for q in batch if q.id not in done]
+            if len(todo) < len(batch):
+                bar.update(len(batch) - len(todo))
+            if not todo:
+                continue
+            rows = sample_questions(lm, task, todo, probe=probe, deployed=deployed, interventions=interventions, run_id=run_id)
+            if run is not None:
+                run.write_question_batch(rows)
+            produced.extend(rows)
+            bar.update(len(todo))
+    return produced
+
+
+def probe_config(probe: Probe, deployed: Decoding) -> dict[str, Any]:
+    return {"probe": asdict(probe), "deployed": asdict(deployed)}
