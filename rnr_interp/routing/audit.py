@@ -1,0 +1,245 @@
+"""The routing audit: random routes vs structured search at a matched budget, and
+answer-blind selectors, on one model and task.
+
+For every question and route space (a *cell* is model x task x space):
+- `deployed`: greedy on the full path; `temperature`: K temperature samples (same prefill);
+- `random_route`: the full path + K-1 distinct uniform routes (one shared seed, so every
+  question gets the same routes and each route is one batch over all questions);
+- `mcts`, `hill_climb`, `genetic`: oracle searches with the gold answer as reward, K
+  distinct route evaluations each (the full path first, as for random);
+- selectors over the random-route candidates: majority vote, majority with confidence
+  tie-break, confidence, self-verification, and the three searches re-run with the
+  answer-blind reward "agrees with the majority answer" (`*_vote`).
+Every evaluated route is a record (probe = method, intervention = the route's id).
+A cell whose random routes mostly fail to parse (``unparsed_rate > collapse``,
+default 0.5) is flagged as format collapse and excluded from comparisons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from rnr_interp.generate import Decoding, forward, generate, left_pad
+from rnr_interp.interventions import Route, set_id
+from rnr_interp.metrics import DEPLOYED, gap_recovery, question_scores
+from rnr_interp.records import RunDir
+from rnr_interp.routing.batching import Lockstep
+from rnr_interp.routing.search import SEARCHES
+from rnr_interp.routing.selectors import majority_agreement_reward, majority_answer, select
+from rnr_interp.routing.spaces import make_space
+from rnr_interp.sampling import Probe, candidate_row, prompt_ids, sample_questions
+from rnr_interp.tasks.base import Question, Task
+
+STRUCTURED = ("mcts", "hill_climb", "genetic")
+BLIND_SELECTORS = ("majority", "majority_confidence", "confidence", "self_verification")
+VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    k: int = 16
+    spaces: tuple[str, ...] = ("native",)
+    methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
+    temperature: float = 1.0
+    seed: int = 0
+    collapse: float = 0.5
+    batch_size: int = 16
+
+
+class RouteEvaluator:
+    """Greedy generation of (question, route) pairs, batched by route and cached, so a
+    route any method has already tried for a question costs nothing again."""
+
+    def __init__(self, lm, task: Task, decoding: Decoding, batch_size: int = 16):
+        self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
+        self.by_id = {q.id: q for q in task.questions}
+        self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+        self.n_generated = 0
+
+    def __call__(self, requests: list[tuple[str, tuple[int, ...]]]) -> list[dict[str, Any]]:
+        todo: dict[tuple[int, ...], list[str]] = {}
+        for qid, route in requests:
+            if (qid, route) not in self.cache:
+                todo.setdefault(route, [])
+                if qid not in todo[route]:
+                    todo[route].append(qid)
+        for route, qids in todo.items():
+            for start in range(0, len(qids), self.batch_size):
+                chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
+                gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
+                                interventions=[Route(route)], stop_strings=self.task.stop_strings)
+                self.n_generated += len(chunk)
+                for q, [g] in zip(chunk, gens):
+                    self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
+        return [self.cache[req] for req in requests]
+
+
+def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space, method: str, budget: int,
+                 seed: int, reward_of) -> dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]:
+    """One search per question, in lockstep. `reward_of(question, row) -> float`.
+    Returns, per question id, the evaluated (route, row) pairs in evaluation order."""
+    search = SEARCHES[method]
+    lockstep = Lockstep(evaluator)
+
+    def job(q: Question):
+        evaluate = lockstep.evaluate_for(q.id)
+
+        def score(routes):
+            return [reward_of(q, row) for row in evaluate(routes)]
+
+        # Random search shares one seed across questions (same routes, full batching);
+        # adaptive searches get the same seed too, so runs are reproducible.
+        return search(space, score, budget, np.random.default_rng(seed))
+
+    results = lockstep.run([lambda q=q: job(q) for q in questions])
+    return {q.id: [(route, evaluator.cache[(q.id, route)]) for route, _ in res.evaluated] for q, res in zip(questions, results)}
+
+
+@torch.inference_mode()
+def verify_scores(lm, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
+    """Self-verification: log P(yes) - log P(no) for the model's next token after asking
+    whether each proposed answer is correct (None answers get -inf)."""
+    yes = [lm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("yes", "Yes")]
+    no = [lm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("no", "No")]
+    distinct = sorted({a for a in answers if a is not None})
+    if not distinct:
+        return [float("-inf")] * len(answers)
+    prompts = [lm.encode(lm.render(VERIFY_PROMPT.format(question=task.user_message(q), answer=a))) for a in distinct]
+    ids, mask = left_pad(prompts, lm.tokenizer.pad_token_id)
+    logp = torch.log_softmax(forward(lm, ids, mask)[0][:, -1].float(), -1)
+    margin = torch.logsumexp(logp[:, yes], -1) - torch.logsumexp(logp[:, no], -1)
+    by_answer = dict(zip(distinct, margin.tolist()))
+    return [by_answer.get(a, float("-inf")) if a is not None else float("-inf") for a in answers]
+
+
+def _rows(pairs, probe: str, common: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**row, **common, "probe": probe, "candidate": i, "seed": 0} for i, (_, row) in enumerate(pairs)]
+
+
+def _oracle_curve(pairs_by_q: dict[str, list], budget: int) -> list[float]:
+    hits = np.zeros((len(pairs_by_q), budget))
+    for i, pairs in enumerate(pairs_by_q.values()):
+        correct = [row["correct"] for _, row in pairs][:budget]
+        running = np.maximum.accumulate(np.array(correct, dtype=float)) if correct else np.zeros(0)
+        hits[i, :len(running)] = running
+        if len(running) < budget and len(running):
+            hits[i, len(running):] = running[-1]
+    return hits.mean(0).tolist()
+
+
+def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+    unknown = [m for m in cfg.methods if m not in SEARCHES]
+    if unknown:
+        raise ValueError(f"unknown search method(s) {unknown}; known: {sorted(SEARCHES)}")
+    decoding = Decoding(max_new_tokens=task.max_new_tokens)
+    run = RunDir.create(out, {"kind": "route", "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
+                              "route": asdict(cfg), "deployed": asdict(decoding)})
+    run_id = run.config_hash
+    common = {"run_id": run_id, "model": lm.spec, "task": task.name}
+    done = run.done_question_ids()
+    questions = [q for q in task.questions if q.id not in done]
+    evaluator = RouteEvaluator(lm, task, decoding, cfg.batch_size)
+    gold = lambda q, row: float(row["correct"])  # noqa: E731 - the oracle reward
+
+    bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
+    for start in range(0, len(questions), cfg.batch_size):
+        chunk = questions[start:start + cfg.batch_size]
+        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.k, temperature=cfg.temperature, seed=cfg.seed),
+                                deployed=decoding, run_id=run_id)
+        for space_name in cfg.spaces:
+            space = make_space(space_name, lm.n_layers)
+            found = {m: run_searches(evaluator, chunk, space, m, cfg.k, cfg.seed, gold) for m in cfg.methods}
+            for m, by_q in found.items():
+                for pairs in by_q.values():
+                    rows += _rows(pairs, f"{space_name}:{m}", common)
+            # Answer-blind search: the same searches rewarded by agreement with the
+            # majority answer of the random-route candidates.
+            random_pairs = found.get("random") or run_searches(evaluator, chunk, space, "random", cfg.k, cfg.seed, gold)
+            for m in STRUCTURED:
+                majority = {q.id: majority_agreement_reward(majority_answer([r["extracted"] for _, r in random_pairs[q.id]])) for q in chunk}
+                voted = run_searches(evaluator, chunk, space, m, cfg.k, cfg.seed, lambda q, row: majority[q.id](row["extracted"]))
+                for q in chunk:
+                    best = max(range(len(voted[q.id])), key=lambda i: (majority[q.id](voted[q.id][i][1]["extracted"]), -i))
+                    rows += _rows([voted[q.id][best]], f"{space_name}:{m}_vote", common)
+        run.write_question_batch(rows)
+        bar.update(len(chunk))
+    bar.close()
+    summary = summarize_routes(run, lm, task, cfg)
+    run.write_summary(summary)
+    return summary
+
+
+def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+    records = run.read_records()
+    deployed = question_scores(records, "temperature")
+    greedy = float(deployed["d"].mean())
+    curves, cells, selectors = [], [], []
+    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.k,
+                               "n_questions": len(deployed), "deployed": greedy, "cells": {}}
+    temp = records[records.probe == "temperature"]
+    for space_name in cfg.spaces:
+        cell = f"{lm.spec}/{task.name}/{space_name}"
+        rand = records[records.probe == f"{space_name}:random"]
+        unparsed = float(rand["extracted"].isna().mean()) if len(rand) else float("nan")
+        excluded = bool(unparsed > cfg.collapse)
+        oracle_at_k = {}
+        for m in cfg.methods:
+            sub = records[records.probe == f"{space_name}:{m}"]
+            pairs = {qid: [(None, r) for r in g.sort_values("candidate").to_dict("records")] for qid, g in sub.groupby("question_id", sort=False)}
+            curve = _oracle_curve(pairs, cfg.k)
+            curves += [{"cell": cell, "method": m, "budget": b + 1, "oracle": v} for b, v in enumerate(curve)]
+            oracle_at_k[m] = curve[-1] if curve else float("nan")
+            cells.append({"cell": cell, "method": m, "oracle": oracle_at_k[m], "excluded": excluded, "unparsed_rate": unparsed})
+        oracle = oracle_at_k.get("random", float("nan"))
+        cell_sel = {}
+        for name, acc in _selector_accuracies(lm, task, rand, records, space_name).items():
+            rec = gap_recovery(acc, greedy, oracle)
+            selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": rec, "source": "routes"})
+            cell_sel[name] = {"accuracy": acc, "gap_recovery": rec}
+        t_oracle = float(question_scores(records, "temperature")["o"].mean())
+        for name, acc in _selector_accuracies(lm, task, temp, records, None).items():
+            selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": gap_recovery(acc, greedy, t_oracle), "source": "temperature"})
+        summary["cells"][cell] = {
+            "space": space_name, "oracle_at_k": oracle_at_k, "excluded": excluded, "unparsed_rate": unparsed,
+            "random_minus_structured": {m: oracle_at_k["random"] - oracle_at_k[m] for m in STRUCTURED if m in oracle_at_k and "random" in oracle_at_k},
+            "selectors": cell_sel, "temperature_oracle": t_oracle,
+        }
+    run.write_table("route_curves", pd.DataFrame(curves))
+    run.write_table("route_cells", pd.DataFrame(cells))
+    sel = pd.DataFrame(selectors)
+    run.write_table("selectors", sel)
+    kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
+    summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
+    summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in cfg.methods}
+    routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
+    summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
+                            for name, g in routes_sel.groupby("selector")} if len(routes_sel) else {}
+    return summary
+
+
+def _selector_accuracies(lm, task: Task, cands: pd.DataFrame, records: pd.DataFrame, space_name: str | None) -> dict[str, float]:
+    """Accuracy of each answer-blind pick over the candidates of one probe."""
+    if cands.empty:
+        return {}
+    by_id = {q.id: q for q in task.questions}
+    picks: dict[str, list[bool]] = {}
+    for qid, g in cands.groupby("question_id", sort=False):
+        g = g.sort_values("candidate").reset_index(drop=True)
+        table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[qid], [a if isinstance(a, str) else None for a in g["extracted"]]))
+        for name in BLIND_SELECTORS:
+            i = select(table, name)
+            picks.setdefault(name, []).append(bool(g.loc[i, "correct"]) if i is not None else False)
+    acc = {name: float(np.mean(v)) for name, v in picks.items()}
+    if space_name is not None:
+        for m in STRUCTURED:
+            voted = records[records.probe == f"{space_name}:{m}_vote"]
+            if len(voted):
+                acc[f"{m}_vote"] = float(voted["correct"].mean())
+    return acc

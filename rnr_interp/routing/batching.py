@@ -1,0 +1,88 @@
+"""Run one search per question in lockstep, so that the same route requested by many
+questions is generated in one batch.
+
+Each question's search runs in its own thread and blocks inside `evaluate`; when every
+live search is waiting, the main thread gathers all pending (question, route) requests,
+groups them by route, runs one batched generation per route, and wakes the searches.
+Only the main thread touches the model. The first request of every search is the full
+path, so the first round is always one batch over all questions; random search with a
+shared seed asks every question for the same routes, so it batches completely.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+Route = tuple[int, ...]
+
+
+@dataclass
+class _Request:
+    key: Hashable  # the question
+    routes: list[Route]
+    result: list[Any] | None = None
+
+
+@dataclass
+class Lockstep:
+    """`run_batch(requests: list[(key, route)]) -> list[value]` is called by the main
+    thread only, with requests grouped as it likes."""
+
+    run_batch: Callable[[list[tuple[Hashable, Route]]], list[Any]]
+    _cv: threading.Condition = field(default_factory=threading.Condition)
+    _pending: list[_Request] = field(default_factory=list)
+    _live: int = 0
+
+    def evaluate_for(self, key: Hashable) -> Callable[[list[Route]], list[Any]]:
+        def evaluate(routes: list[Route]) -> list[Any]:
+            req = _Request(key, [tuple(r) for r in routes])
+            with self._cv:
+                self._pending.append(req)
+                self._cv.notify_all()
+                self._cv.wait_for(lambda: req.result is not None)
+            return req.result
+
+        return evaluate
+
+    def run(self, jobs: Sequence[Callable[[], Any]]) -> list[Any]:
+        """Run every job (a search closure using `evaluate_for`) to completion."""
+        results: list[Any] = [None] * len(jobs)
+        errors: list[BaseException] = []
+
+        def worker(i: int, job: Callable[[], Any]):
+            try:
+                results[i] = job()
+            except BaseException as exc:  # surfaced in the main thread below
+                errors.append(exc)
+            finally:
+                with self._cv:
+                    self._live -= 1
+                    self._cv.notify_all()
+
+        threads = [threading.Thread(target=worker, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
+        with self._cv:
+            self._live = len(threads)
+        for t in threads:
+            t.start()
+        while True:
+            with self._cv:
+                # Wait until every live search is blocked on a request (or all are done).
+                self._cv.wait_for(lambda: self._live == 0 or len(self._pending) >= self._live)
+                if self._live == 0 and not self._pending:
+                    break
+                batch, self._pending = self._pending, []
+            flat = [(req.key, r) for req in batch for r in req.routes]
+            values = self.run_batch(flat) if flat else []
+            at = 0
+            with self._cv:
+                for req in batch:
+                    req.result = values[at:at + len(req.routes)]
+                    at += len(req.routes)
+                self._cv.notify_all()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
