@@ -1,0 +1,243 @@
+"""Checkpoint audit: alignment, per-question transitions, propensity bins, statistics,
+budget control, figures and the command, on hand-written records and on real audits of
+tiny models."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rnr_interp.audit import run_audit
+from rnr_interp.compare import (
+    REACHABLE, REALIZED, RunMismatchError, budget_control, budget_probe, check_aligned, compare_runs,
+    propensity, transitions,
+)
+from rnr_interp.generate import Decoding
+from rnr_interp.metrics import mcnemar
+from rnr_interp.models import load_model
+from rnr_interp.records import RECORD_COLUMNS, RunDir
+from rnr_interp.sampling import Probe
+from rnr_interp.tasks.base import Question, Task
+
+K = 8
+
+
+def config(model="base", k=K, temperature=1.0, task_name="arithmetic", n=12, **over):
+    cfg = {
+        "kind": "audit", "model": model,
+        "task": {"name": task_name, "answer_format": "a number", "n_questions": n},
+        "question_ids_hash": "abc",
+        "probe": {"k": k, "temperature": temperature, "top_p": 1.0, "seed": 0, "name": "temperature"},
+        "deployed": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24},
+        "interventions": "[]", "batch_size": 8,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def rows_for(qid: str, d: bool, c: int, model: str) -> list[dict]:
+    """A deployed row and K probe rows of which the first c are correct."""
+    base = dict(run_id="r", model=model, task="t", question_id=qid, intervention="", seed=0, text="x",
+                extracted=None, gold="1", logprob=0.0, n_tokens=1, finish="stop")
+    out = [{**base, "probe": "deployed", "candidate": 0, "correct": d}]
+    out += [{**base, "probe": "temperature", "candidate": j, "correct": j < c} for j in range(K)]
+    assert set(out[0]) == set(RECORD_COLUMNS)
+    return out
+
+
+def hand_run(path, outcomes: dict[str, tuple[bool, int]], **cfg) -> RunDir:
+    run = RunDir.create(path, config(**cfg))
+    for qid, (d, c) in outcomes.items():
+        run.write_question_batch(rows_for(qid, d, c, cfg.get("model", "base")))
+    return run
+
+
+@pytest.fixture
+def random_pair(tmp_path):
+    """Two hand-written runs with random per-question outcomes (seeded), and the
+    outcomes themselves for a direct recount."""
+    rng = random.Random(3)
+    qids = [f"q{i}" for i in range(60)]
+    def outcomes():
+        return {q: (rng.random() < 0.4, rng.choice([0, 0, 0, 1, 2, 3, 5, 8])) for q in qids}
+    base, trained = outcomes(), outcomes()
+    return (hand_run(tmp_path / "base", base), hand_run(tmp_path / "trained", trained, model="trained"), base, trained)
+
+
+def test_every_question_in_one_category_and_counts_match(random_pair, tmp_path):
+    base_run, trained_run, base, trained = random_pair
+    s = compare_runs(base_run, trained_run, tmp_path / "cmp")
+    t = RunDir(tmp_path / "cmp").read_table("transitions")
+    assert sorted(t["question_id"]) == sorted(base) and t["question_id"].is_unique
+    assert set(t["realized"]) <= set(REALIZED) and set(t["reachable"]) <= set(REACHABLE)
+    # direct recount from the outcomes
+    expect_realized = {"gained": 0, "lost": 0, "kept": 0, "never": 0}
+    expect_reachable = {"entered": 0, "left": 0, "stayed": 0, "never": 0}
+    gained_from_reach = 0
+    for q in base:
+        (d0, c0), (d1, c1) = base[q], trained[q]
+        r = "kept" if d0 and d1 else "gained" if d1 else "lost" if d0 else "never"
+        o = "stayed" if c0 and c1 else "entered" if c1 else "left" if c0 else "never"
+        expect_realized[r] += 1
+        expect_reachable[o] += 1
+        gained_from_reach += r == "gained" and c0 > 0
+        row = t.set_index("question_id").loc[q]
+        assert (row["realized"], row["reachable"]) == (r, o)
+        assert row["base_hit_rate"] == c0 / K
+    assert s["realized"] == expect_realized and s["reachable"] == expect_reachable
+    assert sum(s["realized"].values()) == sum(s["reachable"].values()) == len(base)
+    assert s["gained_from"]["base_reachable"] == gained_from_reach
+    assert s["gained_from"]["base_reachable"] + s["gained_from"]["base_unreachable"] == expect_realized["gained"]
+    # McNemar counts are the lost/gained and left/entered counts
+    assert s["stats"]["D"]["mcnemar"] == mcnemar(expect_realized["lost"], expect_realized["gained"])
+    assert s["stats"]["O_K"]["mcnemar"] == mcnemar(expect_reachable["left"], expect_reachable["entered"])
+    d_change = (expect_realized["gained"] - expect_realized["lost"]) / len(base)
+    assert s["stats"]["D"]["change"] == pytest.approx(d_change)
+    lo, hi = s["stats"]["D"]["change_ci"]
+    assert lo < d_change < hi
+    assert json.loads((tmp_path / "cmp" / "summary.json").read_text())["kind"] == "compare"
+
+
+def test_propensity_bins_recount(random_pair):
+    base_run, trained_run, base, trained = random_pair
+    t = transitions(base_run.read_records(), trained_run.read_records())
+    edges = [0, 0.1, 0.35, 0.65, 1.0]
+    table = propensity(t, edges)
+    assert list(table["bin"]) == ["[0, 0.1)", "[0.1, 0.35)", "[0.35, 0.65)", "[0.65, 1]"]
+    for _, row in table.iterrows():
+        last = row["hi"] == 1.0
+        members = [q for q, (d, c) in base.items() if not d and c > 0
+                   and row["lo"] <= c / K and (c / K < row["hi"] or (last and c / K == 1.0))]
+        assert row["n"] == len(members)
+        assert row["n_realized"] == sum(trained[q][0] for q in members)
+    pool = sum(1 for d, c in base.values() if not d and c > 0)
+    assert table["n"].sum() == pool  # every base-reachable, unrealized question lands in one bin
+    with pytest.raises(ValueError, match="increasing"):
+        propensity(t, [0, 0.5, 0.5, 1])
+
+
+@pytest.mark.parametrize("change, keys", [
+    ({"probe": {"k": 16, "temperature": 1.0, "top_p": 1.0, "seed": 0, "name": "temperature"}}, ["probe.k"]),
+    ({"probe": {"k": K, "temperature": 0.7, "top_p": 0.9, "seed": 0, "name": "temperature"}}, ["probe.temperature", "probe.top_p"]),
+    ({"task": {"name": "gsm8k", "answer_format": "a number", "n_questions": 12}}, ["task"]),
+    ({"question_ids_hash": "other"}, ["question_ids_hash"]),
+    ({"deployed": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 24}}, ["deployed"]),
+])
+def test_mismatched_runs_are_refused_naming_the_difference(tmp_path, change, keys):
+    base = hand_run(tmp_path / "b", {"q0": (True, 1)})
+    other = hand_run(tmp_path / "t", {"q0": (True, 1)}, model="trained", **change)
+    with pytest.raises(RunMismatchError) as err:
+        compare_runs(base, other, tmp_path / "cmp")
+    assert err.value.keys == keys
+    for key in keys:
+        assert key in str(err.value)
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_model_and_probe_seed_may_differ():
+    a = config()
+    b = config(model="ckpt", probe={**config()["probe"], "seed": 5})
+    check_aligned(a, b)
+
+
+def test_incomplete_run_is_refused(tmp_path):
+    base = hand_run(tmp_path / "b", {"q0": (True, 1), "q1": (False, 0)})
+    trained = hand_run(tmp_path / "t", {"q0": (True, 1)}, model="trained")
+    with pytest.raises(RunMismatchError, match="only in the base run"):
+        compare_runs(base, trained, tmp_path / "cmp")
+
+
+class FirstChar(Task):
+    """Correct when the first generated character is one of 30 (a tiny random model
+    hits it sometimes, so every category occurs)."""
+
+    name = "first_char"
+    max_new_tokens = 3
+
+    def extract(self, generation: str) -> str | None:
+        return generation[:1] or None
+
+    def grade(self, extracted, q) -> bool:
+        return extracted is not None and extracted in q.answer
+
+
+def first_char_task(n=16) -> FirstChar:
+    pool = [chr(c) for c in range(33, 127)]
+    rng = random.Random(0)
+    return FirstChar([Question(id=f"fc-{i}", text=f"Say something {i}", answer="".join(rng.sample(pool, 30)))
+                      for i in range(n)], source="test")
+
+
+def test_real_audits_of_tiny_models(tmp_path):
+    task = first_char_task()
+    probe = Probe(k=4, temperature=1.0)
+    runs = []
+    for seed in (0, 1):
+        lm = load_model("tiny-llama", seed=seed)
+        run_audit(lm, task, tmp_path / f"run{seed}", probe=probe, progress=False)
+        runs.append(RunDir(tmp_path / f"run{seed}"))
+    s = compare_runs(*runs, tmp_path / "cmp", control_lm=lm, control_task=task)
+    t = RunDir(tmp_path / "cmp").read_table("transitions")
+    assert len(t) == len(task) == s["n_questions"]
+    assert sum(s["realized"].values()) == sum(s["reachable"].values()) == len(task)
+    # recount from the records themselves
+    for run, who in zip(runs, ("base", "trained")):
+        rec = run.read_records()
+        dep = rec[rec["probe"] == "deployed"].set_index("question_id")["correct"]
+        reach = rec[rec["probe"] == "temperature"].groupby("question_id")["correct"].any()
+        assert (t.set_index("question_id")[f"{who}_d"] == dep.loc[t["question_id"]]).all()
+        assert (t.set_index("question_id")[f"{who}_o"] == reach.loc[t["question_id"]]).all()
+    assert len(set(t["realized"])) > 1 and len(set(t["reachable"])) > 1  # the task does spread outcomes
+    bc = s["budget_control"]
+    assert bc["k_control"] == 2 * probe.k and bc["n_left"] == s["reachable"]["left"]
+    assert 0 <= bc["n_back"] <= bc["n_left"]
+    ctrl = RunDir(tmp_path / "cmp").read_records()
+    assert set(ctrl["probe"]) <= {"temperature_k8"}
+    assert ctrl.groupby("question_id").size().eq(8).all()
+    assert set(ctrl["question_id"]) == set(t.loc[t["reachable"] == "left", "question_id"])
+
+
+def test_budget_control_samples_fresh_2k(tmp_path):
+    task = first_char_task(6)
+    lm = load_model("tiny-llama", seed=1)
+    cfg = config(k=4)
+    probe = budget_probe(cfg)
+    assert (probe.k, probe.seed, probe.name) == (8, 1, "temperature_k8")
+    ids = ["fc-1", "fc-4"]
+    out = budget_control(lm, task, ids, probe, Decoding(max_new_tokens=3))
+    assert list(out["question_id"]) == ids and (out["n"] == 8).all()
+    assert (out["o"] == (out["c"] > 0)).all()
+    with pytest.raises(ValueError, match="not in task"):
+        budget_control(lm, task, ["nope"], probe, Decoding(max_new_tokens=3))
+
+
+def test_figures_and_command(random_pair, tmp_path):
+    from typer.testing import CliRunner
+
+    import typer
+    from rnr_interp.compare import compare_command
+    from rnr_interp.report.compare_figures import change_figure, gained_lost_figure, propensity_figure
+
+    base_run, trained_run, _, _ = random_pair
+    app = typer.Typer()
+    app.command("compare")(compare_command)
+    app.command("noop")(lambda: None)  # two commands, so "compare" is a subcommand as in rnr
+    res = CliRunner().invoke(app, ["compare", str(base_run.path), str(trained_run.path), "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+    assert "gained" in res.output and "McNemar" in res.output
+    cmp = RunDir(tmp_path / "cmp")
+    s = cmp.read_summary()
+    t = cmp.read_table("transitions")
+    fig = gained_lost_figure(t)
+    heights = {tr.name: list(tr.y) for tr in fig.data}
+    assert sum(map(sum, heights.values())) == s["realized"]["gained"] + s["realized"]["lost"]
+    fig = change_figure([("pair", s)])
+    assert [list(tr.y) for tr in fig.data] == [[s["stats"]["D"]["change"]], [s["stats"]["O_K"]["change"]]]
+    fig = propensity_figure([("pair", cmp.read_table("propensity"))])
+    assert len(fig.data) == 1
+    res = CliRunner().invoke(app, ["compare", str(base_run.path), str(tmp_path / "cmp"), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "differ in" in res.output
