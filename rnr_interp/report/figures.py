@@ -1,0 +1,203 @@
+"""Audit and routing figures, as plotly figures built from a run folder's tables.
+
+Conventions (shared with repair_figures / compare_figures): every title ends with the
+run's label (model · task · budget, see `run_label`), every axis says what it counts
+and in which unit, budgets (K, search evaluations) are on a log axis, and signed
+differences use a diverging scale centred at zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from rnr_interp.records import RunDir
+
+TEMPLATE = "plotly_white"
+#: one colour per search method, stable across figures and runs
+METHOD_COLOURS = {"random": "#7f7f7f", "mcts": "#1f77b4", "hill_climb": "#2ca02c", "genetic": "#d62728"}
+DIVERGING = "RdBu"
+FIGURE_SIZE = {"width": 820, "height": 460}
+Figures = list[tuple[str, go.Figure]]
+
+
+def run_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
+    """'model · task (n q) · K=…, T=…': what every title of this run ends with."""
+    model = summary.get("model") or config.get("model") or "?"
+    task = summary.get("task") or (config.get("task") or {}).get("name") or "?"
+    n = summary.get("n_questions") or (config.get("task") or {}).get("n_questions")
+    probe = config.get("probe") or {}
+    k = summary.get("k") or probe.get("k") or config.get("k")
+    budget = [f"K={k}"] if k else []
+    if (t := summary.get("temperature", probe.get("temperature"))) is not None:
+        budget.append(f"T={t:g}")
+    if (b := config.get("budget")) is not None:
+        budget.append(f"budget={b}")
+    parts = [str(model), f"{task} ({n} q)" if n else str(task)]
+    return " · ".join(parts + ([", ".join(budget)] if budget else []))
+
+
+def _titled(fig: go.Figure, what: str, label: str) -> go.Figure:
+    fig.update_layout(template=TEMPLATE, title={"text": f"{what}<br><sup>{label}</sup>"}, **FIGURE_SIZE,
+                      margin={"t": 80})
+    return fig
+
+
+def _hline(fig: go.Figure, y: float, text: str, where: str = "top left") -> None:
+    fig.add_hline(y=y, line={"dash": "dash", "color": "black", "width": 1},
+                  annotation_text=text, annotation_position=where)
+
+
+# -- audit ------------------------------------------------------------------------
+
+
+def pass_at_k_figure(ks: Iterable[int], passes: Iterable[float], deployed: float | None, label: str) -> go.Figure:
+    """Unbiased pass@k against k (log axis), with the deployed accuracy D for reference:
+    the curve's distance above D at k=K is the gap."""
+    ks, passes = list(ks), list(passes)
+    fig = go.Figure(go.Scatter(x=ks, y=passes, mode="lines+markers", name="pass@k (temperature samples)"))
+    if deployed is not None:
+        _hline(fig, deployed, f"deployed D = {deployed:.3f}")
+    fig.update_xaxes(type="log", title="k, samples per question (log scale)", tickvals=ks if len(ks) <= 12 else None)
+    fig.update_yaxes(title="pass@k (fraction of questions)", range=[0, 1.02])
+    return _titled(fig, "pass@k: reachable accuracy within k samples", label)
+
+
+def hit_count_figure(scores: pd.DataFrame, label: str) -> go.Figure:
+    """Questions by how many of their K samples were correct, stacked by whether the
+    deployed answer was: the deployed-wrong bars right of zero are the gap."""
+    k = int(scores["n"].max())
+    fig = go.Figure()
+    for deployed, name, colour in ((True, "deployed answer correct", "#2ca02c"), (False, "deployed answer wrong", "#d62728")):
+        counts = scores.loc[scores["d"] == deployed, "c"].value_counts().reindex(range(k + 1), fill_value=0)
+        fig.add_bar(x=counts.index.tolist(), y=counts.tolist(), name=name, marker_color=colour)
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title=f"correct samples out of K={k} (count)", dtick=1 if k <= 16 else None)
+    fig.update_yaxes(title="questions (count)")
+    return _titled(fig, "Per-question sample hit counts", label)
+
+
+def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figures:
+    """pass@k (from the summary) and hit counts (from the scored records), where present."""
+    figs: Figures = []
+    summary = summary_of(run)
+    curve = summary.get("pass_at_k") or {}
+    if curve.get("k"):
+        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.get("D"), label)))
+    if scores is not None and len(scores):
+        figs.append(("hit_counts", hit_count_figure(scores, label)))
+    return figs
+
+
+# -- routing ----------------------------------------------------------------------
+
+
+def route_curves_figure(curves: pd.DataFrame, deployed: float | None, label: str) -> go.Figure:
+    """Oracle accuracy against search budget, one line per method (table route_curves:
+    method, budget, oracle)."""
+    fig = go.Figure()
+    for method, rows in curves.groupby("method", sort=False):
+        rows = rows.sort_values("budget")
+        fig.add_scatter(x=rows["budget"], y=rows["oracle"], mode="lines+markers", name=str(method),
+                        line={"color": METHOD_COLOURS.get(str(method))})
+    if deployed is not None:
+        _hline(fig, deployed, f"deployed = {deployed:.3f}")
+    fig.update_xaxes(type="log", title="budget K, routes evaluated per question (log scale)")
+    fig.update_yaxes(title="oracle accuracy O_K (fraction of questions)", range=[0, 1.02])
+    return _titled(fig, "Route-search oracle vs budget", label)
+
+
+def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and structured method: random's oracle minus the method's, over cells
+    not excluded; columns cell, method, diff."""
+    kept = cells[~cells["excluded"].astype(bool)] if "excluded" in cells else cells
+    wide = kept.pivot_table(index="cell", columns="method", values="oracle", aggfunc="mean")
+    if "random" not in wide:
+        return pd.DataFrame(columns=["cell", "method", "diff"])
+    diffs = [
+        pd.DataFrame({"cell": wide.index, "method": method, "diff": (wide["random"] - wide[method]).to_numpy()})
+        for method in wide.columns if method != "random"
+    ]
+    out = pd.concat(diffs, ignore_index=True) if diffs else pd.DataFrame(columns=["cell", "method", "diff"])
+    return out.dropna(subset=["diff"])
+
+
+def cell_difference_figure(cells: pd.DataFrame, label: str) -> go.Figure | None:
+    """Random-minus-structured oracle per cell, each method's cells sorted: bars below
+    zero are cells where the structured search reaches more. None without a random
+    baseline or a structured method."""
+    diff = cell_difference(cells)
+    if diff.empty:
+        return None
+    n_excluded = int(cells["excluded"].astype(bool).groupby(cells["cell"]).any().sum()) if "excluded" in cells else 0
+    methods = list(dict.fromkeys(diff["method"]))
+    bound = float(max(diff["diff"].abs().max(), 1e-9))
+    fig = go.Figure()
+    for i, method in enumerate(methods):
+        rows = diff[diff["method"] == method].sort_values("diff")
+        fig.add_bar(
+            x=np.arange(1, len(rows) + 1), y=rows["diff"], name=f"random − {method}",
+            customdata=rows["cell"], hovertemplate="cell %{customdata}<br>difference %{y:.3f}<extra></extra>",
+            marker={"color": rows["diff"], "colorscale": DIVERGING, "cmin": -bound, "cmax": bound, "cmid": 0,
+                    "showscale": i == 0, "colorbar": {"title": "random − structured"},
+                    "line": {"color": METHOD_COLOURS.get(method, "black"), "width": 1}},
+        )
+    fig.add_hline(y=0, line={"color": "black", "width": 1})
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="cell rank (sorted by difference within each method)")
+    fig.update_yaxes(title="oracle difference, random − structured (accuracy)")
+    note = f" ({n_excluded} excluded cells left out)" if n_excluded else ""
+    return _titled(fig, f"Random vs structured route search per cell{note}", label)
+
+
+def selector_recovery_figure(selectors: pd.DataFrame, label: str) -> go.Figure:
+    """Distribution over cells of each selector's gap recovery, (selected − greedy) /
+    (oracle − greedy): 0 = no better than greedy, 1 = as good as the oracle."""
+    fig = go.Figure()
+    for name, rows in selectors.groupby("selector", sort=False):
+        fig.add_box(y=rows["gap_recovery"], name=str(name), boxpoints="all", jitter=0.4, pointpos=0,
+                    customdata=rows["cell"], hovertemplate="cell %{customdata}<br>recovery %{y:.3f}<extra></extra>")
+    _hline(fig, 0.0, "greedy")
+    _hline(fig, 1.0, "oracle")
+    fig.update_xaxes(title="selector (answer-blind)")
+    fig.update_yaxes(title="gap recovery (fraction of oracle − greedy gap)")
+    return _titled(fig, "Selector gap recovery across cells", label)
+
+
+def routing_figures(run: RunDir, label: str) -> Figures:
+    """Whichever of the three routing figures the run's tables allow."""
+    figs: Figures = []
+    summary = summary_of(run)
+    if (curves := _table(run, "route_curves")) is not None and len(curves):
+        deployed = summary.get("deployed")
+        deployed = float(deployed) if isinstance(deployed, (int, float)) else None
+        figs.append(("route_curves", route_curves_figure(curves, deployed, label)))
+    if (cells := _table(run, "route_cells")) is not None and len(cells):
+        if (fig := cell_difference_figure(cells, label)) is not None:
+            figs.append(("route_cell_difference", fig))
+    if (sel := _table(run, "selectors")) is not None:
+        sel = sel.dropna(subset=["gap_recovery"])
+        if len(sel):
+            figs.append(("selector_recovery", selector_recovery_figure(sel, label)))
+    return figs
+
+
+ROUTING_TABLES = ("route_curves", "route_cells", "selectors")
+
+
+def summary_of(run: RunDir) -> dict[str, Any]:
+    """The run's summary.json, or {} while the run has not finished."""
+    try:
+        return run.read_summary()
+    except FileNotFoundError:
+        return {}
+
+
+def _table(run: RunDir, name: str) -> pd.DataFrame | None:
+    try:
+        return run.read_table(name)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,422 @@
+"""One self-contained HTML page per run folder (and an index page for a sweep).
+
+A page shows what the run folder holds and nothing else: the audit table and pass@k
+(summary.json), the per-question drill-down (records), the routing figures (tables
+route_curves / route_cells / selectors), the repair, steering and units figures and the
+checkpoint comparison (drawn by `repair_figures.figures(run)` and
+`compare_figures.figures(run)` when those modules exist), any other artefact as a
+table, and the run's configuration. plotly.js is inlined once per page, so the page
+opens offline; it loads nothing from the network.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import importlib
+import importlib.util
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import pandas as pd
+import typer
+
+from rnr_interp.records import RunDir, load_runs
+from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, routing_figures, run_label, summary_of
+
+REPORT_NAME = "report.html"
+INDEX_NAME = "index.html"
+FIGURES_DIR = "figures"
+SAMPLES_SHOWN = 3
+MAX_QUESTIONS = 500
+TEXT_CHARS = 400
+
+
+@dataclass(frozen=True)
+class External:
+    """Figures drawn by another module: `module.figures(run) -> [(name, figure)]`,
+    shown when the run holds any of `tables`; without the module the tables are
+    shown as tables."""
+
+    title: str
+    module: str
+    tables: tuple[str, ...]
+    json: tuple[str, ...] = ()
+
+
+EXTERNAL = (
+    External("Repair, steering and units", "rnr_interp.report.repair_figures",
+             ("repair", "steering", "units"), ("failure_set", "healthy_panel")),
+    External("Checkpoint comparison", "rnr_interp.report.compare_figures", ("transitions", "propensity")),
+)
+
+
+@dataclass
+class Page:
+    """A run's page being assembled: HTML blocks in order, the figures they embed."""
+
+    run: RunDir
+    label: str
+    blocks: list[str] = field(default_factory=list)
+    figures: Figures = field(default_factory=list)
+    consumed: set[str] = field(default_factory=set)
+
+    def section(self, title: str, body: str = "", figures: Figures = (), note: str = "") -> None:
+        parts = [f"<section><h2>{_e(title)}</h2>"]
+        if note:
+            parts.append(f'<p class="note">{_e(note)}</p>')
+        parts.append(body)
+        for name, fig in figures:
+            name = self._unique(name)
+            include = not self.figures  # plotly.js goes inline once, with the first figure
+            self.figures.append((name, fig))
+            parts.append(f'<figure data-name="{_e(name)}">'
+                         + fig.to_html(full_html=False, include_plotlyjs=include, config={"displaylogo": False})
+                         + "</figure>")
+        self.blocks.append("".join(parts) + "</section>")
+
+    def _unique(self, name: str) -> str:
+        taken = {n for n, _ in self.figures}
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "figure"
+        out, i = slug, 2
+        while out in taken:
+            out, i = f"{slug}_{i}", i + 1
+        return out
+
+
+# -- building a page ------------------------------------------------------------------
+
+
+def build_page(run: RunDir, back_link: str | None = None) -> tuple[str, Figures]:
+    """The page of one run, and its figures as (name, figure) for image export."""
+    summary = summary_of(run)
+    page = Page(run, run_label(run.config, summary))
+    _summary_section(page, summary)
+    scores = _drilldown_section(page, summary)
+    if figs := audit_figures(run, scores, page.label):
+        page.section("Reachability: pass@k", figures=figs)
+    if figs := routing_figures(run, page.label):
+        page.section("Routing", figures=figs)
+    page.consumed.update(ROUTING_TABLES)
+    for ext in EXTERNAL:
+        _external_section(page, ext)
+    _other_artefacts_section(page)
+    _config_section(page, summary)
+    return _document(f"{page.label} — {run.path.name}", _header(run, summary, back_link) + "".join(page.blocks)), page.figures
+
+
+def _summary_section(page: Page, s: dict[str, Any]) -> None:
+    if not s:
+        page.section("Summary", note="No summary.json yet: the run has not finished.")
+        return
+    rows: list[tuple[str, str]] = []
+    if "D" in s and "O_K" in s:
+        level = f"{s.get('level', 0.95):.0%} {s.get('ci', '')} interval".strip()
+        rows += [
+            ("D, realized (deployed answer correct)", _ci(s["D"], s.get("D_ci"))),
+            (f"O_K, reachable (any of K={s.get('k')} samples correct)", _ci(s["O_K"], s.get("O_K_ci"))),
+            ("gap O_K − D (paired)", _ci(s["gap"], s.get("gap_ci"))),
+        ]
+        facts = [f"{s.get('n_questions')} questions", f"probe {s.get('probe')}", f"K={s.get('k')}",
+                 f"T={s.get('temperature')}", level, f"unparsed {s.get('unparsed_rate', 0):.1%} of candidates"]
+        body = _table_html(["quantity", f"value [{level}]"], rows) + f'<p class="facts">{_e(" · ".join(facts))}</p>'
+    else:
+        body = ""
+    if isinstance(s.get("oracle_at_k"), dict):
+        oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
+        body += _table_html(["route search", "accuracy"], oracle)
+    if isinstance(s.get("selectors"), dict):
+        sel = [(name, _num(v.get("accuracy")), _num(v.get("gap_recovery_median"))) for name, v in s["selectors"].items()]
+        body += _table_html(["selector", "accuracy", "median gap recovery"], sel)
+    if s.get("excluded_cells"):
+        body += f'<p class="facts">excluded cells: {_e(", ".join(map(str, s["excluded_cells"])))}</p>'
+    if body:
+        page.section(f"Summary ({s.get('kind', page.run.config.get('kind', 'run'))})", body)
+
+
+def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
+    """Per-question table from the records; returns the question scores (None without
+    records, or when they cannot be scored as one audit)."""
+    from rnr_interp.metrics import DEPLOYED, question_scores
+
+    records = page.run.read_records()
+    if records.empty:
+        return None
+    probes = records.loc[records["probe"] != DEPLOYED, "probe"]
+    if probes.empty:
+        return None
+    probe = summary.get("probe") or (page.run.config.get("probe") or {}).get("name")
+    if probe not in set(probes):
+        probe = probes.mode().iloc[0]
+    try:
+        scores = question_scores(records, probe)
+    except ValueError as err:
+        page.section("Questions", note=f"The records do not score as one audit ({err}); no drill-down.")
+        return None
+    questions, why = reload_questions(page.run.config)
+    by_q = {qid: rows for qid, rows in records.groupby("question_id", sort=False)}
+    order = scores.assign(category=[_category(d, c) for d, c in zip(scores["d"], scores["c"])])
+    order = order.sort_values("category", key=lambda c: c.map(CATEGORY_ORDER.index), kind="stable")
+    shown = order.head(MAX_QUESTIONS)
+    head = ["question", "gold", "deployed answer", f"correct of K ({probe})", "category", "samples"]
+    rows = [_question_row(qid, row, by_q[qid], probe, questions) for qid, row in shown.iterrows()]
+    counts = order["category"].value_counts()
+    notes = [f"{len(order)} questions: " + ", ".join(f"{counts.get(c, 0)} {c}" for c in CATEGORY_ORDER)]
+    if len(order) > len(shown):
+        notes.append(f"the first {len(shown)} are shown, reachable-not-realized first")
+    if questions is None:
+        notes.append(f"question text unavailable ({why})")
+    page.section("Questions", _table_html(head, rows, raw=True), note="; ".join(notes) + ".")
+    return scores
+
+
+CATEGORY_ORDER = ["reachable, not realized", "unreached", "realized, no sample right", "realized"]
+
+
+def _category(d: bool, c: int) -> str:
+    if d:
+        return "realized" if c else "realized, no sample right"
+    return "reachable, not realized" if c else "unreached"
+
+
+def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, questions: dict[str, Any] | None) -> tuple[str, ...]:
+    from rnr_interp.metrics import DEPLOYED
+
+    deployed = rows[rows["probe"] == DEPLOYED].iloc[0]
+    samples = rows[rows["probe"] == probe].sort_values("candidate")
+    # A right sample first when there is one: it is what makes the question reachable.
+    picks = pd.concat([samples[samples["correct"]].head(1), samples[~samples["correct"]]]).head(SAMPLES_SHOWN)
+    question = f"<b>{_e(qid)}</b>"
+    if questions is not None and (q := questions.get(qid)) is not None:
+        question += f"<br>{_e(_clip(q.text))}"
+        if q.choices:
+            question += "<ol type=A>" + "".join(f"<li>{_e(_clip(c, 120))}</li>" for c in q.choices) + "</ol>"
+    mark = lambda ok: '<span class="ok">✓</span>' if ok else '<span class="bad">✗</span>'  # noqa: E731
+    answer = f"{mark(deployed['correct'])} {_e(_extracted(deployed['extracted']))}<details><summary>text</summary><pre>{_e(_clip(deployed['text']))}</pre></details>"
+    shown = "".join(
+        f"<p>{mark(r.correct)} #{r.candidate} → {_e(_extracted(r.extracted))}</p><pre>{_e(_clip(r.text))}</pre>"
+        for r in picks.itertuples()
+    )
+    details = f"<details><summary>{len(picks)} of {len(samples)}</summary>{shown}</details>" if len(picks) else ""
+    return (question, _e(deployed["gold"]), answer, f"{int(score['c'])} / {int(score['n'])}",
+            _e(_category(bool(score["d"]), int(score["c"]))), details)
+
+
+def reload_questions(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The run's questions by id, reloaded from the task in its manifest: synthetic tasks
+    from the generator parameters in `source`, file tasks from the file it names. (None,
+    reason) when the task cannot be reloaded as it was."""
+    from rnr_interp.tasks import load_task
+
+    task = config.get("task") or {}
+    name, source = task.get("name"), str(task.get("source") or "")
+    try:
+        if m := re.fullmatch(r"synthetic:\w+\((.*)\)", source):
+            call = ast.parse(f"f({m.group(1)})", mode="eval").body
+            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}  # type: ignore[attr-defined]
+            loaded = load_task(name, **kwargs)
+        elif source and Path(source).is_file():
+            loaded = load_task(name, data=source)
+        else:
+            return None, f"task source {source or '?'} is not a file here"
+    except Exception as err:  # any failure to reload only costs the question text
+        return None, f"reloading task {name!r} failed: {err}"
+    return {q.id: q for q in loaded.questions}, ""
+
+
+def _external_section(page: Page, ext: External) -> None:
+    present = [t for t in ext.tables if _has(page.run, t, ".parquet")]
+    if not present or importlib.util.find_spec(ext.module) is None:
+        return  # without the module, _other_artefacts_section shows the tables as tables
+    module = importlib.import_module(ext.module)
+    # `figures(run)`, or the function named after the module (compare_figures(run), ...)
+    draw: Callable[[RunDir], Any] | None = getattr(module, "figures", None) or getattr(module, ext.module.rsplit(".", 1)[-1], None)
+    if draw is None:
+        return
+    try:
+        figs = _named_figures(draw(page.run), ext.tables[0])
+    except Exception as err:  # a broken figure must not cost the rest of the report
+        warnings.warn(f"{ext.module} failed on {page.run.path}: {err!r}", stacklevel=2)
+        page.section(ext.title, note=f"Drawing these figures failed ({err!r}); their tables are under Other artefacts.")
+        return
+    if figs:
+        page.section(ext.title, figures=figs)
+        page.consumed.update(present)
+        page.consumed.update(ext.json)
+
+
+def _named_figures(drawn: Any, stem: str) -> Figures:
+    """(name, figure) pairs from a dict, a list of pairs or a list of figures; None
+    entries (a figure the data did not allow) are dropped."""
+    items = drawn.items() if isinstance(drawn, dict) else enumerate(drawn or [])
+    out: Figures = []
+    for key, item in items:
+        name, fig = item if isinstance(item, tuple) else (key if isinstance(key, str) else f"{stem}_{key}", item)
+        if fig is not None:
+            out.append((str(name), fig))
+    return out
+
+
+def _other_artefacts_section(page: Page) -> None:
+    """Every artefact no section drew, as a table or JSON, so nothing in the folder is hidden."""
+    folder = page.run.artefacts_dir
+    if not folder.is_dir():
+        return
+    body = []
+    for path in sorted(folder.glob("*.parquet")):
+        if path.stem not in page.consumed:
+            df = page.run.read_table(path.stem)
+            more = f" (first 50 of {len(df)} rows)" if len(df) > 50 else ""
+            body.append(f"<h3>{_e(path.stem)}{more}</h3>" + df.head(50).to_html(classes="data", border=0))
+    for path in sorted(folder.glob("*.json")):
+        if path.stem not in page.consumed:
+            body.append(f"<details><summary>{_e(path.stem)}.json</summary><pre>{_e(_clip(path.read_text(), 20000))}</pre></details>")
+    if body:
+        page.section("Other artefacts", "".join(body))
+
+
+def _config_section(page: Page, summary: dict[str, Any]) -> None:
+    manifest = {k: v for k, v in page.run.manifest.items() if k != "record_columns"}
+    body = f"<details><summary>manifest.json</summary><pre>{_e(json.dumps(manifest, indent=2))}</pre></details>"
+    if summary:
+        body += f"<details><summary>summary.json</summary><pre>{_e(json.dumps(summary, indent=2))}</pre></details>"
+    page.section("Run configuration", body)
+
+
+# -- the sweep index ------------------------------------------------------------------
+
+
+def build_index(runs: list[tuple[RunDir, str]], root: Path) -> str:
+    """Index page of a sweep: one row per run, linking its page (`runs`: run, link)."""
+    head = ["run", "kind", "model", "task", "questions", "K", "D", "O_K", "gap"]
+    rows = []
+    for run, link in runs:
+        s, cfg = summary_of(run), run.config
+        rows.append((
+            f'<a href="{_e(link)}">{_e(str(run.path.relative_to(root)))}</a>', _e(s.get("kind", cfg.get("kind", ""))),
+            _e(s.get("model") or cfg.get("model") or ""), _e(s.get("task") or (cfg.get("task") or {}).get("name") or ""),
+            _e(s.get("n_questions", "")), _e(s.get("k", "")),
+            *(_ci(s[key], s.get(f"{key}_ci")) if key in s else "" for key in ("D", "O_K", "gap")),
+        ))
+    body = f"<h1>{len(runs)} runs in {_e(str(root))}</h1>" + _table_html(head, rows, raw=True)
+    return _document(f"runs in {root.name}", body)
+
+
+# -- writing ------------------------------------------------------------------------
+
+
+def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+                 images: bool = False) -> Path:
+    """Write the report of a run folder, or of every run in a sweep folder plus an index,
+    under `out` (default: the folder itself): `report.html` per run at the run's relative
+    path, `index.html` for a sweep, static images in `figures/` beside each page when
+    `images`. Returns the page to open."""
+    root = Path(run_dir)
+    runs = load_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"{root} holds no run folders (no manifest.json below it)")
+    dest = Path(out) if out is not None else root
+    sweep = not (len(runs) == 1 and runs[0].path == root)
+    pages: list[tuple[RunDir, str]] = []
+    for run in runs:
+        rel = run.path.relative_to(root)
+        folder = dest / rel
+        back = os.path.relpath(dest / INDEX_NAME, folder) if sweep else None
+        text, figs = build_page(run, back)
+        if images and figs:
+            from rnr_interp.report.export import export_figures
+
+            written = export_figures(figs, folder / FIGURES_DIR)
+            text = text.replace("</body>", _images_note(written, folder) + "</body>")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / REPORT_NAME).write_text(text, encoding="utf-8")
+        pages.append((run, (rel / REPORT_NAME).as_posix()))
+    if not sweep:
+        return dest / REPORT_NAME
+    (dest / INDEX_NAME).write_text(build_index(pages, root), encoding="utf-8")
+    return dest / INDEX_NAME
+
+
+def _images_note(paths: list[Path], folder: Path) -> str:
+    links = " ".join(f'<a href="{_e(p.relative_to(folder).as_posix())}">{_e(p.name)}</a>' for p in paths)
+    return f"<section><h2>Static images</h2><p>{links}</p></section>"
+
+
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="run folder, or a sweep folder holding several")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="output folder (default: RUN_DIR itself)")] = None,
+    images: Annotated[bool, typer.Option("--images/--no-images", help="also write each figure as SVG and PNG (needs Chromium)")] = False,
+):
+    """Write a self-contained HTML report (index.html for a sweep) of a run folder."""
+    from rnr_interp.cli import fail
+    from rnr_interp.report.export import ChromiumNotFound
+
+    try:
+        page = write_report(run_dir, out, images=images)
+    except (FileNotFoundError, ChromiumNotFound) as err:
+        fail(str(err))
+    typer.echo(f"report: {page}")
+
+
+# -- HTML helpers ---------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1100px;color:#222;padding:0 1rem}
+h1{font-size:1.5rem}h2{font-size:1.2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}td,th{border-bottom:1px solid #eee;padding:.25rem .6rem;text-align:left;vertical-align:top}
+th{background:#f6f6f6}pre{white-space:pre-wrap;background:#f8f8f8;padding:.3rem;margin:.2rem 0;font-size:.8rem;max-width:40rem}
+.note,.facts{color:#555;font-size:.9rem}.ok{color:#2ca02c;font-weight:bold}.bad{color:#d62728;font-weight:bold}
+figure{margin:1rem 0}details summary{cursor:pointer;color:#1f77b4}ol{margin:.2rem 0}
+"""
+
+
+def _document(title: str, body: str) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+            f"<style>{_CSS}</style></head><body>{body}</body></html>")
+
+
+def _header(run: RunDir, summary: dict[str, Any], back_link: str | None) -> str:
+    kind = summary.get("kind") or run.config.get("kind") or "run"
+    back = f'<p><a href="{_e(back_link)}">← all runs</a></p>' if back_link else ""
+    label = run_label(run.config, summary)
+    return (f"{back}<h1>{_e(label)}</h1><p class=\"facts\">{_e(kind)} run · {_e(str(run.path))} · "
+            f"created {_e(run.manifest.get('created', '?'))}</p>")
+
+
+def _table_html(head: list[str], rows: list[tuple[str, ...]], raw: bool = False) -> str:
+    cell = (lambda v: str(v)) if raw else _e
+    return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows) + "</table>")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _clip(text: str, n: int = TEXT_CHARS) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[:n] + f"… (+{len(text) - n} chars)"
+
+
+def _extracted(value: Any) -> str:
+    return "(no answer parsed)" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
+def _num(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else _e(value if value is not None else "—")
+
+
+def _ci(value: float, ci: Any) -> str:
+    if ci is None or len(ci) != 2:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _has(run: RunDir, name: str, suffix: str) -> bool:
+    return (run.artefacts_dir / f"{name}{suffix}").is_file()
+
