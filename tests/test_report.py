@@ -3,6 +3,7 @@ and the page as headless Chromium renders it (figures drawn, nothing fetched).""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ import pytest
 from rnr_interp.records import RunDir
 from rnr_interp.report.export import export_figures, find_chromium, headless
 from rnr_interp.report.figures import cell_difference, run_label
-from rnr_interp.report.html import build_page, report_command, write_report
+from rnr_interp.report.html import build_index, build_page, report_command, write_report
 
 ROUTE_METHODS = ("random", "mcts", "hill_climb", "genetic")
 
@@ -38,16 +39,16 @@ def _copy(run: Path, dest: Path) -> RunDir:
     return RunDir(dest)
 
 
-def _route_tables(run: RunDir) -> None:
+def _route_tables(run: RunDir, prefix: str = "") -> None:
     """Route-run artefacts as the routing analysis writes them (artefact contract)."""
     rng = np.random.default_rng(0)
     budgets = [1, 4, 16, 64]
     run.write_table("route_curves", pd.DataFrame(
         [(m, b, min(1.0, 0.2 + 0.1 * i + 0.1 * np.log2(b))) for i, m in enumerate(ROUTE_METHODS) for b in budgets],
         columns=["method", "budget", "oracle"]))
-    cells = [f"cell{c}" for c in range(5)]
+    cells = [f"{prefix}cell{c}" for c in range(5)]
     run.write_table("route_cells", pd.DataFrame(
-        [(c, m, float(rng.uniform()), c == "cell4", 0.1) for c in cells for m in ROUTE_METHODS],
+        [(c, m, float(rng.uniform()), c.endswith("cell4"), 0.1) for c in cells for m in ROUTE_METHODS],
         columns=["cell", "method", "oracle", "excluded", "unparsed_rate"]))
     run.write_table("selectors", pd.DataFrame(
         [(c, s, float(rng.uniform()), float(rng.uniform(-0.2, 1.0))) for c in cells for s in ("majority_vote", "confidence")],
@@ -119,9 +120,13 @@ def test_every_section_the_run_holds_is_shown(full_run, tmp_path):
     for name, fig in build_page(run)[1]:
         if name in ours:
             assert fig.layout.title.text.endswith(f"<sup>{label}</sup>"), name
-    # tables no figure module drew are still on the page, as tables
-    for table in ("repair", "steering", "units", "failure_set"):
-        assert table in page
+    # repair, steering and units: drawn when the figure module is there, else shown as tables
+    if importlib.util.find_spec("rnr_interp.report.repair_figures") is not None:
+        assert {"selectivity_heatmap", "steering_curves", "units_curve"} <= set(names)
+    else:
+        other = _without_scripts(page).split("<h2>Other artefacts</h2>")[1]
+        assert all(f"<h3>{t}</h3>" in other for t in ("repair", "steering", "units"))
+    assert "failure_set.json" in _without_scripts(page)
 
 
 def test_cell_difference_is_random_minus_each_structured_method_over_kept_cells():
@@ -156,15 +161,21 @@ def test_unfinished_run_without_records_gives_a_plain_page(tmp_path):
 
 def test_sweep_gets_an_index_linking_each_run(audit_run, tmp_path):
     for name in ("a", "b/c"):
-        _copy(audit_run, tmp_path / "sweep" / name)
+        _route_tables(_copy(audit_run, tmp_path / "sweep" / name), prefix=f"{name}/")
     index = write_report(tmp_path / "sweep", tmp_path / "out")
     assert index == tmp_path / "out" / "index.html"
-    links = re.findall(r'<a href="([^"]+)">', index.read_text())
+    text = index.read_text()
+    links = re.findall(r'<a href="([^"]+)">', text)
     assert links == ["a/report.html", "b/c/report.html"]
     for link in links:
         page = (index.parent / link).read_text()
         back = re.search(r'<a href="([^"]+)">← all runs', page).group(1)
         assert (index.parent / link).parent.joinpath(back).resolve() == index.resolve()
+    # the routing figures over the cells of both runs (4 kept each), on the index
+    assert _figure_names(text) == ["route_curves", "route_cell_difference", "selector_recovery"]
+    _, figures = build_index([(RunDir(tmp_path / "sweep" / n), "") for n in ("a", "b/c")], tmp_path / "sweep")
+    differences = dict(figures)["route_cell_difference"].data
+    assert [len(bars.x) for bars in differences] == [8, 8, 8]  # mcts, hill_climb, genetic
 
 
 def test_report_command(audit_run, tmp_path):

@@ -3,7 +3,8 @@
 Conventions (shared with repair_figures / compare_figures): every title ends with the
 run's label (model · task · budget, see `run_label`), every axis says what it counts
 and in which unit, budgets (K, search evaluations) are on a log axis, and signed
-differences use a diverging scale centred at zero.
+differences are centred at zero (a symmetric axis here; a diverging colour scale with
+zmid=0 in heatmaps).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from rnr_interp.records import RunDir
 TEMPLATE = "plotly_white"
 #: one colour per search method, stable across figures and runs
 METHOD_COLOURS = {"random": "#7f7f7f", "mcts": "#1f77b4", "hill_climb": "#2ca02c", "genetic": "#d62728"}
-DIVERGING = "RdBu"
 FIGURE_SIZE = {"width": 820, "height": 460}
 Figures = list[tuple[str, go.Figure]]
 
@@ -46,6 +46,13 @@ def _titled(fig: go.Figure, what: str, label: str) -> go.Figure:
     return fig
 
 
+def _log_budget_axis(fig: go.Figure, values: Iterable[float], title: str) -> None:
+    """A log x axis ticked at powers of two and the largest value, as budgets are chosen."""
+    top = max(values, default=1)
+    ticks = sorted({2**i for i in range(int(np.log2(max(top, 1))) + 1)} | {top})
+    fig.update_xaxes(type="log", title=title, tickvals=ticks, ticktext=[f"{t:g}" for t in ticks], minor={"showgrid": False})
+
+
 def _hline(fig: go.Figure, y: float, text: str, where: str = "top left") -> None:
     fig.add_hline(y=y, line={"dash": "dash", "color": "black", "width": 1},
                   annotation_text=text, annotation_position=where)
@@ -61,7 +68,7 @@ def pass_at_k_figure(ks: Iterable[int], passes: Iterable[float], deployed: float
     fig = go.Figure(go.Scatter(x=ks, y=passes, mode="lines+markers", name="pass@k (temperature samples)"))
     if deployed is not None:
         _hline(fig, deployed, f"deployed D = {deployed:.3f}")
-    fig.update_xaxes(type="log", title="k, samples per question (log scale)", tickvals=ks if len(ks) <= 12 else None)
+    _log_budget_axis(fig, ks, "k, samples per question (log scale)")
     fig.update_yaxes(title="pass@k (fraction of questions)", range=[0, 1.02])
     return _titled(fig, "pass@k: reachable accuracy within k samples", label)
 
@@ -76,7 +83,7 @@ def hit_count_figure(scores: pd.DataFrame, label: str) -> go.Figure:
         fig.add_bar(x=counts.index.tolist(), y=counts.tolist(), name=name, marker_color=colour)
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title=f"correct samples out of K={k} (count)", dtick=1 if k <= 16 else None)
-    fig.update_yaxes(title="questions (count)")
+    fig.update_yaxes(title="questions (count)", dtick=1 if len(scores) <= 12 else None)
     return _titled(fig, "Per-question sample hit counts", label)
 
 
@@ -95,9 +102,15 @@ def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figur
 # -- routing ----------------------------------------------------------------------
 
 
-def route_curves_figure(curves: pd.DataFrame, deployed: float | None, label: str) -> go.Figure:
+def route_curves_figure(curves: pd.DataFrame, deployed: float | None, label: str,
+                        excluded: Iterable[str] = ()) -> go.Figure:
     """Oracle accuracy against search budget, one line per method (table route_curves:
-    method, budget, oracle)."""
+    [cell,] method, budget, oracle), averaged over the cells not `excluded`."""
+    n_cells = 1
+    if "cell" in curves:
+        curves = curves[~curves["cell"].isin(set(excluded))]
+        n_cells = curves["cell"].nunique()
+        curves = curves.groupby(["method", "budget"], sort=False, as_index=False)["oracle"].mean()
     fig = go.Figure()
     for method, rows in curves.groupby("method", sort=False):
         rows = rows.sort_values("budget")
@@ -105,9 +118,10 @@ def route_curves_figure(curves: pd.DataFrame, deployed: float | None, label: str
                         line={"color": METHOD_COLOURS.get(str(method))})
     if deployed is not None:
         _hline(fig, deployed, f"deployed = {deployed:.3f}")
-    fig.update_xaxes(type="log", title="budget K, routes evaluated per question (log scale)")
+    _log_budget_axis(fig, curves["budget"], "budget K, routes evaluated per question (log scale)")
     fig.update_yaxes(title="oracle accuracy O_K (fraction of questions)", range=[0, 1.02])
-    return _titled(fig, "Route-search oracle vs budget", label)
+    mean = f", mean over {n_cells} cells" if n_cells > 1 else ""
+    return _titled(fig, f"Route-search oracle vs budget{mean}", label)
 
 
 def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
@@ -126,63 +140,67 @@ def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_difference_figure(cells: pd.DataFrame, label: str) -> go.Figure | None:
-    """Random-minus-structured oracle per cell, each method's cells sorted: bars below
-    zero are cells where the structured search reaches more. None without a random
-    baseline or a structured method."""
+    """Random-minus-structured oracle per cell, each method's cells sorted (a quantile
+    view, y symmetric about zero): points below zero are cells where the structured
+    search reaches more. None without a random baseline or a structured method."""
     diff = cell_difference(cells)
     if diff.empty:
         return None
     n_excluded = int(cells["excluded"].astype(bool).groupby(cells["cell"]).any().sum()) if "excluded" in cells else 0
-    methods = list(dict.fromkeys(diff["method"]))
-    bound = float(max(diff["diff"].abs().max(), 1e-9))
     fig = go.Figure()
-    for i, method in enumerate(methods):
-        rows = diff[diff["method"] == method].sort_values("diff")
-        fig.add_bar(
-            x=np.arange(1, len(rows) + 1), y=rows["diff"], name=f"random − {method}",
-            customdata=rows["cell"], hovertemplate="cell %{customdata}<br>difference %{y:.3f}<extra></extra>",
-            marker={"color": rows["diff"], "colorscale": DIVERGING, "cmin": -bound, "cmax": bound, "cmid": 0,
-                    "showscale": i == 0, "colorbar": {"title": "random − structured"},
-                    "line": {"color": METHOD_COLOURS.get(method, "black"), "width": 1}},
-        )
+    for method, rows in diff.groupby("method", sort=False):
+        rows = rows.sort_values("diff")
+        fig.add_scatter(x=np.arange(1, len(rows) + 1), y=rows["diff"], mode="lines+markers", name=f"random − {method}",
+                        line={"color": METHOD_COLOURS.get(str(method))}, customdata=rows["cell"],
+                        hovertemplate="cell %{customdata}<br>difference %{y:.3f}<extra></extra>")
+    bound = 1.05 * float(max(diff["diff"].abs().max(), 0.05))
     fig.add_hline(y=0, line={"color": "black", "width": 1})
-    fig.update_layout(barmode="group")
-    fig.update_xaxes(title="cell rank (sorted by difference within each method)")
-    fig.update_yaxes(title="oracle difference, random − structured (accuracy)")
-    note = f" ({n_excluded} excluded cells left out)" if n_excluded else ""
+    fig.update_xaxes(title="cell rank (sorted by difference within each method)", dtick=1 if len(diff) <= 60 else None)
+    fig.update_yaxes(title="oracle difference, random − structured (accuracy)", range=[-bound, bound], zeroline=False)
+    note = f", {n_excluded} excluded cell{'s' * (n_excluded != 1)} left out" if n_excluded else ""
     return _titled(fig, f"Random vs structured route search per cell{note}", label)
 
 
 def selector_recovery_figure(selectors: pd.DataFrame, label: str) -> go.Figure:
     """Distribution over cells of each selector's gap recovery, (selected − greedy) /
-    (oracle − greedy): 0 = no better than greedy, 1 = as good as the oracle."""
+    (oracle − greedy): 0 = no better than greedy, 1 = as good as the oracle. One box
+    group per candidate source (routes, temperature samples) when the table says."""
     fig = go.Figure()
-    for name, rows in selectors.groupby("selector", sort=False):
-        fig.add_box(y=rows["gap_recovery"], name=str(name), boxpoints="all", jitter=0.4, pointpos=0,
-                    customdata=rows["cell"], hovertemplate="cell %{customdata}<br>recovery %{y:.3f}<extra></extra>")
-    _hline(fig, 0.0, "greedy")
-    _hline(fig, 1.0, "oracle")
+    sources = selectors.groupby("source", sort=False) if "source" in selectors else [("", selectors)]
+    for source, rows in sources:
+        fig.add_box(x=rows["selector"], y=rows["gap_recovery"], name=f"{source} candidates" if source else "selectors",
+                    boxpoints="all", jitter=0.4, pointpos=0, customdata=rows["cell"],
+                    hovertemplate="cell %{customdata}<br>recovery %{y:.3f}<extra></extra>")
+    _hline(fig, 0.0, "greedy", "bottom right")
+    _hline(fig, 1.0, "oracle", "top right")
+    fig.update_layout(boxmode="group")
     fig.update_xaxes(title="selector (answer-blind)")
     fig.update_yaxes(title="gap recovery (fraction of oracle − greedy gap)")
     return _titled(fig, "Selector gap recovery across cells", label)
 
 
-def routing_figures(run: RunDir, label: str) -> Figures:
-    """Whichever of the three routing figures the run's tables allow."""
+def routing_figures_of(curves: pd.DataFrame | None, cells: pd.DataFrame | None, selectors: pd.DataFrame | None,
+                       deployed: float | None, label: str) -> Figures:
+    """Whichever of the three routing figures these tables allow (None = absent)."""
     figs: Figures = []
-    summary = summary_of(run)
-    if (curves := _table(run, "route_curves")) is not None and len(curves):
-        deployed = summary.get("deployed")
-        deployed = float(deployed) if isinstance(deployed, (int, float)) else None
-        figs.append(("route_curves", route_curves_figure(curves, deployed, label)))
-    if (cells := _table(run, "route_cells")) is not None and len(cells):
-        if (fig := cell_difference_figure(cells, label)) is not None:
-            figs.append(("route_cell_difference", fig))
-    if (sel := _table(run, "selectors")) is not None:
-        sel = sel.dropna(subset=["gap_recovery"])
+    excluded = set(cells.loc[cells["excluded"].astype(bool), "cell"]) if cells is not None and "excluded" in cells else set()
+    if curves is not None and len(curves):
+        figs.append(("route_curves", route_curves_figure(curves, deployed, label, excluded)))
+    if cells is not None and len(cells) and (fig := cell_difference_figure(cells, label)) is not None:
+        figs.append(("route_cell_difference", fig))
+    if selectors is not None and len(sel := selectors.dropna(subset=["gap_recovery"])):
+        if excluded and "cell" in sel:
+            sel = sel[~sel["cell"].isin(excluded)]
         if len(sel):
             figs.append(("selector_recovery", selector_recovery_figure(sel, label)))
     return figs
+
+
+def routing_figures(run: RunDir, label: str) -> Figures:
+    """The routing figures of one run folder."""
+    deployed = summary_of(run).get("deployed")
+    deployed = float(deployed) if isinstance(deployed, (int, float)) else None
+    return routing_figures_of(*(read_table(run, name) for name in ROUTING_TABLES), deployed, label)
 
 
 ROUTING_TABLES = ("route_curves", "route_cells", "selectors")
@@ -196,7 +214,8 @@ def summary_of(run: RunDir) -> dict[str, Any]:
         return {}
 
 
-def _table(run: RunDir, name: str) -> pd.DataFrame | None:
+def read_table(run: RunDir, name: str) -> pd.DataFrame | None:
+    """The named table, or None when the run has none."""
     try:
         return run.read_table(name)
     except FileNotFoundError:

@@ -27,7 +27,7 @@ import pandas as pd
 import typer
 
 from rnr_interp.records import RunDir, load_runs
-from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, routing_figures, run_label, summary_of
+from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures, routing_figures_of, run_label, summary_of
 
 REPORT_NAME = "report.html"
 INDEX_NAME = "index.html"
@@ -37,22 +37,37 @@ MAX_QUESTIONS = 500
 TEXT_CHARS = 400
 
 
+def _repair_figures(module: Any, run: RunDir, label: str) -> Figures:
+    figs: Figures = []
+    if (t := _table(run, "repair")) is not None:
+        figs += [(name, getattr(module, name)(t, label)) for name in ("selectivity_heatmap", "repair_heatmap", "damage_heatmap")]
+    if (t := _table(run, "steering")) is not None:
+        figs.append(("steering_curves", module.steering_curves(t, label)))
+    if (t := _table(run, "units")) is not None:
+        figs.append(("units_curve", module.units_curve(t, label)))
+    return figs
+
+
+def _compare_figures(module: Any, run: RunDir, label: str) -> Figures:
+    return [(name, fig) for name, fig in module.compare_figures(run).items() if fig is not None]
+
+
 @dataclass(frozen=True)
 class External:
-    """Figures drawn by another module: `module.figures(run) -> [(name, figure)]`,
-    shown when the run holds any of `tables`; without the module the tables are
-    shown as tables."""
+    """Figures another module draws (`draw(module, run, label)`), shown when the run
+    holds any of `tables` with rows; without the module its tables are shown as tables."""
 
     title: str
     module: str
+    draw: Callable[[Any, RunDir, str], Figures]
     tables: tuple[str, ...]
     json: tuple[str, ...] = ()
 
 
 EXTERNAL = (
-    External("Repair, steering and units", "rnr_interp.report.repair_figures",
+    External("Repair, steering and units", "rnr_interp.report.repair_figures", _repair_figures,
              ("repair", "steering", "units"), ("failure_set", "healthy_panel")),
-    External("Checkpoint comparison", "rnr_interp.report.compare_figures", ("transitions", "propensity")),
+    External("Checkpoint comparison", "rnr_interp.report.compare_figures", _compare_figures, ("transitions", "propensity")),
 )
 
 
@@ -60,7 +75,7 @@ EXTERNAL = (
 class Page:
     """A run's page being assembled: HTML blocks in order, the figures they embed."""
 
-    run: RunDir
+    run: RunDir | None  # None for a sweep's index
     label: str
     blocks: list[str] = field(default_factory=list)
     figures: Figures = field(default_factory=list)
@@ -150,9 +165,8 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
     probes = records.loc[records["probe"] != DEPLOYED, "probe"]
     if probes.empty:
         return None
-    probe = summary.get("probe") or (page.run.config.get("probe") or {}).get("name")
-    if probe not in set(probes):
-        probe = probes.mode().iloc[0]
+    wanted = [summary.get("probe"), (page.run.config.get("probe") or {}).get("name"), "temperature"]
+    probe = next((p for p in wanted if p in set(probes)), probes.mode().iloc[0])
     try:
         scores = question_scores(records, probe)
     except ValueError as err:
@@ -161,7 +175,8 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
     questions, why = reload_questions(page.run.config)
     by_q = {qid: rows for qid, rows in records.groupby("question_id", sort=False)}
     order = scores.assign(category=[_category(d, c) for d, c in zip(scores["d"], scores["c"])])
-    order = order.sort_values("category", key=lambda c: c.map(CATEGORY_ORDER.index), kind="stable")
+    # Gap questions first, and within a category the most often right first.
+    order = order.assign(rank=order["category"].map(CATEGORY_ORDER.index)).sort_values(["rank", "c"], ascending=[True, False], kind="stable")
     shown = order.head(MAX_QUESTIONS)
     head = ["question", "gold", "deployed answer", f"correct of K ({probe})", "category", "samples"]
     rows = [_question_row(qid, row, by_q[qid], probe, questions) for qid, row in shown.iterrows()]
@@ -230,36 +245,29 @@ def reload_questions(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str
 
 
 def _external_section(page: Page, ext: External) -> None:
-    present = [t for t in ext.tables if _has(page.run, t, ".parquet")]
+    present = [t for t in ext.tables if _table(page.run, t) is not None]
     if not present or importlib.util.find_spec(ext.module) is None:
         return  # without the module, _other_artefacts_section shows the tables as tables
-    module = importlib.import_module(ext.module)
-    # `figures(run)`, or the function named after the module (compare_figures(run), ...)
-    draw: Callable[[RunDir], Any] | None = getattr(module, "figures", None) or getattr(module, ext.module.rsplit(".", 1)[-1], None)
-    if draw is None:
-        return
     try:
-        figs = _named_figures(draw(page.run), ext.tables[0])
+        figs = ext.draw(importlib.import_module(ext.module), page.run, page.label)
     except Exception as err:  # a broken figure must not cost the rest of the report
         warnings.warn(f"{ext.module} failed on {page.run.path}: {err!r}", stacklevel=2)
         page.section(ext.title, note=f"Drawing these figures failed ({err!r}); their tables are under Other artefacts.")
         return
     if figs:
-        page.section(ext.title, figures=figs)
+        sets = [_json_details(page.run, name) for name in ext.json if _has_json(page.run, name)]
+        page.section(ext.title, "".join(sets), figures=figs)
         page.consumed.update(present)
         page.consumed.update(ext.json)
 
 
-def _named_figures(drawn: Any, stem: str) -> Figures:
-    """(name, figure) pairs from a dict, a list of pairs or a list of figures; None
-    entries (a figure the data did not allow) are dropped."""
-    items = drawn.items() if isinstance(drawn, dict) else enumerate(drawn or [])
-    out: Figures = []
-    for key, item in items:
-        name, fig = item if isinstance(item, tuple) else (key if isinstance(key, str) else f"{stem}_{key}", item)
-        if fig is not None:
-            out.append((str(name), fig))
-    return out
+def _has_json(run: RunDir, name: str) -> bool:
+    return (run.artefacts_dir / f"{name}.json").is_file()
+
+
+def _json_details(run: RunDir, name: str) -> str:
+    text = (run.artefacts_dir / f"{name}.json").read_text()
+    return f"<details><summary>{_e(name)}.json</summary><pre>{_e(_clip(text, 20000))}</pre></details>"
 
 
 def _other_artefacts_section(page: Page) -> None:
@@ -267,17 +275,19 @@ def _other_artefacts_section(page: Page) -> None:
     folder = page.run.artefacts_dir
     if not folder.is_dir():
         return
-    body = []
+    body, empty = [], []
     for path in sorted(folder.glob("*.parquet")):
         if path.stem not in page.consumed:
             df = page.run.read_table(path.stem)
+            if df.empty:
+                empty.append(path.stem)
+                continue
             more = f" (first 50 of {len(df)} rows)" if len(df) > 50 else ""
             body.append(f"<h3>{_e(path.stem)}{more}</h3>" + df.head(50).to_html(classes="data", border=0))
-    for path in sorted(folder.glob("*.json")):
-        if path.stem not in page.consumed:
-            body.append(f"<details><summary>{_e(path.stem)}.json</summary><pre>{_e(_clip(path.read_text(), 20000))}</pre></details>")
+    body += [_json_details(page.run, p.stem) for p in sorted(folder.glob("*.json")) if p.stem not in page.consumed]
     if body:
-        page.section("Other artefacts", "".join(body))
+        note = f"Empty tables: {', '.join(empty)}." if empty else ""
+        page.section("Other artefacts", "".join(body), note=note)
 
 
 def _config_section(page: Page, summary: dict[str, Any]) -> None:
@@ -291,20 +301,26 @@ def _config_section(page: Page, summary: dict[str, Any]) -> None:
 # -- the sweep index ------------------------------------------------------------------
 
 
-def build_index(runs: list[tuple[RunDir, str]], root: Path) -> str:
-    """Index page of a sweep: one row per run, linking its page (`runs`: run, link)."""
+def build_index(runs: list[tuple[RunDir, str]], root: Path) -> tuple[str, Figures]:
+    """Index page of a sweep (`runs`: run, link to its page): one row per run, and the
+    routing figures over every cell of the sweep when its runs hold routing tables."""
     head = ["run", "kind", "model", "task", "questions", "K", "D", "O_K", "gap"]
-    rows = []
+    rows, models, tasks = [], set(), set()
     for run, link in runs:
         s, cfg = summary_of(run), run.config
+        model, task = s.get("model") or cfg.get("model") or "", s.get("task") or (cfg.get("task") or {}).get("name") or ""
+        models.add(str(model)), tasks.add(str(task))
         rows.append((
             f'<a href="{_e(link)}">{_e(str(run.path.relative_to(root)))}</a>', _e(s.get("kind", cfg.get("kind", ""))),
-            _e(s.get("model") or cfg.get("model") or ""), _e(s.get("task") or (cfg.get("task") or {}).get("name") or ""),
-            _e(s.get("n_questions", "")), _e(s.get("k", "")),
+            _e(model), _e(task), _e(s.get("n_questions", "")), _e(s.get("k", "")),
             *(_ci(s[key], s.get(f"{key}_ci")) if key in s else "" for key in ("D", "O_K", "gap")),
         ))
-    body = f"<h1>{len(runs)} runs in {_e(str(root))}</h1>" + _table_html(head, rows, raw=True)
-    return _document(f"runs in {root.name}", body)
+    page = Page(None, f"sweep of {len(runs)} runs · {', '.join(sorted(models))} · {', '.join(sorted(tasks))}")
+    page.blocks.append(f"<h1>{len(runs)} runs in {_e(str(root))}</h1>" + _table_html(head, rows, raw=True))
+    tables = [[t for run, _ in runs if (t := _table(run, name)) is not None] for name in ROUTING_TABLES]
+    if figs := routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None, page.label):
+        page.section("Routing across the sweep", figures=figs)
+    return _document(f"runs in {root.name}", "".join(page.blocks)), page.figures
 
 
 # -- writing ------------------------------------------------------------------------
@@ -325,21 +341,24 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     pages: list[tuple[RunDir, str]] = []
     for run in runs:
         rel = run.path.relative_to(root)
-        folder = dest / rel
-        back = os.path.relpath(dest / INDEX_NAME, folder) if sweep else None
-        text, figs = build_page(run, back)
-        if images and figs:
-            from rnr_interp.report.export import export_figures
-
-            written = export_figures(figs, folder / FIGURES_DIR)
-            text = text.replace("</body>", _images_note(written, folder) + "</body>")
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / REPORT_NAME).write_text(text, encoding="utf-8")
+        back = os.path.relpath(dest / INDEX_NAME, dest / rel) if sweep else None
+        _write_page(dest / rel / REPORT_NAME, *build_page(run, back), images=images)
         pages.append((run, (rel / REPORT_NAME).as_posix()))
     if not sweep:
         return dest / REPORT_NAME
-    (dest / INDEX_NAME).write_text(build_index(pages, root), encoding="utf-8")
-    return dest / INDEX_NAME
+    return _write_page(dest / INDEX_NAME, *build_index(pages, root), images=images)
+
+
+def _write_page(path: Path, text: str, figures: Figures, images: bool) -> Path:
+    """Write a page, with its figures as images in figures/ beside it when asked."""
+    if images and figures:
+        from rnr_interp.report.export import export_figures
+
+        written = export_figures(figures, path.parent / FIGURES_DIR)
+        text = text.replace("</body>", _images_note(written, path.parent) + "</body>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def _images_note(paths: list[Path], folder: Path) -> str:
@@ -417,6 +436,8 @@ def _ci(value: float, ci: Any) -> str:
     return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
-def _has(run: RunDir, name: str, suffix: str) -> bool:
-    return (run.artefacts_dir / f"{name}{suffix}").is_file()
+def _table(run: RunDir, name: str) -> pd.DataFrame | None:
+    """A named table with rows, or None (absent or empty: nothing to draw)."""
+    df = read_table(run, name)
+    return df if df is not None and len(df) else None
 
