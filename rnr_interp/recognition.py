@@ -1,0 +1,128 @@
+"""Recognition readouts: does the model *know* the gold option, whatever it generates?
+
+For a multiple-choice question the options are ranked by the model's likelihood,
+two ways:
+
+- ``option``: the log-prob of each option's TEXT as the assistant's reply to the bare
+  question (`MultipleChoiceTask.recognition_prompt`: no letters, no instruction),
+  scored as the sum over its tokens (``option:sum``) or the per-token mean
+  (``option:mean``, length-normalised, so long options are not penalised for length).
+- ``letter``: the log-prob of ``"Answer: X"`` after the full deployed prompt (lettered
+  options and instruction). The ``"Answer: "`` prefix is common to every option, so
+  this ranks the letters by the model's next-token preference after it.
+
+Every sequence is a context (token ids) followed by a continuation (token ids); the
+scores are exact sums of log-probs of the continuation tokens, so anyone can recompute
+them from `option_sequences` with a plain forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from rnr_interp.generate import forward, left_pad
+from rnr_interp.sampling import chunks
+from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
+
+Variant = Literal["option", "letter"]
+#: how the failure set reads recognition: "option:sum", "option:mean" or "letter"
+READOUTS = ("option:sum", "option:mean", "letter")
+
+
+@dataclass(frozen=True)
+class ScoredSequence:
+    context: tuple[int, ...]
+    continuation: tuple[int, ...]
+
+
+def option_sequences(lm, task: MultipleChoiceTask, q: Question, variant: Variant) -> list[ScoredSequence]:
+    """One (context, continuation) per option of `q`, in option order."""
+    if q.choices is None:
+        raise ValueError(f"question {q.id!r} has no choices: recognition needs a multiple-choice task")
+    if variant == "option":
+        context = lm.encode(lm.render(task.recognition_prompt(q)))
+        texts = [c.strip() for c in q.choices]
+    elif variant == "letter":
+        context = lm.encode(lm.render(task.user_message(q)))
+        texts = [f"Answer: {LETTERS[i]}" for i in range(len(q.choices))]
+    else:
+        raise ValueError(f"recognition variant must be 'option' or 'letter', got {variant!r}")
+    out = []
+    for text in texts:
+        cont = lm.tokenizer(text, add_special_tokens=False).input_ids
+        if not cont:
+            cont = [lm.tokenizer.eos_token_id]  # an empty option: score "nothing, then end"
+        out.append(ScoredSequence(tuple(context), tuple(cont)))
+    return out
+
+
+@torch.inference_mode()
+def continuation_logprobs(lm, seqs: Sequence[ScoredSequence], batch_size: int = 8) -> list[Float[np.ndarray, "n_cont"]]:
+    """Per-token log-probs of each continuation given its context (interventions in
+    force, if the caller installed any). Sequences are batched by length."""
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].context) + len(seqs[i].continuation))
+    out: list[np.ndarray | None] = [None] * len(seqs)
+    for idx in chunks(order, batch_size):
+        full = [list(seqs[i].context) + list(seqs[i].continuation) for i in idx]
+        ids, mask = left_pad(full, pad, lm.device)
+        logits, _ = forward(lm, ids, mask)
+        logp: Float[Tensor, "b t v"] = torch.log_softmax(logits.float(), -1)
+        width = ids.shape[1]
+        for row, i in enumerate(idx):
+            n = len(seqs[i].continuation)
+            # Token at position p is predicted by the logits at p - 1.
+            targets: Int[Tensor, "n"] = ids[row, width - n:]
+            out[i] = logp[row, width - n - 1:width - 1].gather(-1, targets[:, None]).squeeze(-1).cpu().numpy()
+    return out  # type: ignore[return-value]
+
+
+def recognize(lm, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8) -> list[dict[str, Any]]:
+    """One row per (question, variant): per-option scores, rankings (best first) and
+    whether the gold option ranks first. Option variants carry both normalisations."""
+    rows = []
+    for variant in ("option", "letter"):
+        per_q = [option_sequences(lm, task, q, variant) for q in questions]
+        flat = [s for seqs in per_q for s in seqs]
+        logps = continuation_logprobs(lm, flat, batch_size=batch_size)
+        start = 0
+        for q, seqs in zip(questions, per_q):
+            lp = logps[start:start + len(seqs)]
+            start += len(seqs)
+            sums = np.array([float(x.sum()) for x in lp])
+            lengths = np.array([len(x) for x in lp])
+            norms = ("sum", "mean") if variant == "option" else ("sum",)
+            for norm in norms:
+                scores = sums if norm == "sum" else sums / lengths
+                ranking = rank(scores)
+                rows.append({
+                    "question_id": q.id,
+                    "readout": variant if variant == "letter" else f"option:{norm}",
+                    "variant": variant,
+                    "normalisation": norm,
+                    "scores": scores.tolist(),
+                    "n_tokens": lengths.tolist(),
+                    "ranking": ranking,
+                    "gold_index": q.gold_index,
+                    "gold_rank": ranking.index(q.gold_index),
+                    "gold_first": ranking[0] == q.gold_index,
+                })
+    return rows
+
+
+def rank(scores: Sequence[float]) -> list[int]:
+    """Option indices, best score first (ties: the earlier option first)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=float), kind="stable")]
+
+
+def gold_first(recognition: Sequence[dict[str, Any]], readout: str) -> set[str]:
+    """Question ids whose gold option ranks first under `readout`."""
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    return {r["question_id"] for r in recognition if r["readout"] == readout and r["gold_first"]}

@@ -1,0 +1,162 @@
+"""Recognition, failure sets and silencing sweeps against independent computations."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from rnr_interp.generate import generate
+from rnr_interp.interventions import Ablate
+from rnr_interp.models import build_tiny, load_model
+from rnr_interp.recognition import option_sequences, rank, recognize
+from rnr_interp.records import RunDir
+from rnr_interp.repair import (
+    COMPONENTS, deployed_decoding, failures_command, repair_command, run_repair, select_cohort, silencing_sweep,
+)
+from rnr_interp.sampling import prompt_ids
+from rnr_interp.tasks import load_task
+from rnr_interp.tasks.synthetic import ArithmeticMC
+
+
+class ParityMC(ArithmeticMC):
+    """arithmetic_mc graded by a rule a random model meets about half the time (first
+    character has an even code), so tiny models have both right and wrong answers."""
+
+    name = "parity_mc"
+
+    def extract(self, generation):
+        return generation[:1] or None
+
+    def grade(self, extracted, q):
+        return extracted is not None and ord(extracted) % 2 == 0
+
+
+def parity_task(n: int) -> ParityMC:
+    return ParityMC(load_task("arithmetic_mc", n=n).questions, source="test")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model("tiny-llama:3")
+
+
+def test_recognition_matches_plain_transformers(lm):
+    task = load_task("arithmetic_mc", n=3)
+    rows = recognize(lm, task, task.questions, batch_size=5)
+    hf, _ = build_tiny("tiny-llama", n_layers=3)
+    for q in task.questions:
+        for variant in ("option", "letter"):
+            sums, lens = [], []
+            for seq in option_sequences(lm, task, q, variant):
+                ids = torch.tensor([list(seq.context) + list(seq.continuation)])
+                with torch.inference_mode():
+                    logp = torch.log_softmax(hf(input_ids=ids).logits[0].float(), -1)
+                n, width = len(seq.continuation), ids.shape[1]
+                picked = logp[width - n - 1:width - 1].gather(-1, ids[0, width - n:, None])
+                sums.append(float(picked.sum()))
+                lens.append(n)
+            expected = {"letter": np.array(sums)} if variant == "letter" else {
+                "option:sum": np.array(sums), "option:mean": np.array(sums) / np.array(lens)}
+            for readout, scores in expected.items():
+                row = next(r for r in rows if r["question_id"] == q.id and r["readout"] == readout)
+                np.testing.assert_allclose(row["scores"], scores, atol=1e-4)
+                assert row["ranking"] == rank(scores)
+                assert row["gold_first"] == (int(np.argmax(scores)) == q.gold_index)
+
+
+def test_recognition_variants_use_different_prompts(lm):
+    task = load_task("arithmetic_mc", n=1)
+    q = task.questions[0]
+    opt, let = option_sequences(lm, task, q, "option"), option_sequences(lm, task, q, "letter")
+    # Option texts after the bare question; "Answer: X" after the lettered prompt.
+    assert lm.tokenizer.decode(list(opt[0].continuation)) == q.choices[0]
+    assert lm.tokenizer.decode(list(let[1].continuation)) == "Answer: B"
+    assert list(let[0].context) == prompt_ids(lm, task, q)
+    assert "A." not in lm.tokenizer.decode(list(opt[0].context))
+
+
+def test_select_cohort_criteria():
+    task = load_task("arithmetic_mc", n=5)
+    qs = task.questions
+    recog = [{"question_id": q.id, "readout": "option:mean", "gold_first": i in (0, 1, 2)} for i, q in enumerate(qs)]
+    deployed = pd.DataFrame({"question_id": [q.id for q in qs], "correct": [False, True, False, True, True]})
+    c = select_cohort(qs, recog, deployed, readout="option:mean", panel=2)
+    assert [q.id for q in c.failure] == [qs[0].id, qs[2].id]
+    assert [q.id for q in c.panel] == [qs[1].id, qs[3].id]
+    assert "first 2 of 3" in c.panel_criterion and "option:mean" in c.failure_criterion
+    none = select_cohort(qs, [{**r, "gold_first": False} for r in recog], deployed, readout="option:mean")
+    assert none.failure == [] and "none of the 5" in none.why_empty()
+
+
+def test_sweep_rates_equal_separate_unbatched_runs(lm):
+    task = parity_task(6)
+    decoding = deployed_decoding(task)
+    base = generate(lm, [prompt_ids(lm, task, q) for q in task.questions], decoding=decoding)
+    right = [q for q, g in zip(task.questions, base) if task.grade(task.extract(g[0].text), q)]
+    wrong = [q for q in task.questions if q not in right]
+    assert right and wrong, "the parity grader should split a random model's answers"
+    table = silencing_sweep(lm, task, wrong, right, decoding=decoding, batch_size=64)
+    assert len(table) == lm.n_layers * len(COMPONENTS)
+    changed = 0
+    for row in table.itertuples():
+        ok = {}
+        for q in task.questions:
+            g = generate(lm, [prompt_ids(lm, task, q)], decoding=decoding,
+                         interventions=[Ablate(row.component, row.layer)])[0][0]
+            ok[q.id] = task.grade(task.extract(g.text), q)
+        assert row.repair_rate == pytest.approx(np.mean([ok[q.id] for q in wrong]))
+        assert row.damage_rate == pytest.approx(np.mean([not ok[q.id] for q in right]))
+        changed += row.repair_rate > 0 or row.damage_rate > 0
+    assert changed, "no ablation changed any answer: the comparison would be vacuous"
+
+
+def test_repair_run_folder_and_cli(tmp_path, lm):
+    app = typer.Typer()
+    app.command("repair")(repair_command)
+    app.command("failures")(failures_command)
+    out = tmp_path / "repair"
+    res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:3", "--task", "arithmetic_mc", "--n", "8",
+                                   "--panel", "3", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    run = RunDir(out)
+    s = run.read_summary()
+    assert s["kind"] == "repair" and set(s["best"]) == set(COMPONENTS)
+    table = run.read_table("repair")
+    assert {"layer", "component", "repair_rate", "damage_rate", "n_failure", "n_panel"} <= set(table.columns)
+    assert len(table) == 3 * 3
+    failure = run.read_json("failure_set")
+    assert failure["criterion"] and (table["n_failure"] == len(failure["question_ids"])).all()
+    assert (table["n_panel"] == len(run.read_json("healthy_panel")["question_ids"])).all()
+    if not failure["question_ids"]:
+        assert s["failure_empty_reason"] and "failure set" in res.output
+    recs = run.read_records()
+    assert set(recs["probe"]) >= {"deployed"} and (recs["probe"] == recs["intervention"].replace("", "deployed")).all()
+    assert all((out / "figures" / f"{n}.html").is_file() for n in ("repair_heatmap", "damage_heatmap", "selectivity"))
+    # The same command on the same folder resumes without generating anything new.
+    parts = len(run.parts())
+    assert CliRunner().invoke(app, ["repair", "--model", "tiny-llama:3", "--task", "arithmetic_mc", "--n", "8",
+                                    "--panel", "3", "--out", str(out), "--quiet"]).exit_code == 0
+    assert len(RunDir(out).parts()) == parts
+    res = CliRunner().invoke(app, ["failures", "--model", "tiny-llama:3", "--task", "arithmetic", "--n", "2",
+                                   "--out", str(tmp_path / "f")])
+    assert res.exit_code != 0 and "not multiple choice" in res.output
+
+
+@pytest.mark.slow
+def test_smollm2_arc_easy_end_to_end(smollm2, shared_data, tmp_path):
+    task = load_task("arc_easy", data=shared_data / "arc" / "ARC-Easy-Test.jsonl", n=16)
+    s = run_repair(smollm2, task, tmp_path / "repair", panel=4, batch_size=48, progress=False)
+    table = RunDir(tmp_path / "repair").read_table("repair")
+    assert len(table) == smollm2.n_layers * 3
+    print(json.dumps({k: v for k, v in s.items() if k != "table"}, indent=1))
+    if s["n_failure"] == 0:
+        assert s["failure_empty_reason"]
+        assert table["repair_rate"].isna().all()
+    else:
+        assert table["repair_rate"].between(0, 1).all()
