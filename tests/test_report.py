@@ -266,3 +266,16 @@ def test_images_are_exported_offline(full_run, chromium, tmp_path):
 def test_export_of_nothing_writes_nothing(tmp_path):
     assert export_figures([], tmp_path / "figs") == []
     assert not (tmp_path / "figs").exists()
+
+
+def test_a_figure_module_that_fails_costs_only_its_figures(tmp_path):
+    if importlib.util.find_spec("rnr_interp.report.compare_figures") is None:
+        pytest.skip("no compare_figures module in this checkout")
+    run = RunDir.create(tmp_path / "run", {"kind": "compare", "model": "tiny-llama", "task": {"name": "arithmetic"}})
+    run.write_table("transitions", pd.DataFrame({"question_id": ["q0"], "realized": ["gained"]}))  # no base_reachable
+    run.write_summary({"kind": "compare"})  # no stats
+    with pytest.warns(UserWarning, match="compare_figures failed"):
+        page, figures = build_page(run)
+    assert figures == []
+    assert "Drawing these figures failed (KeyError(" in page
+    assert "<h3>transitions</h3>" in page.split("<h2>Other artefacts</h2>")[1]

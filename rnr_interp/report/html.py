@@ -114,7 +114,7 @@ def build_page(run: RunDir, back_link: str | None = None) -> tuple[str, Figures]
     _summary_section(page, summary)
     scores = _drilldown_section(page, summary)
     if figs := audit_figures(run, scores, page.label):
-        page.section("Reachability: pass@k", figures=figs)
+        page.section("Reachability", figures=figs)
     if figs := routing_figures(run, page.label):
         page.section("Routing", figures=figs)
     page.consumed.update(ROUTING_TABLES)
@@ -427,7 +427,9 @@ def _extracted(value: Any) -> str:
 
 
 def _num(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, (int, float)) else _e(value if value is not None else "—")
+    if isinstance(value, (int, float)):
+        return "— (undefined)" if value != value else f"{value:.3f}"  # NaN: e.g. recovery of a zero gap
+    return _e(value if value is not None else "—")
 
 
 def _ci(value: float, ci: Any) -> str:
