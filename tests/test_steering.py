@@ -123,7 +123,7 @@ def test_all_units_recover_the_whole_block_repair(lm):
     from tests.test_repair import parity_task
 
     t = parity_task(6)
-    d = deployed_decoding(t)
+    d = deployed_decoding(t, max_new_tokens=3)
     base = generate(lm, prompts(lm, t), decoding=d)
     wrong = [q for q, g in zip(t.questions, base) if not t.grade(t.extract(g[0].text), q)]
     assert wrong
@@ -143,7 +143,7 @@ def test_steer_and_units_commands(tmp_path):
     app.command("units")(units_command)
     # A random model answers almost nothing right here, so this checks the wiring and
     # the "skipped" path; the split cohort is exercised below.
-    common = ["--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "8", "--panel", "3", "--quiet"]
+    common = ["--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6", "--panel", "3", "--max-new-tokens", "3", "--quiet"]
     res = CliRunner().invoke(app, ["steer", *common, "--layer", "1", "--alphas", "0,4", "--out", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     s = RunDir(tmp_path / "s").read_summary()
@@ -168,12 +168,13 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     from tests.test_repair import parity_task
 
     t = parity_task(12)
-    s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 8.0), panel=3, progress=False)
+    d = deployed_decoding(t, max_new_tokens=3)
+    s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 8.0), panel=3, decoding=d, progress=False)
     assert "skipped" not in s, s.get("skipped")
     table = RunDir(tmp_path / "s").read_table("steering")
     assert (table[table["alpha"] == 0]["rate"] == 0).all()
     assert (table["n"] == table["direction"].map({"rescue": s["n_failure"], "induction": s["n_panel"]})).all()
-    u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=3, progress=False)
+    u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=3, decoding=d, progress=False)
     units = RunDir(tmp_path / "u").read_table("units")
     assert set(units["selection"]) == {"top", "random"} and set(units["k"]) == {2, 128}
     if u["whole_block_repair"] > 0:
