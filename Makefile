@@ -2,7 +2,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup browser demo test bench clean
 
 $(BIN)/rnr: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -14,11 +14,16 @@ $(BIN)/rnr: pyproject.toml
 
 setup: $(BIN)/rnr
 
+# The report tests open pages in Debian's headless Chromium; without it they skip.
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium could not be installed: the browser tests will skip"
+
 demo: setup
 	$(BIN)/rnr audit --model smollm2 --task arithmetic --n 24 --k 32 --out runs/demo
 	$(BIN)/rnr report runs/demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q -rs tests
 
 bench: setup

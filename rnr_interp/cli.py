@@ -127,6 +127,66 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
         typer.echo(f"{k}\t{p:.4f}")
 
 
+@app.command()
+def route(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "arithmetic",
+    data: DataOpt = None,
+    n: NOpt = None,
+    k: KOpt = 16,
+    out: OutOpt = Path("runs/route"),
+    space: Annotated[list[str], typer.Option("--space", help="native | polar | skiponly (repeatable)")] = ["native"],
+    methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,mcts,hill_climb,genetic")] = "random,mcts,hill_climb,genetic",
+    temperature: TempOpt = 1.0,
+    collapse: Annotated[float, typer.Option("--collapse", help="unparsed-rate threshold for format collapse")] = 0.5,
+    seed: SeedOpt = 0,
+    batch_size: BatchOpt = 16,
+    quiet: QuietOpt = False,
+):
+    """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
+    from rnr_interp.records import ConfigMismatchError
+    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.routing.spaces import SPACES
+
+    bad = [s for s in space if s not in SPACES]
+    if bad:
+        fail(f"unknown --space {bad[0]!r}; known: {', '.join(SPACES)}")
+    lm, t = load_inputs(model, task, data, n)
+    cfg = RouteConfig(k=k, spaces=tuple(space), methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+                      temperature=temperature, seed=seed, collapse=collapse, batch_size=batch_size)
+    try:
+        s = run_route_audit(lm, t, out, cfg, progress=not quiet)
+    except (ConfigMismatchError, ValueError) as exc:
+        fail(str(exc))
+    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget K={s['k']} route evaluations per method")
+    typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}")
+    for m, v in s["oracle_at_k"].items():
+        typer.echo(f"  oracle@K {m:<12}         {v:.3f}")
+    for name, v in s["selectors"].items():
+        typer.echo(f"  selector {name:<20} acc {v['accuracy']:.3f}  gap recovery (median) {v['gap_recovery_median']:.3f}")
+    if s["excluded_cells"]:
+        typer.echo(f"  excluded (format collapse): {', '.join(s['excluded_cells'])}")
+    typer.echo(f"run folder: {out}")
+
+
+def _register_analysis_commands() -> None:
+    """Commands whose functions live with their analysis (each imports torch lazily)."""
+    from rnr_interp.compare import compare_command
+    from rnr_interp.repair import failures_command, repair_command
+    from rnr_interp.report.html import report_command
+    from rnr_interp.steering import steer_command, units_command
+
+    app.command("failures")(failures_command)
+    app.command("repair")(repair_command)
+    app.command("steer")(steer_command)
+    app.command("units")(units_command)
+    app.command("compare")(compare_command)
+    app.command("report")(report_command)
+
+
+_register_analysis_commands()
+
+
 def main() -> None:  # pragma: no cover
     app(sys.argv[1:])
 

@@ -1,0 +1,104 @@
+"""The routing audit on tiny models: budgets, space membership, records vs summary."""
+
+import numpy as np
+import pytest
+
+from rnr_interp.generate import Decoding
+from rnr_interp.models import load_model
+from rnr_interp.records import RunDir
+from rnr_interp.routing.audit import RouteConfig, RouteEvaluator, run_route_audit, run_searches
+from rnr_interp.routing.batching import Lockstep
+from rnr_interp.routing.spaces import make_space
+from rnr_interp.tasks import load_task
+
+
+@pytest.fixture(scope="module")
+def routed_run(tmp_path_factory):
+    lm = load_model("tiny-llama:6")
+    task = load_task("arithmetic", n=5)
+    out = tmp_path_factory.mktemp("route")
+    cfg = RouteConfig(k=6, spaces=("native", "skiponly"), batch_size=4)
+    summary = run_route_audit(lm, task, out, cfg, progress=False)
+    return lm, task, cfg, summary, RunDir(out).read_records()
+
+
+def route_of(intervention: str) -> tuple[int, ...]:
+    """The path in a record's intervention id, e.g. "route:0-1-1-2"."""
+    return tuple(int(i) for i in intervention.removeprefix("route:").split("-"))
+
+
+def test_each_search_spends_exactly_its_budget_inside_its_space(routed_run):
+    lm, task, cfg, _, records = routed_run
+    for space_name in cfg.spaces:
+        space = make_space(space_name, lm.n_layers)
+        for method in cfg.methods:
+            sub = records[records.probe == f"{space_name}:{method}"]
+            for qid, g in sub.groupby("question_id"):
+                routes = [route_of(i) for i in g.sort_values("candidate").intervention]
+                assert len(routes) == cfg.k == len(set(routes)), (space_name, method, qid)
+                assert routes[0] == tuple(range(lm.n_layers))
+                assert all(space.contains(r) for r in routes)
+
+
+def test_oracle_at_k_equals_direct_computation_from_records(routed_run):
+    _, task, cfg, summary, records = routed_run
+    for space_name in cfg.spaces:
+        cell = summary["cells"][next(c for c in summary["cells"] if c.endswith(space_name))]
+        for method in cfg.methods:
+            sub = records[records.probe == f"{space_name}:{method}"]
+            direct = sub.groupby("question_id")["correct"].any().mean()
+            assert cell["oracle_at_k"][method] == pytest.approx(direct)
+
+
+def test_deployed_and_temperature_candidates_recorded(routed_run):
+    _, task, cfg, summary, records = routed_run
+    dep = records[records.probe == "deployed"]
+    assert len(dep) == len(task) and summary["deployed"] == pytest.approx(dep.correct.mean())
+    assert (records.probe == "temperature").sum() == cfg.k * len(task)
+
+
+def test_vote_selectors_recorded_once_per_question(routed_run):
+    _, task, cfg, summary, records = routed_run
+    for m in ("mcts_vote", "hill_climb_vote", "genetic_vote"):
+        assert (records.probe == f"native:{m}").sum() == len(task)
+    sel = summary["cells"][next(iter(summary["cells"]))]["selectors"]
+    assert {"majority", "confidence", "self_verification", "mcts_vote"} <= set(sel)
+
+
+def test_lockstep_batching_equals_one_question_at_a_time():
+    lm = load_model("tiny-llama:6")
+    task = load_task("arithmetic", n=4)
+    space = make_space("native", lm.n_layers)
+    gold = lambda q, row: float(row["correct"] or row["extracted"] is not None)  # a reward with some signal
+    together = run_searches(RouteEvaluator(lm, task, Decoding(max_new_tokens=8)), task.questions, space, "mcts", 5, 0, gold)
+    for q in task.questions:
+        alone = run_searches(RouteEvaluator(lm, task, Decoding(max_new_tokens=8)), [q], space, "mcts", 5, 0, gold)
+        assert [r for r, _ in alone[q.id]] == [r for r, _ in together[q.id]]
+        assert [row["text"] for _, row in alone[q.id]] == [row["text"] for _, row in together[q.id]]
+
+
+def test_lockstep_surfaces_search_errors():
+    ls = Lockstep(lambda reqs: [0.0] * len(reqs))
+
+    def bad():
+        ls.evaluate_for("q")([(0, 1)])
+        raise RuntimeError("search broke")
+
+    with pytest.raises(RuntimeError, match="search broke"):
+        ls.run([bad, lambda: ls.evaluate_for("p")([(0,)])])
+
+
+def test_format_collapse_is_flagged_and_excluded(tmp_path):
+    """The threshold decides: above it the cell is listed as excluded and left out of
+    the aggregate; the unparsed rate is the random-route candidates' own."""
+    lm = load_model("tiny-llama:6")
+    task = load_task("arithmetic", n=2)
+    for collapse, excluded in ((-1.0, True), (1.0, False)):
+        out = tmp_path / str(collapse)
+        s = run_route_audit(lm, task, out, RouteConfig(k=3, methods=("random",), collapse=collapse), progress=False)
+        [cell] = s["cells"].values()
+        records = RunDir(out).read_records()
+        assert cell["unparsed_rate"] == pytest.approx(records[records.probe == "native:random"].extracted.isna().mean())
+        assert cell["excluded"] is excluded
+        assert s["excluded_cells"] == (list(s["cells"]) if excluded else [])
+        assert np.isnan(s["oracle_at_k"]["random"]) == excluded
