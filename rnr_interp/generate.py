@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rnr_interp.interventions import Intervention, applied
+from rnr_interp.interventions import Intervention, Route, applied, replaying
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,72 @@ def new_cache():
     return DynamicCache()
 
 
+@dataclass
+class PromptStates:
+    """The full path's prefill of one prompt, unpadded: the residual stream entering
+    each block and each block's keys/values. A route that starts with blocks 0..p-1
+    unchanged reuses the first p of them instead of recomputing its prefill there."""
+
+    resid_pre: Float[Tensor, "layer_plus_1 pos d_model"]
+    keys: list[Float[Tensor, "kv_heads pos d_head"]]
+    values: list[Float[Tensor, "kv_heads pos d_head"]]
+
+
+@torch.inference_mode()
+def prompt_states(lm, prompts: Sequence[Sequence[int]]) -> list[PromptStates]:
+    """One batched full-path prefill, kept per prompt for later routes to reuse."""
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    ids, mask = left_pad(prompts, pad, lm.device)
+    L = lm.n_layers
+    resid: dict[int, Tensor] = {}
+
+    def keeper(index: int):
+        def keep(act, hook):
+            resid[index] = act
+            return act
+
+        return keep
+
+    # Entry l is the residual entering block l; entry L is the last block's output.
+    hooks = [(f"blocks.{l}.hook_resid_pre", keeper(l)) for l in range(L)]
+    hooks.append((f"blocks.{L - 1}.hook_resid_post", keeper(L)))
+    with lm.bridge.hooks(fwd_hooks=hooks):
+        _, cache = forward(lm, ids, mask, new_cache())
+    layers = [cache.layers[i] for i in range(lm.n_layers)]
+    states = []
+    for b, prompt in enumerate(prompts):
+        t = len(prompt)
+        states.append(PromptStates(
+            resid_pre=torch.stack([resid[l][b, -t:] for l in range(L + 1)]),
+            keys=[layer.keys[b, :, -t:] for layer in layers],
+            values=[layer.values[b, :, -t:] for layer in layers],
+        ))
+    return states
+
+
+def shared_prefix(path: Sequence[int]) -> int:
+    """How many leading blocks a route runs exactly as the full path does."""
+    p = 0
+    while p < len(path) and path[p] == p:
+        p += 1
+    return p
+
+
+def _padded(rows: Sequence[Tensor], width: int) -> Tensor:
+    """Left-pad [..., pos, d] tensors on the position axis (dim -2) to `width`."""
+    out = rows[0].new_zeros((len(rows), *rows[0].shape[:-2], width, rows[0].shape[-1]))
+    for i, r in enumerate(rows):
+        out[i, ..., width - r.shape[-2]:, :] = r
+    return out
+
+
+def _replay_args(states: Sequence[PromptStates], p: int, width: int):
+    resid = _padded([s.resid_pre[p] for s in states], width)
+    keys = [_padded([s.keys[l] for s in states], width) for l in range(p)]
+    values = [_padded([s.values[l] for s in states], width) for l in range(p)]
+    return resid, keys, values
+
+
 def _pick(
     logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: float, u: Float[Tensor, "r"]
 ) -> Int[Tensor, "r"]:
@@ -132,12 +198,15 @@ def generate(
     interventions: Sequence[Sequence[Intervention]] | Sequence[Intervention] | None = None,
     stop_strings: Sequence[str] = (),
     use_cache: bool = True,
+    reuse: Sequence[PromptStates] | None = None,
 ) -> list[list[Generation]]:
     """Generate `n` continuations for each prompt (token ids, already rendered).
 
     temperatures: one per column j < n (default: `decoding.temperature` for all);
     seeds: seeds[b][j] for prompt b, column j (needed when any temperature > 0);
     interventions: one set for all, or one set per prompt (shared by its n columns).
+    reuse: `prompt_states` of these prompts; with a shared `Route` that starts like the
+    full path, the prefill replays those leading blocks instead of recomputing them.
     Returns result[b][j].
     """
     B = len(prompts)
@@ -158,7 +227,12 @@ def generate(
     per_prompt = interventions is not None and len(interventions) > 0 and isinstance(interventions[0], (list, tuple))
     with applied(lm, interventions, batch_size=B if per_prompt else None) as active:
         cache = new_cache() if use_cache else None
-        logits, cache = forward(lm, ids, mask, cache)
+        p = _reusable_prefix(interventions, per_prompt) if (reuse is not None and use_cache) else 0
+        if p:
+            with replaying(lm, *_replay_args(reuse, p, ids.shape[1]), cache):
+                logits, cache = forward(lm, ids, mask, cache)
+        else:
+            logits, cache = forward(lm, ids, mask, cache)
         last = logits[:, -1].float()
         # Fan each prompt out to its n columns: rows b*n .. b*n+n-1 share prompt b.
         last = last.repeat_interleave(n, 0)
@@ -218,6 +292,19 @@ def generate(
             row.append(Generation(tokens=out_tokens[r], text=text, logprob=out_logp[r], finish=finish[r]))
         results.append(row)
     return results
+
+
+def _reusable_prefix(interventions, per_prompt: bool) -> int:
+    """Leading full-path blocks a shared route can replay (0: nothing to reuse).
+    Hooks other than the route would have to fire inside those blocks, so any other
+    intervention disables reuse."""
+    if per_prompt or not interventions:
+        return 0
+    routes = [s for s in interventions if isinstance(s, Route)]
+    if len(routes) != 1 or len(interventions) != 1:
+        return 0
+    p = shared_prefix(routes[0].path)
+    return p if p < len(routes[0].path) else 0
 
 
 def _hits_stop_string(tokenizer, tokens: list[int], stop_strings: Sequence[str]) -> bool:

@@ -340,29 +340,73 @@ def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
 
 
 @contextlib.contextmanager
-def routed(lm, path: Sequence[int]) -> Iterator[None]:
-    """Swap the decoder's block list for `path`, one KV-cache slot per position."""
-    model = lm.hf_model
-    owner, attr = _decoder_layers(model)
+def _layer_list(lm, modules: list[nn.Module], layer_types: list[str] | None) -> Iterator[None]:
+    """Run the decoder over `modules` instead of its own block list (and matching
+    per-position layer types), restoring both on exit."""
+    owner, attr = _decoder_layers(lm.hf_model)
     original = getattr(owner, attr)
-    config = model.config.get_text_config()
+    config = lm.hf_model.config.get_text_config()
     saved = {"num_hidden_layers": config.num_hidden_layers}
-    layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
-        saved["layer_types"] = layer_types
-    slots = []
-    for slot, layer in enumerate(path):
-        atype = layer_types[layer] if layer_types is not None else None
-        slots.append(_RouteSlot(original[layer], layer, slot, getattr(original[layer], "attention_type", atype)))
+        saved["layer_types"] = config.layer_types
     try:
         # nn.Module.__setattr__ registers the new list; the original blocks (and the
         # bridge's hook points inside them) are untouched and shared.
-        setattr(owner, attr, nn.ModuleList(slots))
-        config.num_hidden_layers = len(path)
+        setattr(owner, attr, nn.ModuleList(modules))
+        config.num_hidden_layers = len(modules)
         if layer_types is not None:
-            config.layer_types = [layer_types[i] for i in path]
+            config.layer_types = layer_types
         yield
     finally:
         setattr(owner, attr, original)
         for k, v in saved.items():
             setattr(config, k, v)
+
+
+def _current_layers(lm) -> tuple[list[nn.Module], list[str] | None]:
+    owner, attr = _decoder_layers(lm.hf_model)
+    return list(getattr(owner, attr)), getattr(lm.hf_model.config.get_text_config(), "layer_types", None)
+
+
+@contextlib.contextmanager
+def routed(lm, path: Sequence[int]) -> Iterator[None]:
+    """Swap the decoder's block list for `path`, one KV-cache slot per position."""
+    blocks, layer_types = _current_layers(lm)
+    slots = []
+    for slot, layer in enumerate(path):
+        atype = layer_types[layer] if layer_types is not None else None
+        slots.append(_RouteSlot(blocks[layer], layer, slot, getattr(blocks[layer], "attention_type", atype)))
+    with _layer_list(lm, slots, [layer_types[i] for i in path] if layer_types is not None else None):
+        yield
+
+
+class _Replay(nn.Module):
+    """Stands for the first p positions of the layer list during a prefill: writes
+    their stored keys/values into the cache and returns the stored residual stream
+    entering position p, instead of recomputing blocks that are the same as before."""
+
+    def __init__(self, resid: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor], cache, attention_type: str | None):
+        super().__init__()
+        self.resid, self.keys, self.values, self.cache = resid, keys, values, cache
+        if attention_type is not None:
+            self.attention_type = attention_type
+
+    def forward(self, hidden_states: Tensor, *args, **kwargs) -> Tensor:
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            self.cache.update(k, v, i)
+        return self.resid.to(hidden_states.dtype)
+
+
+@contextlib.contextmanager
+def replaying(lm, resid: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor], cache) -> Iterator[None]:
+    """For one prefill forward: replace the first p = len(keys) positions of the
+    current layer list (the full path's, or a route's that starts with blocks
+    0..p-1) by their stored results. `resid` is the residual entering position p."""
+    layers, layer_types = _current_layers(lm)
+    p = len(keys)
+    if not 0 < p < len(layers):
+        raise ValueError(f"cannot replay {p} of {len(layers)} layers")
+    head = _Replay(resid, keys, values, cache, getattr(layers[p - 1], "attention_type", None))
+    types = [layer_types[0], *layer_types[p:]] if layer_types is not None else None
+    with _layer_list(lm, [head, *layers[p:]], types):
+        yield

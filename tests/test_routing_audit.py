@@ -1,6 +1,7 @@
 """The routing audit on tiny models: budgets, space membership, records vs summary."""
 
 import numpy as np
+import torch
 import pytest
 
 from rnr_interp.generate import Decoding
@@ -102,3 +103,42 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
         assert cell["excluded"] is excluded
         assert s["excluded_cells"] == (list(s["cells"]) if excluded else [])
         assert np.isnan(s["oracle_at_k"]["random"]) == excluded
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6"])
+def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
+    from rnr_interp.generate import forward, generate, left_pad, new_cache, prompt_states, _replay_args
+    from rnr_interp.interventions import Route, applied, replaying
+
+    lm = load_model(spec)
+    prompts = [lm.encode(lm.render(p)) for p in ["hello 12+3", "what is 7*8 exactly?", "a"]]
+    states = prompt_states(lm, prompts)  # prefilled in a batch of 3, reused in a batch of 2
+    ids, mask = left_pad(prompts[1:], lm.tokenizer.pad_token_id)
+    for path in [(0, 1, 2, 2, 3, 4, 5), (0, 1, 3, 4, 5), (0, 1, 2, 3, 4, 5, 5)]:
+        p = next(i for i, (a, b) in enumerate(zip(path, range(6))) if a != b) if path[:6] != tuple(range(6)) else 6
+        with torch.inference_mode(), applied(lm, [Route(path)]):
+            scratch = forward(lm, ids, mask, new_cache())[0]
+            cache = new_cache()
+            with replaying(lm, *_replay_args(states[1:], p, ids.shape[1]), cache):
+                reused = forward(lm, ids, mask, cache)[0]
+        real = mask.bool()
+        assert torch.allclose(reused[real], scratch[real], atol=1e-5), path
+        dec = Decoding(max_new_tokens=8)
+        a = generate(lm, prompts[1:], n=2, decoding=dec, interventions=[Route(path)], reuse=states[1:])
+        b = generate(lm, prompts[1:], n=2, decoding=dec, interventions=[Route(path)])
+        assert [[g.tokens for g in r] for r in a] == [[g.tokens for g in r] for r in b]
+
+
+def test_prefix_reuse_really_replays_the_stored_states():
+    """Corrupting the stored residual changes the output: the replay path is taken."""
+    from rnr_interp.generate import generate, prompt_states
+    from rnr_interp.interventions import Route
+
+    lm = load_model("tiny-llama:6")
+    prompts = [lm.encode(lm.render("what is 7*8?"))]
+    states = prompt_states(lm, prompts)
+    states[0].resid_pre = states[0].resid_pre * -3.0
+    path = (0, 1, 2, 2, 3, 4, 5)
+    a = generate(lm, prompts, decoding=Decoding(max_new_tokens=8), interventions=[Route(path)], reuse=states)
+    b = generate(lm, prompts, decoding=Decoding(max_new_tokens=8), interventions=[Route(path)])
+    assert a[0][0].logprob != b[0][0].logprob

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, forward, generate, left_pad
+from rnr_interp.generate import Decoding, PromptStates, forward, generate, left_pad, prompt_states
 from rnr_interp.interventions import Route, set_id
 from rnr_interp.metrics import DEPLOYED, gap_recovery, question_scores
 from rnr_interp.records import RunDir
@@ -51,17 +51,36 @@ class RouteConfig:
     seed: int = 0
     collapse: float = 0.5
     batch_size: int = 16
+    reuse_prefix: bool = True
 
 
 class RouteEvaluator:
     """Greedy generation of (question, route) pairs, batched by route and cached, so a
-    route any method has already tried for a question costs nothing again."""
+    route any method has already tried for a question costs nothing again. With
+    `reuse_prefix`, each prompt's full-path prefill is kept and a route that starts
+    with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
 
-    def __init__(self, lm, task: Task, decoding: Decoding, batch_size: int = 16):
+    def __init__(self, lm, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+        self.states: dict[str, PromptStates] | None = {} if reuse_prefix else None
         self.n_generated = 0
+
+    def _states(self, questions: list[Question]) -> list[PromptStates] | None:
+        if self.states is None:
+            return None
+        missing = [q for q in questions if q.id not in self.states]
+        if missing:
+            fresh = prompt_states(self.lm, [prompt_ids(self.lm, self.task, q) for q in missing])
+            self.states.update({q.id: st for q, st in zip(missing, fresh)})
+        return [self.states[q.id] for q in questions]
+
+    def forget(self, qids) -> None:
+        """Drop stored prefills of questions that are done (they are large)."""
+        if self.states is not None:
+            for q in qids:
+                self.states.pop(q, None)
 
     def __call__(self, requests: list[tuple[str, tuple[int, ...]]]) -> list[dict[str, Any]]:
         todo: dict[tuple[int, ...], list[str]] = {}
@@ -74,7 +93,8 @@ class RouteEvaluator:
             for start in range(0, len(qids), self.batch_size):
                 chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
                 gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                                interventions=[Route(route)], stop_strings=self.task.stop_strings)
+                                interventions=[Route(route)], stop_strings=self.task.stop_strings,
+                                reuse=self._states(chunk))
                 self.n_generated += len(chunk)
                 for q, [g] in zip(chunk, gens):
                     self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
@@ -145,7 +165,7 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
     questions = [q for q in task.questions if q.id not in done]
-    evaluator = RouteEvaluator(lm, task, decoding, cfg.batch_size)
+    evaluator = RouteEvaluator(lm, task, decoding, cfg.batch_size, cfg.reuse_prefix)
     gold = lambda q, row: float(row["correct"])  # noqa: E731 - the oracle reward
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
@@ -169,6 +189,7 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
                     best = max(range(len(voted[q.id])), key=lambda i: (majority[q.id](voted[q.id][i][1]["extracted"]), -i))
                     rows += _rows([voted[q.id][best]], f"{space_name}:{m}_vote", common)
         run.write_question_batch(rows)
+        evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
     bar.close()
     summary = summarize_routes(run, lm, task, cfg)
