@@ -68,14 +68,20 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[I
     return ids.to(device), mask.to(device)
 
 
-def forward(lm, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None) -> tuple[Float[Tensor, "b t v"], object]:
+def forward(
+    lm, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None, last_only: bool = False
+) -> tuple[Float[Tensor, "b t_out v"], object]:
     """One bridge forward over `ids` (the last t positions of `mask`), extending `cache`.
-    Positions come from the mask, so left padding does not shift them."""
+    Positions come from the mask, so left padding does not shift them. `last_only`
+    unembeds the last position alone (t_out = 1): a prefill needs nothing else, and the
+    vocabulary projection of every prompt position dominates its cost."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+    extra = {"logits_to_keep": 1} if last_only else {}
     if cache is None:
-        logits = lm.bridge(ids, attention_mask=mask, position_ids=positions)
+        logits = lm.bridge(ids, attention_mask=mask, position_ids=positions, **extra)
         return logits, None
-    logits, cache = lm.bridge(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, return_type="logits_and_cache")
+    logits, cache = lm.bridge(ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                              return_type="logits_and_cache", **extra)
     return logits, cache
 
 
@@ -117,7 +123,7 @@ def prompt_states(lm, prompts: Sequence[Sequence[int]]) -> list[PromptStates]:
     hooks = [(f"blocks.{l}.hook_resid_pre", keeper(l)) for l in range(L)]
     hooks.append((f"blocks.{L - 1}.hook_resid_post", keeper(L)))
     with lm.bridge.hooks(fwd_hooks=hooks):
-        _, cache = forward(lm, ids, mask, new_cache())
+        _, cache = forward(lm, ids, mask, new_cache(), last_only=True)
     layers = [cache.layers[i] for i in range(lm.n_layers)]
     states = []
     for b, prompt in enumerate(prompts):
@@ -230,9 +236,9 @@ def generate(
         p = _reusable_prefix(interventions, per_prompt) if (reuse is not None and use_cache) else 0
         if p:
             with replaying(lm, *_replay_args(reuse, p, ids.shape[1]), cache):
-                logits, cache = forward(lm, ids, mask, cache)
+                logits, cache = forward(lm, ids, mask, cache, last_only=True)
         else:
-            logits, cache = forward(lm, ids, mask, cache)
+            logits, cache = forward(lm, ids, mask, cache, last_only=True)
         last = logits[:, -1].float()
         # Fan each prompt out to its n columns: rows b*n .. b*n+n-1 share prompt b.
         last = last.repeat_interleave(n, 0)
@@ -278,7 +284,7 @@ def generate(
                 logits, cache = forward(lm, tok[:, None], mask, cache)
             else:
                 ids = torch.cat([ids, tok[:, None]], dim=1)
-                logits, _ = forward(lm, ids, mask, None)
+                logits, _ = forward(lm, ids, mask, None, last_only=True)
             last = logits[:, -1].float()
 
     results = []
