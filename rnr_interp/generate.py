@@ -169,16 +169,16 @@ def _pick(
     if not bool(hot.any()):
         return greedy
     probs = torch.softmax(logits[hot] / temps[hot, None], dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    cum = sorted_p.cumsum(-1)
     if top_p < 1.0:
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        keep = (cum - sorted_p) < top_p
-        sorted_p = sorted_p * keep
-        cum = sorted_p.cumsum(-1)
+        # Keep the smallest prefix (by probability) whose mass reaches top_p, always at
+        # least one token. Sorting the vocabulary is costly, so only top-p pays for it.
+        probs, order = probs.sort(dim=-1, descending=True)
+        probs = probs * ((probs.cumsum(-1) - probs) < top_p)
+    cum = probs.cumsum(-1)
     target = u[hot, None] * cum[:, -1:]
-    idx = torch.searchsorted(cum, target).clamp(max=sorted_p.shape[-1] - 1)
-    sampled = order.gather(-1, idx).squeeze(-1)
+    # right=True: a token of zero probability (cum does not grow) is never drawn.
+    idx = torch.searchsorted(cum, target, right=True).clamp(max=probs.shape[-1] - 1)
+    sampled = (order.gather(-1, idx) if top_p < 1.0 else idx).squeeze(-1)
     out = greedy.clone()
     out[hot] = sampled
     return out
