@@ -31,7 +31,7 @@ import typer
 
 from rnr_interp.generate import Decoding
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores
-from rnr_interp.records import RunDir
+from rnr_interp.records import RunDir, lookup
 from rnr_interp.sampling import Probe, chunks, sample_questions
 
 REALIZED = ("gained", "lost", "kept", "never")
@@ -50,22 +50,13 @@ class RunMismatchError(ValueError):
         self.keys = keys
 
 
-def _get(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return "<missing>"
-        node = node[part]
-    return node
-
-
 def check_aligned(base: dict[str, Any], trained: dict[str, Any]) -> None:
     """Raise RunMismatchError listing every aligned key (task incl. answer format and
     grading, question ids, probe K/temperature/top_p, deployed decoding) that differs
     between two run configs."""
     keys, lines = [], []
     for key in ALIGNED_KEYS:
-        a, b = _get(base, key), _get(trained, key)
+        a, b = lookup(base, key), lookup(trained, key)
         if a != b:
             keys.append(key)
             lines.append(f"  {key}: {a!r} (base) != {b!r} (trained)")

@@ -100,7 +100,7 @@ class ConfigMismatchError(ValueError):
     (dotted paths into nested dicts)."""
 
     def __init__(self, path: Path, keys: list[str], old: dict[str, Any], new: dict[str, Any]):
-        lines = [f"  {key}: {_lookup(old, key)!r} (stored) != {_lookup(new, key)!r} (given)" for key in keys]
+        lines = [f"  {key}: {lookup(old, key)!r} (stored) != {lookup(new, key)!r} (given)" for key in keys]
         super().__init__(
             f"{path} holds a run with a different config; differing keys:\n"
             + "\n".join(lines)
@@ -207,7 +207,8 @@ def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".") or "<config>"]
 
 
-def _lookup(config: dict[str, Any], dotted: str) -> Any:
+def lookup(config: dict[str, Any], dotted: str) -> Any:
+    """The value at a dotted key path of a nested config, or "<missing>"."""
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
