@@ -49,6 +49,26 @@ def prompt_ids(lm, task: Task, q: Question) -> list[int]:
     return lm.encode(lm.render(task.user_message(q)))
 
 
+BACKENDS = ("tl", "vllm")
+
+
+def generator(lm, backend: str | None, interventions: Sequence[Intervention] = ()):
+    """The `generate` function of a sampling backend: "tl" (TransformerLens, the default,
+    hooks and all) or "vllm" (plain sampling, `lm` from `vllm_backend.load_vllm`)."""
+    backend = backend or getattr(lm, "backend", "tl")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown sampling backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend != getattr(lm, "backend", "tl"):
+        raise ValueError(f"backend {backend!r} needs a model loaded for it (this one is for {getattr(lm, 'backend', 'tl')!r})")
+    if backend == "tl":
+        return generate
+    if interventions:
+        raise ValueError("interventions need hooks: the vLLM backend cannot apply them; use the TransformerLens backend ('tl')")
+    from rnr_interp.vllm_backend import generate as vllm_generate
+
+    return vllm_generate
+
+
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -78,14 +98,17 @@ def sample_questions(
     deployed: Decoding,
     interventions: Sequence[Intervention] = (),
     run_id: str = "",
+    backend: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Records for one batch of questions: the deployed candidate and K probe samples each."""
+    """Records for one batch of questions: the deployed candidate and K probe samples each.
+    `backend` ("tl" or "vllm") defaults to the one `lm` was loaded for."""
+    engine = generator(lm, backend, interventions)
     max_new = deployed.max_new_tokens
     prompts = [prompt_ids(lm, task, q) for q in questions]
     n = 1 + probe.k
     # Column 0 is the deployed candidate (seed index -1); columns 1..K the probe samples.
     seeds = [[candidate_seed(probe.seed, q.id, j - 1) for j in range(n)] for q in questions]
-    gens = generate(
+    gens = engine(
         lm, prompts, n=n,
         decoding=Decoding(temperature=probe.temperature, top_p=probe.top_p, max_new_tokens=max_new),
         temperatures=[deployed.temperature] + [probe.temperature] * probe.k,
@@ -113,6 +136,7 @@ def sample_task(
     batch_size: int = 8,
     run_id: str = "",
     progress: bool = True,
+    backend: str | None = None,
 ) -> list[dict[str, Any]]:
     """Sample every question of `task` not already in `run` (a `RunDir`), writing each
     chunk as it completes. Returns the rows produced by this call."""
@@ -129,7 +153,8 @@ def sample_task(
                 bar.update(len(batch) - len(todo))
             if not todo:
                 continue
-            rows = sample_questions(lm, task, todo, probe=probe, deployed=deployed, interventions=interventions, run_id=run_id)
+            rows = sample_questions(lm, task, todo, probe=probe, deployed=deployed, interventions=interventions,
+                                    run_id=run_id, backend=backend)
             if run is not None:
                 run.write_question_batch(rows)
             produced.extend(rows)

@@ -1,0 +1,381 @@
+"""Sweeps: a grid of audit cells (model x task x probe x interventions), run locally or on Ray.
+
+A `Cell` is one audit run: its config hashes to a stable `cell_id`, and it owns one run
+folder, ``OUT/<cell.folder>``. Cells are independent, so they run in any order, on any
+machine that sees OUT: a cell whose ``summary.json`` exists is finished and skipped, and
+a cell cut short resumes from its last records part (`RunDir` resume). The same records
+come out whichever runner ran a cell, so a sweep killed midway and run again loses
+nothing finished and redoes only what was not.
+
+``OUT/sweep.json`` indexes the cells and their statuses (pending, done, skipped,
+failed); the run folders are the truth and the index is rebuilt from them on each run.
+`records.load_runs(OUT)` reads every cell and `rnr report OUT` draws the index page.
+
+A grid spec is JSON (see `Grid.from_dict`)::
+
+    {"models": ["tiny-llama", "tiny-qwen2"],
+     "tasks": ["arithmetic", {"name": "gsm8k", "n": 1000, "data": "gsm8k/test.jsonl"}],
+     "probes": [{"k": 200, "temperature": 1.0}],
+     "interventions": [[], [{"kind": "Ablate", "component": "mlp", "layer": 3}]],
+     "n": 100, "deployed_temperature": 0.0, "max_new_tokens": null, "batch_size": 8}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterable, Optional
+
+import typer
+
+from rnr_interp.interventions import dumps, loads, set_id
+from rnr_interp.records import SUMMARY, write_json_atomic
+from rnr_interp.sampling import BACKENDS, Probe
+
+INDEX = "sweep.json"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One audit: everything that decides its records. `interventions` is the set as
+    `interventions.dumps` JSON; `max_new_tokens` None means the task's own."""
+
+    model: str
+    task: str
+    data: str | None = None
+    n: int | None = None
+    probe: Probe = Probe()
+    interventions: str = "[]"
+    deployed_temperature: float = 0.0
+    max_new_tokens: int | None = None
+    batch_size: int = 8
+    backend: str = "tl"
+
+    def __post_init__(self):
+        # JSON's 1 and 1.0 must name one cell.
+        object.__setattr__(self, "deployed_temperature", float(self.deployed_temperature))
+        object.__setattr__(self, "probe", replace(self.probe, temperature=float(self.probe.temperature), top_p=float(self.probe.top_p)))
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        if self.backend != "tl" and loads(self.interventions):
+            raise ValueError("interventions need hooks: a cell with interventions runs on the TransformerLens backend ('tl')")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> "Cell":
+        obj = dict(obj)
+        obj["probe"] = Probe(**obj.get("probe", {}))
+        return cls(**obj)
+
+    @property
+    def cell_id(self) -> str:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    @property
+    def folder(self) -> str:
+        """Readable and unique (the id decides): model__task__probe__interventions__id."""
+        p = self.probe
+        parts = [self.model, self.task, f"{p.name}-k{p.k}-t{p.temperature:g}", set_id(loads(self.interventions)) or "none"]
+        if self.backend != "tl":
+            parts.append(self.backend)
+        return "__".join(_slug(s) for s in parts) + f"__{self.cell_id}"
+
+    def describe(self) -> str:
+        return f"{self.model} {self.task} K={self.probe.k} T={self.probe.temperature:g} {set_id(loads(self.interventions)) or '-'} [{self.backend}]"
+
+
+def _slug(text: str, width: int = 40) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text).strip("-")[:width] or "x"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    data: str | None = None
+    n: int | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Lists whose product is the cells. `interventions` holds sets as `dumps` JSON."""
+
+    models: tuple[str, ...]
+    tasks: tuple[TaskSpec, ...]
+    probes: tuple[Probe, ...] = (Probe(),)
+    interventions: tuple[str, ...] = ("[]",)
+    deployed_temperature: float = 0.0
+    max_new_tokens: int | None = None
+    batch_size: int = 8
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> "Grid":
+        """`models`, `tasks` (a name or {name, data, n}) required; `probes` (Probe
+        fields), `interventions` (lists of {"kind": ..., ...}), `n` (default question
+        count of every task), and the scalar fields of `Grid` optional."""
+        known = {f.name for f in fields(cls)} | {"n"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ValueError(f"unknown grid keys {unknown}; known: {sorted(known)}")
+        for key in ("models", "tasks"):
+            if not spec.get(key):
+                raise ValueError(f"a grid needs a non-empty {key!r} list")
+        default_n = spec.get("n")
+        tasks = []
+        for t in spec["tasks"]:
+            t = {"name": t} if isinstance(t, str) else dict(t)
+            t.setdefault("n", default_n)
+            tasks.append(TaskSpec(**t))
+        interventions = [dumps(loads(json.dumps(s))) for s in spec.get("interventions", [[]])]
+        scalars = {k: spec[k] for k in ("deployed_temperature", "max_new_tokens", "batch_size") if k in spec}
+        return cls(models=tuple(spec["models"]), tasks=tuple(tasks),
+                   probes=tuple(Probe(**p) for p in spec.get("probes", [{}])),
+                   interventions=tuple(interventions), **scalars)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Grid":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from exc
+
+    def cells(self, backend: str = "tl") -> list[Cell]:
+        """Every combination, in grid order. Cells with interventions stay on "tl"
+        whatever `backend` says (`fallbacks` counts them)."""
+        return [
+            Cell(model=m, task=t.name, data=t.data, n=t.n, probe=p, interventions=iv,
+                 deployed_temperature=self.deployed_temperature, max_new_tokens=self.max_new_tokens,
+                 batch_size=self.batch_size, backend=backend if iv == "[]" else "tl")
+            for m in self.models for t in self.tasks for p in self.probes for iv in self.interventions
+        ]
+
+    def fallbacks(self, backend: str) -> int:
+        """How many cells asked for `backend` run on "tl" because they need hooks."""
+        return 0 if backend == "tl" else sum(c.backend != backend for c in self.cells(backend))
+
+
+# -- one cell ------------------------------------------------------------------------
+
+_loaded: dict[tuple[str, str], Any] = {}
+
+
+def _model(spec: str, backend: str):
+    """The last model loaded in this process, reused by consecutive cells (a Ray worker
+    runs many cells); one at a time, so memory holds one model."""
+    key = (spec, backend)
+    if key not in _loaded:
+        _loaded.clear()
+        if backend == "vllm":
+            from rnr_interp.vllm_backend import load_vllm
+
+            _loaded[key] = load_vllm(spec)
+        else:
+            import torch
+
+            from rnr_interp.models import load_model
+
+            _loaded[key] = load_model(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+    return _loaded[key]
+
+
+def is_finished(cell: Cell, out_root: str | Path) -> bool:
+    return (Path(out_root) / cell.folder / SUMMARY).is_file()
+
+
+def run_cell(cell: Cell, out_root: str | Path, progress: bool = False) -> dict[str, Any]:
+    """Audit `cell` into ``out_root/<cell.folder>`` (resuming a partial run), unless it
+    is finished. Returns its status entry for the index; errors propagate."""
+    from rnr_interp.audit import run_audit
+    from rnr_interp.generate import Decoding
+    from rnr_interp.tasks import load_task
+
+    folder = Path(out_root) / cell.folder
+    if is_finished(cell, out_root):
+        return _status(cell, "skipped")
+    start = time.monotonic()
+    task = load_task(cell.task, data=cell.data, n=cell.n)
+    lm = _model(cell.model, cell.backend)
+    deployed = Decoding(temperature=cell.deployed_temperature, max_new_tokens=cell.max_new_tokens or task.max_new_tokens)
+    summary = run_audit(lm, task, folder, probe=cell.probe, deployed=deployed, interventions=loads(cell.interventions),
+                        batch_size=cell.batch_size, progress=progress)
+    return _status(cell, "done", seconds=round(time.monotonic() - start, 2),
+                   D=summary["D"], O_K=summary["O_K"], gap=summary["gap"])
+
+
+def _status(cell: Cell, status: str, **extra: Any) -> dict[str, Any]:
+    return {"cell_id": cell.cell_id, "folder": cell.folder, "status": status, **extra}
+
+
+def _safe_run_cell(cell: Cell, out_root: str, progress: bool = False) -> dict[str, Any]:
+    """`run_cell`, with an error turned into a "failed" status: one bad cell (a layer
+    the model lacks, a missing file) does not stop the sweep."""
+    try:
+        return run_cell(cell, out_root, progress=progress)
+    except Exception as exc:  # noqa: BLE001 - reported in the index, the sweep goes on
+        return _status(cell, "failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
+
+
+# -- the index -------------------------------------------------------------------------
+
+
+@dataclass
+class Index:
+    """``sweep.json``: every cell, its config and its latest status; rewritten
+    atomically after each cell so a reader never sees half a file."""
+
+    out: Path
+    cells: list[Cell]
+    runner: str
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for c in self.cells:
+            self.entries[c.cell_id] = _status(c, "skipped" if is_finished(c, self.out) else "pending")
+        self.write()
+
+    def update(self, entry: dict[str, Any]) -> None:
+        self.entries[entry["cell_id"]] = entry
+        self.write()
+
+    def write(self) -> None:
+        write_json_atomic(self.out / INDEX, {
+            "runner": self.runner,
+            "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "counts": _counts(self.entries.values()),
+            "cells": [{**self.entries[c.cell_id], "cell": c.to_dict()} for c in self.cells],
+        })
+
+
+def _counts(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+    return counts
+
+
+def read_index(out: str | Path) -> dict[str, Any]:
+    return json.loads((Path(out) / INDEX).read_text())
+
+
+def _unique(cells: Iterable[Cell]) -> list[Cell]:
+    return list({c.cell_id: c for c in cells}.values())
+
+
+# -- runners -----------------------------------------------------------------------------
+
+
+def run_local(cells: Iterable[Cell], out: str | Path, *, progress: bool = False,
+              on_status: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run the cells one after another in this process; returns their statuses."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cells = _unique(cells)
+    index = Index(out, cells, runner="local")
+    statuses = []
+    for cell in cells:
+        entry = _safe_run_cell(cell, str(out), progress=progress)
+        index.update(entry)
+        statuses.append(entry)
+        if on_status:
+            on_status(entry)
+    return statuses
+
+
+def run_ray(cells: Iterable[Cell], out: str | Path, *, address: str | None = None, max_retries: int = 2,
+            run: Callable[[Cell, str], dict[str, Any]] = _safe_run_cell,
+            on_status: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run the cells as Ray tasks, one GPU each when the cluster has GPUs. Workers write
+    straight into OUT, which must be a filesystem every node sees; this driver only
+    collects statuses. A worker that dies has its cell retried (`max_retries`), and the
+    retry resumes that cell's run folder. Uses the Ray instance this process is already
+    connected to, else connects to `address` (None: a local instance or $RAY_ADDRESS)."""
+    import ray
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cells = _unique(cells)
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    remote = ray.remote(num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(run)
+    index = Index(out, cells, runner=f"ray ({ray.get_runtime_context().gcs_address})")
+    statuses: dict[str, dict[str, Any]] = {}
+    pending = {}
+    for cell in cells:
+        if is_finished(cell, out):
+            statuses[cell.cell_id] = _status(cell, "skipped")
+            if on_status:
+                on_status(statuses[cell.cell_id])
+        else:
+            pending[remote.remote(cell, str(out))] = cell
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        cell = pending.pop(ready[0])
+        try:
+            entry = ray.get(ready[0])
+        except Exception as exc:  # noqa: BLE001 - a worker lost after its retries
+            entry = _status(cell, "failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        statuses[cell.cell_id] = entry
+        index.update(entry)
+        if on_status:
+            on_status(entry)
+    return [statuses[c.cell_id] for c in cells]
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def sweep_command(
+    grid: Annotated[Path, typer.Argument(help="grid spec (JSON): models, tasks, probes, interventions lists")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder: one run folder per cell, plus sweep.json")] = Path("runs/sweep"),
+    use_ray: Annotated[bool, typer.Option("--ray", help="run the cells on a Ray cluster (one GPU per worker when there are GPUs)")] = False,
+    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: local instance or $RAY_ADDRESS)")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="sampling backend: tl (TransformerLens) | vllm (no hooks)")] = "tl",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
+):
+    """Run a grid of audits (model x task x probe x interventions), skipping finished cells."""
+    from rnr_interp.cli import fail
+
+    if backend not in BACKENDS:
+        fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if address and not use_ray:
+        fail("--address needs --ray")
+    try:
+        g = Grid.load(grid)
+        cells = g.cells(backend)
+    except (OSError, ValueError, TypeError) as exc:
+        fail(f"grid {grid}: {exc}")
+    fallback = g.fallbacks(backend)
+    if fallback:
+        typer.echo(f"note: {fallback} of {len(cells)} cells have interventions, which need hooks: "
+                   f"they run on the TransformerLens backend, not {backend}")
+    if backend == "vllm" and not use_ray:
+        from rnr_interp.vllm_backend import vllm_available
+
+        if not vllm_available():
+            fail("--backend vllm needs the vllm package (a CUDA machine; pip install vllm)")
+    typer.echo(f"{len(cells)} cells -> {out}" + (" on Ray" if use_ray else ""))
+
+    def show(entry: dict[str, Any]) -> None:
+        typer.echo(f"  {entry['status']:<8} {entry['folder']}" + (f"  ({entry['error']})" if "error" in entry else ""))
+
+    if use_ray:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            fail("--ray needs the ray package: pip install 'rnr_interp[scale]'")
+        statuses = run_ray(cells, out, address=address, on_status=show)
+    else:
+        statuses = run_local(cells, out, progress=not quiet, on_status=show)
+    counts = _counts(statuses)
+    typer.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; index: {out / INDEX}")
+    if counts.get("failed"):
+        raise typer.Exit(1)
