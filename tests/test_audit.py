@@ -1,0 +1,83 @@
+"""The audit end to end: a real kill and resume, the CLI, and SmolLM2's gap."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rnr_interp.audit import run_audit
+from rnr_interp.metrics import question_scores
+from rnr_interp.models import load_model
+from rnr_interp.records import RunDir
+from rnr_interp.sampling import Probe
+from rnr_interp.tasks import load_task
+
+AUDIT = ["--model", "tiny-llama", "--task", "arithmetic", "--n", "12", "--k", "4", "--batch-size", "3", "--quiet"]
+KEY = ["question_id", "probe", "candidate"]
+
+
+def rnr(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rnr_interp.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def records(run: Path):
+    df = RunDir(run).read_records()
+    return df.drop(columns=["run_id"]).sort_values(KEY).reset_index(drop=True)
+
+
+def test_killed_audit_resumes_to_the_same_records(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert rnr("audit", *AUDIT, "--out", str(whole)).wait(timeout=300) == 0
+    proc = rnr("audit", *AUDIT, "--out", str(killed))
+    deadline = time.time() + 300
+    while not list((killed / "records").glob("part-*.parquet")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    parts_before = sorted(p.name for p in (killed / "records").glob("part-*.parquet"))
+    assert 0 < len(parts_before) < 4, "the kill should land mid-run (4 chunks of 3 questions)"
+    done_before = RunDir(killed).done_question_ids()
+    resumed = rnr("audit", *AUDIT, "--out", str(killed))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert records(killed).equals(records(whole))
+    # Finished chunks were not redone: their part files are still the first ones.
+    after = records(killed)
+    assert len(after) == len(after.drop_duplicates(KEY))
+    assert done_before < RunDir(killed).done_question_ids()
+
+
+def test_audit_cli_writes_summary_and_table(tmp_path):
+    proc = rnr("audit", *AUDIT, "--out", str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "O_K  (reachable)" in out and "gap  O_K - D" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {"n_questions", "k", "D", "O_K", "gap", "D_ci", "O_K_ci", "gap_ci"} <= summary.keys()
+    assert summary["n_questions"] == 12 and summary["k"] == 4
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert {"model", "task", "probe", "deployed"} <= manifest["config"].keys()
+    assert "torch" in manifest["versions"]
+
+
+def test_audit_cli_refuses_bad_input_in_one_line(tmp_path):
+    proc = rnr("audit", "--model", "tiny-llama", "--task", "nope", "--out", str(tmp_path / "r"))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "unknown task" in err.lower()
+
+
+@pytest.mark.slow
+def test_smollm2_arithmetic_shows_a_real_gap(smollm2, tmp_path):
+    """O_K well above D at K=32, measured on the model (no fixture): the demo setting."""
+    task = load_task("arithmetic", n=24)
+    s = run_audit(smollm2, task, tmp_path, probe=Probe(k=32, temperature=1.0), progress=False)
+    scores = question_scores(RunDir(tmp_path).read_records(), "temperature")
+    assert s["D"] == pytest.approx(scores["d"].mean()) and s["O_K"] == pytest.approx(scores["o"].mean())
+    assert 0 < s["D"] < 1
+    assert s["O_K"] >= s["D"] + 0.15 and s["gap_ci"][0] > 0
