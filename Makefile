@@ -9,7 +9,7 @@ $(BIN)/rnr: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU wheel on disk; an unpinned resolve pulls CUDA.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,scale]'
 	touch $(BIN)/rnr
 
 setup: $(BIN)/rnr

@@ -175,6 +175,7 @@ def _register_analysis_commands() -> None:
     from rnr_interp.repair import failures_command, repair_command
     from rnr_interp.report.html import report_command
     from rnr_interp.steering import steer_command, units_command
+    from rnr_interp.sweep import sweep_command
 
     app.command("failures")(failures_command)
     app.command("repair")(repair_command)
@@ -182,6 +183,7 @@ def _register_analysis_commands() -> None:
     app.command("units")(units_command)
     app.command("compare")(compare_command)
     app.command("report")(report_command)
+    app.command("sweep")(sweep_command)
 
 
 _register_analysis_commands()

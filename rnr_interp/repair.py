@@ -306,11 +306,12 @@ def figure_title(lm, task: Task, cohort: Cohort) -> str:
 
 
 def write_figures(run: RunDir, figures: dict[str, Any]) -> None:
-    """Each figure as a standalone HTML file in ``figures/`` (plotly.js from the CDN)."""
+    """Each figure as an HTML file in ``figures/``, sharing one local plotly.min.js."""
     folder = run.path / "figures"
     folder.mkdir(exist_ok=True)
     for name, fig in figures.items():
-        fig.write_html(folder / f"{name}.html", include_plotlyjs="cdn")
+        # "directory": one local plotly.min.js beside the pages, so they open offline.
+        fig.write_html(folder / f"{name}.html", include_plotlyjs="directory")
 
 
 # -- CLI -----------------------------------------------------------------------------

@@ -142,3 +142,23 @@ def test_prefix_reuse_really_replays_the_stored_states():
     a = generate(lm, prompts, decoding=Decoding(max_new_tokens=8), interventions=[Route(path)], reuse=states)
     b = generate(lm, prompts, decoding=Decoding(max_new_tokens=8), interventions=[Route(path)])
     assert a[0][0].logprob != b[0][0].logprob
+
+
+@pytest.mark.slow
+def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
+    """Random vs the three searches, every selector, on the real model: records, summary
+    and figures are written; the claim is measured, not asserted either way."""
+    from rnr_interp.report.figures import routing_figures
+    from rnr_interp.report.html import write_report
+
+    task = load_task("arithmetic", n=3)
+    s = run_route_audit(smollm2, task, tmp_path, RouteConfig(k=4, spaces=("skiponly",)), progress=False)
+    records = RunDir(tmp_path).read_records()
+    for m in ("random", "mcts", "hill_climb", "genetic"):
+        assert (records.probe == f"skiponly:{m}").sum() == 4 * len(task)
+    [cell] = s["cells"].values()
+    assert set(cell["oracle_at_k"]) == {"random", "mcts", "hill_climb", "genetic"}
+    assert {"majority", "majority_confidence", "confidence", "self_verification",
+            "mcts_vote", "hill_climb_vote", "genetic_vote"} <= set(cell["selectors"])
+    assert len(routing_figures(RunDir(tmp_path), "smollm2")) == 3
+    assert write_report(tmp_path).is_file()
