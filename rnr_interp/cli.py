@@ -139,6 +139,8 @@ def route(
     methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,mcts,hill_climb,genetic")] = "random,mcts,hill_climb,genetic",
     temperature: TempOpt = 1.0,
     collapse: Annotated[float, typer.Option("--collapse", help="unparsed-rate threshold for format collapse")] = 0.5,
+    min_len: Annotated[Optional[int], typer.Option("--min-len", help="shortest route (default: L - L//3)")] = None,
+    max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 16,
     quiet: QuietOpt = False,
@@ -153,7 +155,8 @@ def route(
         fail(f"unknown --space {bad[0]!r}; known: {', '.join(SPACES)}")
     lm, t = load_inputs(model, task, data, n)
     cfg = RouteConfig(k=k, spaces=tuple(space), methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                      temperature=temperature, seed=seed, collapse=collapse, batch_size=batch_size)
+                      temperature=temperature, seed=seed, collapse=collapse, batch_size=batch_size,
+                      min_len=min_len, max_len=max_len)
     try:
         s = run_route_audit(lm, t, out, cfg, progress=not quiet)
     except (ConfigMismatchError, ValueError) as exc:

@@ -152,7 +152,8 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
     from rnr_interp.report.html import write_report
 
     task = load_task("arithmetic", n=3)
-    s = run_route_audit(smollm2, task, tmp_path, RouteConfig(k=4, spaces=("skiponly",)), progress=False)
+    # collapse=1.0: keep the cell whatever its parse rate, so every figure has data.
+    s = run_route_audit(smollm2, task, tmp_path, RouteConfig(k=4, spaces=("skiponly",), collapse=1.0), progress=False)
     records = RunDir(tmp_path).read_records()
     for m in ("random", "mcts", "hill_climb", "genetic"):
         assert (records.probe == f"skiponly:{m}").sum() == 4 * len(task)

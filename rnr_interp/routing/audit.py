@@ -52,6 +52,9 @@ class RouteConfig:
     collapse: float = 0.5
     batch_size: int = 16
     reuse_prefix: bool = True
+    #: route length bounds (None: the space's defaults, L -/+ L//3)
+    min_len: int | None = None
+    max_len: int | None = None
 
 
 class RouteEvaluator:
@@ -174,7 +177,7 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
         rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.k, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
         for space_name in cfg.spaces:
-            space = make_space(space_name, lm.n_layers)
+            space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
             found = {m: run_searches(evaluator, chunk, space, m, cfg.k, cfg.seed, gold) for m in cfg.methods}
             for m, by_q in found.items():
                 for pairs in by_q.values():
