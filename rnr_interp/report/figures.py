@@ -184,6 +184,12 @@ def routing_figures_of(curves: pd.DataFrame | None, cells: pd.DataFrame | None, 
     """Whichever of the three routing figures these tables allow (None = absent)."""
     figs: Figures = []
     excluded = set(cells.loc[cells["excluded"].astype(bool), "cell"]) if cells is not None and "excluded" in cells else set()
+    if cells is not None and excluded and excluded >= set(cells["cell"]):
+        # Every cell collapsed: an empty comparison would hide what happened, so show
+        # them all, flagged, rather than nothing.
+        excluded = set()
+        cells = cells.assign(excluded=False)
+        label = f"{label} · ALL CELLS FLAGGED: format collapse (shown for inspection only)"
     if curves is not None and len(curves):
         figs.append(("route_curves", route_curves_figure(curves, deployed, label, excluded)))
     if cells is not None and len(cells) and (fig := cell_difference_figure(cells, label)) is not None:

@@ -144,8 +144,14 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body = ""
     if isinstance(s.get("oracle_at_k"), dict):
         oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
-        body += _table_html(["route search", "accuracy"], oracle)
-    if isinstance(s.get("selectors"), dict):
+        body += _table_html(["route search", "accuracy (cells kept)"], oracle)
+    if isinstance(s.get("cells"), dict) and s["cells"]:
+        # Per cell, excluded ones too: a collapsed cell is still something to look at.
+        methods = sorted({m for c in s["cells"].values() for m in c.get("oracle_at_k", {})})
+        rows = [(cell, "excluded (format collapse)" if c.get("excluded") else "kept", _num(c.get("unparsed_rate")),
+                 *(_num(c.get("oracle_at_k", {}).get(m)) for m in methods)) for cell, c in s["cells"].items()]
+        body += _table_html(["cell", "status", "unparsed", *(f"oracle@K {m}" for m in methods)], rows)
+    if isinstance(s.get("selectors"), dict) and s["selectors"]:
         sel = [(name, _num(v.get("accuracy")), _num(v.get("gap_recovery_median"))) for name, v in s["selectors"].items()]
         body += _table_html(["selector", "accuracy", "median gap recovery"], sel)
     if s.get("excluded_cells"):
