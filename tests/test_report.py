@@ -279,3 +279,20 @@ def test_a_figure_module_that_fails_costs_only_its_figures(tmp_path):
     assert figures == []
     assert "Drawing these figures failed (KeyError(" in page
     assert "<h3>transitions</h3>" in page.split("<h2>Other artefacts</h2>")[1]
+
+
+def test_all_cells_collapsed_are_shown_flagged_not_as_empty_panels():
+    from rnr_interp.report.figures import routing_figures_of
+
+    curves = pd.DataFrame({"cell": ["a"] * 4 + ["b"] * 4, "method": ["random", "random", "mcts", "mcts"] * 2,
+                           "budget": [1, 2] * 4, "oracle": [0.2, 0.3, 0.2, 0.5] * 2})
+    cells = pd.DataFrame({"cell": ["a", "a", "b", "b"], "method": ["random", "mcts"] * 2,
+                          "oracle": [0.3, 0.5, 0.3, 0.5], "excluded": [True] * 4, "unparsed_rate": [0.9] * 4})
+    figs = dict(routing_figures_of(curves, cells, None, 0.2, "m · t"))
+    assert all(len(trace.y) for trace in figs["route_curves"].data)
+    assert "FLAGGED" in figs["route_curves"].layout.title.text
+    assert "route_cell_difference" in figs
+    # With one cell kept, the collapsed one stays out of the comparison.
+    cells.loc[cells.cell == "b", "excluded"] = False
+    figs = dict(routing_figures_of(curves, cells, None, 0.2, "m · t"))
+    assert "FLAGGED" not in figs["route_curves"].layout.title.text
