@@ -77,3 +77,16 @@ def test_smollm2_answers_sensibly(smollm2):
     [[g]] = generate(smollm2, [prompt], decoding=Decoding(max_new_tokens=12))
     assert "paris" in g.text.lower()
     assert g.finish == "stop"
+
+
+def test_model_info_cli_prints_one_json_object():
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    result = CliRunner().invoke(app, ["model-info", "tiny-qwen2:2"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout.strip())
+    assert facts["n_layers"] == 2 and facts["architecture"] == "Qwen2ForCausalLM"
+    bad = CliRunner().invoke(app, ["model-info", "nonsense"])
+    assert bad.exit_code == 2 and "unknown model spec" in bad.output
