@@ -17,7 +17,7 @@ from rnr_interp.records import RunDir
 from rnr_interp.sampling import Probe
 from rnr_interp.tasks import load_task
 
-AUDIT = ["--model", "tiny-llama", "--task", "arithmetic", "--n", "12", "--k", "4", "--batch-size", "3", "--quiet"]
+AUDIT = ["--model", "tiny-llama", "--task", "arithmetic", "--n", "24", "--k", "8", "--batch-size", "3", "--quiet"]
 KEY = ["question_id", "probe", "candidate"]
 
 
@@ -38,11 +38,11 @@ def test_killed_audit_resumes_to_the_same_records(tmp_path):
     proc = rnr("audit", *AUDIT, "--out", str(killed))
     deadline = time.time() + 300
     while not list((killed / "records").glob("part-*.parquet")) and time.time() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     parts_before = sorted(p.name for p in (killed / "records").glob("part-*.parquet"))
-    assert 0 < len(parts_before) < 4, "the kill should land mid-run (4 chunks of 3 questions)"
+    assert 0 < len(parts_before) < 8, "the kill should land mid-run (8 chunks of 3 questions)"
     done_before = RunDir(killed).done_question_ids()
     resumed = rnr("audit", *AUDIT, "--out", str(killed))
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
@@ -60,7 +60,7 @@ def test_audit_cli_writes_summary_and_table(tmp_path):
     assert "O_K  (reachable)" in out and "gap  O_K - D" in out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {"n_questions", "k", "D", "O_K", "gap", "D_ci", "O_K_ci", "gap_ci"} <= summary.keys()
-    assert summary["n_questions"] == 12 and summary["k"] == 4
+    assert summary["n_questions"] == 24 and summary["k"] == 8
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert {"model", "task", "probe", "deployed"} <= manifest["config"].keys()
     assert "torch" in manifest["versions"]
