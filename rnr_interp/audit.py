@@ -8,7 +8,6 @@ curve, in ``summary.json``.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,18 +28,12 @@ def audit_config(lm, task: Task, probe: Probe, deployed: Decoding, interventions
         "model": lm.spec,
         "model_facts": lm.facts(),
         "task": task.describe(),
-        "question_ids_hash": _ids_hash(task),
+        "question_ids_hash": task.ids_hash(),
         "probe": asdict(probe),
         "deployed": asdict(deployed),
         "interventions": dumps(interventions),
         "batch_size": batch_size,
     }
-
-
-def _ids_hash(task: Task) -> str:
-    import hashlib
-
-    return hashlib.sha1("\n".join(q.id for q in task.questions).encode()).hexdigest()[:16]
 
 
 def run_audit(
@@ -58,9 +51,8 @@ def run_audit(
     """Sample (or resume) and score; returns the summary written to ``summary.json``."""
     deployed = deployed or Decoding(max_new_tokens=task.max_new_tokens)
     run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size))
-    run_id = run.manifest.get("run_id") or run.config_hash
     sample_task(lm, task, probe=probe, deployed=deployed, run=run, interventions=interventions,
-                batch_size=batch_size, run_id=run_id, progress=progress)
+                batch_size=batch_size, run_id=run.run_id, progress=progress)
     summary = summarize(run, probe.name, ci=ci)
     run.write_summary(summary)
     return summary

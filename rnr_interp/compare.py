@@ -21,7 +21,6 @@ optional budget-control records, and summary.json with every count.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional, Sequence
 
@@ -277,12 +276,11 @@ def _same_model(a: str, b: str | None) -> bool:
 def load_aligned_task(config: dict[str, Any], data: Optional[Path] = None):
     """The task a run was audited on, rebuilt from its config (name, question count;
     `data` for file tasks) and checked against the stored description and ids."""
-    from rnr_interp.audit import _ids_hash
     from rnr_interp.tasks import load_task
 
     described = config["task"]
     task = load_task(described["name"], data=data, n=described.get("n_questions"))
-    if task.describe() != described or _ids_hash(task) != config["question_ids_hash"]:
+    if task.describe() != described or task.ids_hash() != config["question_ids_hash"]:
         raise RunMismatchError(["task"], [f"  rebuilt task {task.describe()} does not match the run's {described}; pass --data"])
     return task
 

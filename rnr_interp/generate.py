@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rnr_interp.interventions import Intervention, Route, applied, replaying
+from rnr_interp.interventions import Active, Intervention, applied, replaying
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,14 @@ def forward(
     return logits, cache
 
 
+@torch.inference_mode()
+def last_logits(lm, prompts: Sequence[Sequence[int]], interventions: Sequence[Intervention] = ()) -> Float[Tensor, "n v"]:
+    """Next-token logits after each prompt, with one intervention set for all rows."""
+    ids, mask = left_pad(prompts, lm.pad_id, lm.device)
+    with applied(lm, list(interventions)):
+        return forward(lm, ids, mask, last_only=True)[0][:, -1].float()
+
+
 def new_cache():
     from transformers import DynamicCache
 
@@ -107,8 +115,7 @@ class PromptStates:
 @torch.inference_mode()
 def prompt_states(lm, prompts: Sequence[Sequence[int]]) -> list[PromptStates]:
     """One batched full-path prefill, kept per prompt for later routes to reuse."""
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    ids, mask = left_pad(prompts, pad, lm.device)
+    ids, mask = left_pad(prompts, lm.pad_id, lm.device)
     L = lm.n_layers
     resid: dict[int, Tensor] = {}
 
@@ -227,13 +234,11 @@ def generate(
     u = _uniforms([s for row in seeds for s in row[:n]], steps).to(device)
     temps = torch.tensor(temps_col * B, dtype=torch.float32, device=device)
     stop_ids = torch.tensor(sorted(lm.stop_token_ids), dtype=torch.long, device=device)
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
 
-    ids, mask = left_pad(prompts, pad, device)
-    per_prompt = interventions is not None and len(interventions) > 0 and isinstance(interventions[0], (list, tuple))
-    with applied(lm, interventions, batch_size=B if per_prompt else None) as active:
+    ids, mask = left_pad(prompts, lm.pad_id, device)
+    with applied(lm, interventions, batch_size=B) as active:
         cache = new_cache() if use_cache else None
-        p = _reusable_prefix(interventions, per_prompt) if (reuse is not None and use_cache) else 0
+        p = _reusable_prefix(active) if (reuse is not None and use_cache) else 0
         if p:
             with replaying(lm, *_replay_args(reuse, p, ids.shape[1]), cache):
                 logits, cache = forward(lm, ids, mask, cache, last_only=True)
@@ -300,17 +305,14 @@ def generate(
     return results
 
 
-def _reusable_prefix(interventions, per_prompt: bool) -> int:
-    """Leading full-path blocks a shared route can replay (0: nothing to reuse).
-    Hooks other than the route would have to fire inside those blocks, so any other
-    intervention disables reuse."""
-    if per_prompt or not interventions:
+def _reusable_prefix(active: Active) -> int:
+    """Leading full-path blocks the active route can replay (0: nothing to reuse).
+    Hooks would have to fire inside those blocks, so any other intervention, on any
+    row, disables reuse."""
+    if active.route is None or any(active.row_sets):
         return 0
-    routes = [s for s in interventions if isinstance(s, Route)]
-    if len(routes) != 1 or len(interventions) != 1:
-        return 0
-    p = shared_prefix(routes[0].path)
-    return p if p < len(routes[0].path) else 0
+    p = shared_prefix(active.route.path)
+    return p if p < len(active.route.path) else 0
 
 
 def _hits_stop_string(tokenizer, tokens: list[int], stop_strings: Sequence[str]) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Literal, Sequence, Union
 
 import torch
@@ -133,22 +133,17 @@ def set_id(specs: Sequence[Intervention]) -> str:
 # -- application -----------------------------------------------------------------
 
 
-@dataclass
-class _RowSpecs:
-    """Specs of one hook point with, per spec, which batch rows it applies to."""
-
-    specs: list[Intervention] = field(default_factory=list)
-    rows: list[Bool[Tensor, "batch"]] = field(default_factory=list)
-
-
 class Active:
     """The interventions in force during an `applied` block. `select` and
     `repeat_interleave` keep the per-row assignment aligned when the caller
     reorders the batch (dropping finished rows, expanding a prompt to K samples)."""
 
-    def __init__(self, row_sets: list[InterventionSet], device: torch.device, shared: bool = False):
+    def __init__(self, row_sets: list[InterventionSet], device: torch.device, shared: bool = False,
+                 route: Route | None = None):
         self.row_sets = row_sets
         self.device = device
+        #: the Route every row runs (applied by swapping the layer list), or None
+        self.route = route
         # One set for every row, whatever the batch size: no per-row masks needed.
         self.shared = shared
         # Fixed at entry: hooks stay registered even when select() drops every row of a spec.
@@ -156,10 +151,6 @@ class Active:
         self._masks: dict[Intervention, Bool[Tensor, "batch"]] = {}
         self._resid_pre: dict[int, Tensor] = {}
         self._rebuild()
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.row_sets)
 
     def _rebuild(self):
         if self.shared:
@@ -295,7 +286,7 @@ def applied(
         raise ValueError("rows carry different routes; batch rows by route (one Route per batch)")
     route = routes.pop() if routes else None
     row_sets = [tuple(s for s in r if not isinstance(s, Route)) for r in row_sets]
-    active = Active(row_sets, lm.device, shared=shared)
+    active = Active(row_sets, lm.device, shared=shared, route=route)
     with contextlib.ExitStack() as stack:
         if route is not None:
             stack.enter_context(routed(lm, route.path))

@@ -69,6 +69,13 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.hf_model.parameters()).device
 
+    @property
+    def pad_id(self) -> int:
+        """The id left padding uses (`wrap` gives every tokenizer a pad token; masked
+        positions never influence real ones, so any id would do)."""
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else 0
+
     def render(self, user_message: str) -> str:
         """The prompt text for one user turn: through the chat template when the
         model has one, else the raw message."""

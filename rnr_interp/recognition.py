@@ -66,12 +66,11 @@ def option_sequences(lm, task: MultipleChoiceTask, q: Question, variant: Variant
 def continuation_logprobs(lm, seqs: Sequence[ScoredSequence], batch_size: int = 8) -> list[Float[np.ndarray, "n_cont"]]:
     """Per-token log-probs of each continuation given its context (interventions in
     force, if the caller installed any). Sequences are batched by length."""
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].context) + len(seqs[i].continuation))
     out: list[np.ndarray | None] = [None] * len(seqs)
     for idx in chunks(order, batch_size):
         full = [list(seqs[i].context) + list(seqs[i].continuation) for i in idx]
-        ids, mask = left_pad(full, pad, lm.device)
+        ids, mask = left_pad(full, lm.pad_id, lm.device)
         logits, _ = forward(lm, ids, mask)
         logp: Float[Tensor, "b t v"] = torch.log_softmax(logits.float(), -1)
         width = ids.shape[1]

@@ -316,6 +316,11 @@ class RunDir:
         return self.manifest["config_hash"]
 
     @property
+    def run_id(self) -> str:
+        """The records' `run_id`: the config hash, so a resumed run keeps its id."""
+        return self.config_hash
+
+    @property
     def records_dir(self) -> Path:
         return self.path / RECORDS_DIR
 
@@ -336,7 +341,8 @@ class RunDir:
         numbers = [int(m.group(1)) for p in self.parts() if (m := _PART_RE.match(p.name))]
         return self.records_dir / f"part-{max(numbers, default=-1) + 1:05d}.parquet"
 
-    def _stored_groups(self) -> set[tuple[str, str]]:
+    def stored_groups(self) -> set[tuple[str, str]]:
+        """The (question_id, probe) groups already written (cached after the first read)."""
         if self._stored is None:
             self._stored = set()
             for part in self.parts():
@@ -374,7 +380,7 @@ class RunDir:
         if repeated:
             raise ValueError(f"batch repeats record keys {RECORD_KEY}: {repeated[:3]}")
         groups = {(r["question_id"], r["probe"]) for r in rows}
-        already = groups & self._stored_groups()
+        already = groups & self.stored_groups()
         if already:
             raise ValueError(
                 f"(question, probe) groups already stored: {sorted(already)[:5]}; "
@@ -382,12 +388,12 @@ class RunDir:
             )
         self.records_dir.mkdir(parents=True, exist_ok=True)
         path = _write_parquet_atomic(self._next_part_path(), table)
-        self._stored_groups().update(groups)
+        self.stored_groups().update(groups)
         return path
 
     def done_question_ids(self, probe_set: Iterable[str] | None = None) -> set[str]:
         """Questions already stored (with every probe in `probe_set`, when given)."""
-        groups = self._stored_groups()
+        groups = self.stored_groups()
         if probe_set is None:
             return {q for q, _ in groups}
         need = {probe_set} if isinstance(probe_set, str) else set(probe_set)

@@ -18,7 +18,6 @@ resumes where it stopped.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional, Sequence
@@ -79,12 +78,12 @@ def run_rows(
 ) -> pd.DataFrame:
     """Records of `rows`: those already stored in `run` are read back, the rest are
     generated in chunks of `batch_size` rows (written per chunk)."""
-    done = run._stored_groups() if run is not None else set()
+    done = run.stored_groups() if run is not None else set()
     todo = [r for r in rows if (r.question.id, r.probe) not in done]
     # Rows of one question are adjacent, so a chunk has little padding.
     order = {q: i for i, q in enumerate(dict.fromkeys(r.question.id for r in todo))}
     todo.sort(key=lambda r: order[r.question.id])
-    run_id = (run.manifest.get("run_id") or run.config_hash) if run is not None else ""
+    run_id = run.run_id if run is not None else ""
     produced: list[dict[str, Any]] = []
     for chunk in tqdm(list(chunks(todo, batch_size)), desc=desc, unit="batch", disable=not progress):
         recs = generate_rows(lm, task, chunk, decoding, run_id=run_id)
@@ -247,16 +246,12 @@ def best_blocks(table: pd.DataFrame) -> dict[str, dict[str, Any] | None]:
 # -- run folders ---------------------------------------------------------------------
 
 
-def ids_hash(questions: Sequence[Question]) -> str:
-    return hashlib.sha1("\n".join(q.id for q in questions).encode()).hexdigest()[:16]
-
-
 def repair_config(kind: str, lm, task: Task, decoding: Decoding, readout: str, panel: int | None,
                   batch_size: int, **extra: Any) -> dict[str, Any]:
     """What decides a run's records; a run folder resumes only with the same config."""
     return {
         "kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
-        "question_ids_hash": ids_hash(task.questions), "deployed": asdict(decoding),
+        "question_ids_hash": task.ids_hash(), "deployed": asdict(decoding),
         "readout": readout, "panel": panel, "batch_size": batch_size, **extra,
     }
 

@@ -47,7 +47,6 @@ DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 def last_position(lm, prompts: Sequence[Sequence[int]], hook_names: Sequence[str], batch_size: int = 16,
                   interventions: Sequence = ()) -> dict[str, Float[Tensor, "n d"]]:
     """Activations at the last prompt position (left padding puts it at -1)."""
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     got: dict[str, list[Tensor]] = {h: [] for h in hook_names}
 
     def keep(name):
@@ -57,9 +56,9 @@ def last_position(lm, prompts: Sequence[Sequence[int]], hook_names: Sequence[str
         return hook
 
     for batch in chunks(list(prompts), batch_size):
-        ids, mask = left_pad(batch, pad, lm.device)
+        ids, mask = left_pad(batch, lm.pad_id, lm.device)
         with applied(lm, list(interventions)), lm.bridge.hooks(fwd_hooks=[(h, keep(h)) for h in hook_names]):
-            forward(lm, ids, mask)
+            forward(lm, ids, mask, last_only=True)  # only the hooked activations are kept
     return {h: torch.cat(v) if v else torch.zeros(0) for h, v in got.items()}
 
 
@@ -106,15 +105,6 @@ def steering_sweep(lm, task: Task, failure: Sequence[Question], panel: Sequence[
         table.append({"alpha": float(alpha), "direction": "rescue", "rate": rescue, "n": len(failure)})
         table.append({"alpha": float(alpha), "direction": "induction", "rate": induction, "n": len(panel)})
     return pd.DataFrame(table)
-
-
-@torch.inference_mode()
-def last_logits(lm, prompts: Sequence[Sequence[int]], interventions: Sequence = ()) -> Float[Tensor, "n v"]:
-    """Next-token logits after each prompt, with one intervention set for all rows."""
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    ids, mask = left_pad(prompts, pad, lm.device)
-    with applied(lm, list(interventions)):
-        return forward(lm, ids, mask)[0][:, -1].float()
 
 
 # -- units -----------------------------------------------------------------------------

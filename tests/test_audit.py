@@ -12,7 +12,6 @@ import pytest
 
 from rnr_interp.audit import run_audit
 from rnr_interp.metrics import question_scores
-from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.sampling import Probe
 from rnr_interp.tasks import load_task

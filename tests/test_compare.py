@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import random
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from rnr_interp.audit import run_audit

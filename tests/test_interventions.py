@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-import transformers as tf
 
 from rnr_interp.generate import Decoding, forward, generate, left_pad
 from rnr_interp.interventions import (

@@ -107,7 +107,7 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
 
 @pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6"])
 def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
-    from rnr_interp.generate import forward, generate, left_pad, new_cache, prompt_states, _replay_args
+    from rnr_interp.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states, shared_prefix
     from rnr_interp.interventions import Route, applied, replaying
 
     lm = load_model(spec)
@@ -115,7 +115,7 @@ def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
     states = prompt_states(lm, prompts)  # prefilled in a batch of 3, reused in a batch of 2
     ids, mask = left_pad(prompts[1:], lm.tokenizer.pad_token_id)
     for path in [(0, 1, 2, 2, 3, 4, 5), (0, 1, 3, 4, 5), (0, 1, 2, 3, 4, 5, 5)]:
-        p = next(i for i, (a, b) in enumerate(zip(path, range(6))) if a != b) if path[:6] != tuple(range(6)) else 6
+        p = shared_prefix(path)
         with torch.inference_mode(), applied(lm, [Route(path)]):
             scratch = forward(lm, ids, mask, new_cache())[0]
             cache = new_cache()

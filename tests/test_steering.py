@@ -7,14 +7,14 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from rnr_interp.generate import generate
+from rnr_interp.generate import generate, last_logits
 from rnr_interp.interventions import Ablate, AblateUnits
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.repair import deployed_decoding
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.steering import (
-    direction, last_logits, random_units, steer_command, steer_spec, top_units, unit_scores, units_command, units_sweep,
+    direction, random_units, steer_command, steer_spec, top_units, unit_scores, units_command, units_sweep,
 )
 from rnr_interp.tasks import load_task
 

@@ -26,9 +26,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, PromptStates, forward, generate, left_pad, prompt_states
+from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Route, set_id
-from rnr_interp.metrics import DEPLOYED, gap_recovery, question_scores
+from rnr_interp.metrics import gap_recovery, question_scores
 from rnr_interp.records import RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
@@ -135,8 +135,7 @@ def verify_scores(lm, task: Task, q: Question, answers: Sequence[str | None]) ->
     if not distinct:
         return [float("-inf")] * len(answers)
     prompts = [lm.encode(lm.render(VERIFY_PROMPT.format(question=task.user_message(q), answer=a))) for a in distinct]
-    ids, mask = left_pad(prompts, lm.tokenizer.pad_token_id)
-    logp = torch.log_softmax(forward(lm, ids, mask)[0][:, -1].float(), -1)
+    logp = torch.log_softmax(last_logits(lm, prompts), -1)
     margin = torch.logsumexp(logp[:, yes], -1) - torch.logsumexp(logp[:, no], -1)
     by_answer = dict(zip(distinct, margin.tolist()))
     return [by_answer.get(a, float("-inf")) if a is not None else float("-inf") for a in answers]
@@ -164,7 +163,7 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
     run = RunDir.create(out, {"kind": "route", "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
                               "route": asdict(cfg), "deployed": asdict(decoding)})
-    run_id = run.config_hash
+    run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
     questions = [q for q in task.questions if q.id not in done]
@@ -202,12 +201,14 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
 
 def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str, Any]:
     records = run.read_records()
-    deployed = question_scores(records, "temperature")
-    greedy = float(deployed["d"].mean())
+    scores = question_scores(records, "temperature")
+    greedy, t_oracle = float(scores["d"].mean()), float(scores["o"].mean())
     curves, cells, selectors = [], [], []
     summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.k,
-                               "n_questions": len(deployed), "deployed": greedy, "cells": {}}
-    temp = records[records.probe == "temperature"]
+                               "n_questions": len(scores), "deployed": greedy, "cells": {}}
+    # The temperature candidates are the same for every cell: pick over them (a model
+    # forward per question for self-verification) once.
+    temperature_acc = _selector_accuracies(lm, task, records[records.probe == "temperature"], records, None)
     for space_name in cfg.spaces:
         cell = f"{lm.spec}/{task.name}/{space_name}"
         rand = records[records.probe == f"{space_name}:random"]
@@ -227,8 +228,7 @@ def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str,
             rec = gap_recovery(acc, greedy, oracle)
             selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": rec, "source": "routes"})
             cell_sel[name] = {"accuracy": acc, "gap_recovery": rec}
-        t_oracle = float(question_scores(records, "temperature")["o"].mean())
-        for name, acc in _selector_accuracies(lm, task, temp, records, None).items():
+        for name, acc in temperature_acc.items():
             selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": gap_recovery(acc, greedy, t_oracle), "source": "temperature"})
         summary["cells"][cell] = {
             "space": space_name, "oracle_at_k": oracle_at_k, "excluded": excluded, "unparsed_rate": unparsed,

@@ -8,6 +8,7 @@ when they asked the same way.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -60,6 +61,11 @@ class Task:
 
     def __len__(self) -> int:
         return len(self.questions)
+
+    def ids_hash(self) -> str:
+        """A short hash of the question ids in order: two runs asked the same questions
+        only when theirs agree."""
+        return hashlib.sha1("\n".join(q.id for q in self.questions).encode()).hexdigest()[:16]
 
     def head(self, n: int | None) -> "Task":
         """The same task restricted to its first n questions (None: all)."""
