@@ -11,18 +11,23 @@ Sampling is reproducible row by row: each (prompt, column) has its own seed, fro
 all of its uniforms are drawn up front, and a token is drawn by inverting the CDF of the
 (top-p truncated, tempered) distribution. A candidate therefore depends on its seed and
 prompt only, not on what else shared its batch.
+
+`Engine` is the contract every decoding engine meets (this module's `generate`, and
+`vllm_backend.generate` for plain sampling): `sampling` writes the same records
+whichever engine produced the generations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rnr_interp.interventions import Active, Intervention, applied, replaying
+from rnr_interp.interventions import Active, Intervention, applied, capturing, replaying, site_hook
+from rnr_interp.models import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,18 @@ class Generation:
         return len(self.tokens)
 
 
+class Engine(Protocol):
+    """A decoding engine: `n` continuations per prompt, result[b][j] for prompt b,
+    column j. Column j samples at temperatures[j] with seed seeds[b][j] (temperature 0
+    is greedy); text is cut at the first stop string. An engine without hooks refuses
+    any intervention (`sampling.check_hooks`)."""
+
+    def __call__(self, lm, prompts: Sequence[Sequence[int]], /, *, n: int = 1, decoding: "Decoding" = ...,
+                 temperatures: Sequence[float] | None = None, seeds: Sequence[Sequence[int]] | None = None,
+                 interventions: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None = None,
+                 stop_strings: Sequence[str] = ()) -> list[list[Generation]]: ...
+
+
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -69,7 +86,7 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[I
 
 
 def forward(
-    lm, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None, last_only: bool = False
+    lm: LoadedModel, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None, last_only: bool = False
 ) -> tuple[Float[Tensor, "b t_out v"], object]:
     """One bridge forward over `ids` (the last t positions of `mask`), extending `cache`.
     Positions come from the mask, so left padding does not shift them. `last_only`
@@ -86,7 +103,7 @@ def forward(
 
 
 @torch.inference_mode()
-def last_logits(lm, prompts: Sequence[Sequence[int]], interventions: Sequence[Intervention] = ()) -> Float[Tensor, "n v"]:
+def last_logits(lm: LoadedModel, prompts: Sequence[Sequence[int]], interventions: Sequence[Intervention] = ()) -> Float[Tensor, "n v"]:
     """Next-token logits after each prompt, with one intervention set for all rows."""
     ids, mask = left_pad(prompts, lm.pad_id, lm.device)
     with applied(lm, list(interventions)):
@@ -113,24 +130,15 @@ class PromptStates:
 
 
 @torch.inference_mode()
-def prompt_states(lm, prompts: Sequence[Sequence[int]]) -> list[PromptStates]:
+def prompt_states(lm: LoadedModel, prompts: Sequence[Sequence[int]]) -> list[PromptStates]:
     """One batched full-path prefill, kept per prompt for later routes to reuse."""
     ids, mask = left_pad(prompts, lm.pad_id, lm.device)
     L = lm.n_layers
-    resid: dict[int, Tensor] = {}
-
-    def keeper(index: int):
-        def keep(act, hook):
-            resid[index] = act
-            return act
-
-        return keep
-
     # Entry l is the residual entering block l; entry L is the last block's output.
-    hooks = [(f"blocks.{l}.hook_resid_pre", keeper(l)) for l in range(L)]
-    hooks.append((f"blocks.{L - 1}.hook_resid_post", keeper(L)))
-    with lm.bridge.hooks(fwd_hooks=hooks):
+    names = [site_hook(lm, "hook_resid_pre", l) for l in range(L)] + [site_hook(lm, "hook_resid_post", L - 1)]
+    with capturing(lm, names) as got:
         _, cache = forward(lm, ids, mask, new_cache(), last_only=True)
+    resid = [got[name][0] for name in names]
     layers = [cache.layers[i] for i in range(lm.n_layers)]
     states = []
     for b, prompt in enumerate(prompts):
@@ -201,7 +209,7 @@ def _uniforms(seeds: Sequence[int], steps: int) -> Float[Tensor, "r steps"]:
 
 @torch.inference_mode()
 def generate(
-    lm,
+    lm: LoadedModel,
     prompts: Sequence[Sequence[int]],
     *,
     n: int = 1,

@@ -6,9 +6,10 @@ sweep over every layer and component is one batched forward with row r silencing
 block. `applied(lm, rows)` installs the hooks (and, for a `Route`, swaps the block list)
 and restores the model exactly on exit, also when the body raises.
 
-Hook points are the HookedTransformer names the bridge keeps:
-``blocks.{l}.hook_mlp_out``, ``blocks.{l}.hook_attn_out``, ``blocks.{l}.hook_resid_pre``,
-``blocks.{l}.hook_resid_post``, ``blocks.{l}.mlp.hook_post``.
+Hook names come from one table, `SITES` (site -> hook point per architecture family,
+`site_hook`), for every write (the specs' `hooks`) and every read (`capturing`, the
+registry's read context). Only the bridge engine has hooks; `sampling.check_hooks`
+refuses interventions on any other engine.
 
 A route is a list of block indices (skips and repeats). It is applied by replacing the
 decoder's layer list with one slot per route position; each slot writes its own KV-cache
@@ -22,13 +23,71 @@ import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Literal, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Sequence, Union
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 Component = Literal["mlp", "attn", "layer"]
+
+# -- the site table ---------------------------------------------------------------
+#
+# Every hook name the package reads or writes comes from this table. Keys are the
+# HookedTransformer names a spec or an analysis asks for; values are the bridge's hook
+# point ("{layer}" filled in) in each architecture family. The TransformerLens bridge
+# already aliases the standard names onto each family's modules, so most families share
+# the default; a family differs where its block has extra structure. Gemma-2/3 put an
+# RMSNorm after the MLP (``post_feedforward_layernorm``, the bridge's ``ln2_post``):
+# there ``hook_mlp_out`` is the norm's output (what reaches the residual stream) and
+# ``mlp.hook_out`` the MLP's own output before it; ``post_mlp_norm`` names the norm
+# module, for analyses that need its weight.
+
+_DEFAULT_SITES: dict[str, str] = {
+    "hook_resid_pre": "blocks.{layer}.hook_resid_pre",
+    "hook_resid_post": "blocks.{layer}.hook_resid_post",
+    "hook_attn_out": "blocks.{layer}.hook_attn_out",
+    "hook_mlp_out": "blocks.{layer}.hook_mlp_out",
+    # The MLP's own output: the same point as hook_mlp_out without a post-MLP norm.
+    "mlp.hook_out": "blocks.{layer}.hook_mlp_out",
+    # MLP units: the input of the down projection.
+    "mlp.hook_post": "blocks.{layer}.mlp.hook_post",
+}
+_POST_MLP_NORM_SITES = {**_DEFAULT_SITES, "mlp.hook_out": "blocks.{layer}.mlp.hook_out",
+                        "post_mlp_norm": "blocks.{layer}.ln2_post"}
+#: architecture family (the HF config's ``model_type``) -> site -> hook name template
+SITES: dict[str, dict[str, str]] = {
+    "default": _DEFAULT_SITES,
+    "gemma2": _POST_MLP_NORM_SITES,
+    "gemma3": _POST_MLP_NORM_SITES,
+    "gemma3_text": _POST_MLP_NORM_SITES,
+}
+#: the site where each block component writes into the residual stream
+COMPONENT_SITE: dict[str, str] = {"mlp": "hook_mlp_out", "attn": "hook_attn_out", "layer": "hook_resid_post"}
+
+
+def family(lm) -> str:
+    """The site-table family of a loaded model ("default" unless the table has its own)."""
+    model_type = getattr(lm.hf_model.config, "model_type", "")
+    return model_type if model_type in SITES else "default"
+
+
+def site_hook(lm, site: str, layer: int) -> str:
+    """The hook name of `site` at `layer` in `lm`'s architecture family."""
+    table = SITES[family(lm)]
+    if site not in table:
+        raise ValueError(f"unknown site {site!r} for {family(lm)} models; known: {', '.join(table)}")
+    return table[site].format(layer=layer)
+
+
+# -- intervention specs --------------------------------------------------------------
+#
+# Each spec type says, as methods, what it is called in records (`label`), which layers
+# it names (`layers`, checked against the model), and which hooks write it (`hooks`,
+# given the batch's `Active` for the per-row masks). A new intervention type is one
+# class here plus its entry in KINDS.
+
+Hook = tuple[str, Any]
 
 
 @dataclass(frozen=True)
@@ -41,15 +100,32 @@ class Ablate:
     mode: Literal["zero"] = "zero"
 
     def __post_init__(self):
-        if self.component not in ("mlp", "attn", "layer"):
+        if self.component not in COMPONENT_SITE:
             raise ValueError(f"Ablate.component must be 'mlp', 'attn' or 'layer', got {self.component!r}")
         if self.mode != "zero":
             raise ValueError(f"Ablate.mode {self.mode!r} is not supported (only 'zero')")
 
+    def label(self) -> str:
+        return f"ablate:{self.component}:{self.layer}"
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        pass
+
+    def hooks(self, active: "Active", lm) -> list[Hook]:
+        if self.component != "layer":
+            return [(site_hook(lm, COMPONENT_SITE[self.component], self.layer), active.zero(self))]
+        # The whole layer: its output is replaced by its input, saved on the way in.
+        return [(site_hook(lm, "hook_resid_pre", self.layer), active.save_resid_pre(self.layer)),
+                (site_hook(lm, "hook_resid_post", self.layer), active.skip_layer(self))]
+
 
 @dataclass(frozen=True)
 class Steer:
-    """Add ``alpha * vector`` at hook point ``blocks.{layer}.{site}`` at every position."""
+    """Add ``alpha * vector`` at site `site` (a key of the site table, e.g.
+    ``hook_mlp_out``) of block `layer`, at every position."""
 
     layer: int
     vector: tuple[float, ...]
@@ -59,11 +135,24 @@ class Steer:
     def __post_init__(self):
         object.__setattr__(self, "vector", tuple(float(x) for x in self.vector))
 
+    def label(self) -> str:
+        digest = hashlib.sha1(json.dumps(self.vector).encode()).hexdigest()[:8]
+        return f"steer:{self.layer}:{self.site}:{self.alpha:g}:{digest}"
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        site_hook(lm, self.site, self.layer)
+
+    def hooks(self, active: "Active", lm) -> list[Hook]:
+        return [(site_hook(lm, self.site, self.layer), active.steer(self))]
+
 
 @dataclass(frozen=True)
 class AblateUnits:
-    """Zero chosen MLP neurons (``blocks.{layer}.mlp.hook_post``, the input of the
-    down projection)."""
+    """Zero chosen MLP neurons (site ``mlp.hook_post``, the input of the down
+    projection)."""
 
     layer: int
     units: tuple[int, ...]
@@ -71,10 +160,26 @@ class AblateUnits:
     def __post_init__(self):
         object.__setattr__(self, "units", tuple(sorted(int(u) for u in self.units)))
 
+    def label(self) -> str:
+        digest = hashlib.sha1(json.dumps(self.units).encode()).hexdigest()[:8]
+        return f"units:{self.layer}:{len(self.units)}:{digest}"
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        d_mlp = lm.bridge.cfg.d_mlp
+        if self.units and (min(self.units) < 0 or max(self.units) >= d_mlp):
+            raise ValueError(f"AblateUnits names unit {max(self.units)}, but layer {self.layer} has {d_mlp} units")
+
+    def hooks(self, active: "Active", lm) -> list[Hook]:
+        return [(site_hook(lm, "mlp.hook_post", self.layer), active.zero_units(self))]
+
 
 @dataclass(frozen=True)
 class Route:
-    """Run the blocks in this order (indices into the model's blocks)."""
+    """Run the blocks in this order (indices into the model's blocks). Applied by
+    swapping the decoder's block list (`routed`), not by hooks."""
 
     path: tuple[int, ...]
 
@@ -82,6 +187,18 @@ class Route:
         object.__setattr__(self, "path", tuple(int(i) for i in self.path))
         if not self.path:
             raise ValueError("Route.path is empty")
+
+    def label(self) -> str:
+        return "route:" + "-".join(map(str, self.path))
+
+    def layers(self) -> tuple[int, ...]:
+        return self.path
+
+    def validate(self, lm) -> None:
+        pass
+
+    def hooks(self, active: "Active", lm) -> list[Hook]:
+        return []
 
 
 Intervention = Union[Ablate, Steer, AblateUnits, Route]
@@ -115,19 +232,7 @@ def loads(text: str) -> InterventionSet:
 def set_id(specs: Sequence[Intervention]) -> str:
     """A short, stable, readable id for a set ("" for none): used as the
     `intervention` column of records. Steering vectors enter by hash."""
-    parts = []
-    for s in specs:
-        if isinstance(s, Ablate):
-            parts.append(f"ablate:{s.component}:{s.layer}")
-        elif isinstance(s, Steer):
-            digest = hashlib.sha1(json.dumps(s.vector).encode()).hexdigest()[:8]
-            parts.append(f"steer:{s.layer}:{s.site}:{s.alpha:g}:{digest}")
-        elif isinstance(s, AblateUnits):
-            digest = hashlib.sha1(json.dumps(s.units).encode()).hexdigest()[:8]
-            parts.append(f"units:{s.layer}:{len(s.units)}:{digest}")
-        elif isinstance(s, Route):
-            parts.append("route:" + "-".join(map(str, s.path)))
-    return "|".join(parts)
+    return "|".join(s.label() for s in specs)
 
 
 # -- application -----------------------------------------------------------------
@@ -215,6 +320,7 @@ class Active:
             self._resid_pre[layer] = act
             return act
 
+        hook.saves_input = True  # registered before every writing hook
         return hook
 
     def skip_layer(self, spec: Ablate):
@@ -223,24 +329,10 @@ class Active:
 
         return hook
 
-    def hooks(self) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        saved: set[int] = set()
-        for spec in self._masks:
-            if isinstance(spec, Ablate) and spec.component == "mlp":
-                out.append((f"blocks.{spec.layer}.hook_mlp_out", self.zero(spec)))
-            elif isinstance(spec, Ablate) and spec.component == "attn":
-                out.append((f"blocks.{spec.layer}.hook_attn_out", self.zero(spec)))
-            elif isinstance(spec, Ablate):
-                if spec.layer not in saved:
-                    out.insert(0, (f"blocks.{spec.layer}.hook_resid_pre", self.save_resid_pre(spec.layer)))
-                    saved.add(spec.layer)
-                out.append((f"blocks.{spec.layer}.hook_resid_post", self.skip_layer(spec)))
-            elif isinstance(spec, AblateUnits):
-                out.append((f"blocks.{spec.layer}.mlp.hook_post", self.zero_units(spec)))
-            elif isinstance(spec, Steer):
-                out.append((f"blocks.{spec.layer}.{spec.site}", self.steer(spec)))
-        return out
+    def hooks(self, lm) -> list[Hook]:
+        hooks = [h for spec in self._masks for h in spec.hooks(self, lm)]
+        # Inputs are saved before any hook at the same point changes them (stable sort).
+        return sorted(hooks, key=lambda h: not getattr(h[1], "saves_input", False))
 
 
 def _normalise_rows(rows: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None, batch_size: int | None):
@@ -256,14 +348,10 @@ def _normalise_rows(rows: Sequence[Intervention] | Sequence[Sequence[Interventio
 def _validate(lm, specs: Sequence[Intervention]) -> None:
     n = lm.n_layers
     for s in specs:
-        layers = s.path if isinstance(s, Route) else (s.layer,)
-        bad = [i for i in layers if not 0 <= i < n]
+        bad = [i for i in s.layers() if not 0 <= i < n]
         if bad:
             raise ValueError(f"{type(s).__name__} names layer {bad[0]}, but the model has layers 0..{n - 1}")
-        if isinstance(s, AblateUnits) and s.units:
-            d_mlp = lm.bridge.cfg.d_mlp
-            if min(s.units) < 0 or max(s.units) >= d_mlp:
-                raise ValueError(f"AblateUnits names unit {max(s.units)}, but layer {s.layer} has {d_mlp} units")
+        s.validate(lm)
 
 
 @contextlib.contextmanager
@@ -290,10 +378,32 @@ def applied(
     with contextlib.ExitStack() as stack:
         if route is not None:
             stack.enter_context(routed(lm, route.path))
-        hooks = active.hooks()
+        hooks = active.hooks(lm)
         if hooks:
             stack.enter_context(lm.bridge.hooks(fwd_hooks=hooks))
         yield active
+
+
+# -- reads -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def capturing(lm, names: Sequence[str], keep: Callable[[Tensor], Tensor] = lambda act: act,
+              ) -> Iterator[dict[str, list[Tensor]]]:
+    """Read activations: during the block, each forward appends ``keep(act)`` of every
+    hook point in `names` (from `site_hook`) to ``got[name]``; the activations pass on
+    unchanged. Combines with `applied` (reads see the interventions in force)."""
+    got: dict[str, list[Tensor]] = {name: [] for name in names}
+
+    def reader(name: str):
+        def hook(act: Tensor, hook=None):
+            got[name].append(keep(act))
+            return act
+
+        return hook
+
+    with lm.bridge.hooks(fwd_hooks=[(name, reader(name)) for name in names]):
+        yield got
 
 
 # -- routes ------------------------------------------------------------------------

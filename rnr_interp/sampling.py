@@ -5,20 +5,28 @@ and the K probe samples (`generate` fans the prompt's KV cache out to 1 + K rows
 Questions are processed in fixed chunks of `batch_size` in task order and each chunk is
 written as one atomic records part, so a killed run resumes at a chunk boundary and
 produces exactly the records an uninterrupted run would.
+
+Also the one place that knows which engine serves a backend ("tl": the bridge engine,
+hooks and all; "vllm": plain sampling, no hooks), and `run_config`, the fields every
+analysis's run folder config starts with.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, Generation, generate
+from rnr_interp.generate import Decoding, Engine, Generation, generate
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED
+from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
+
+if TYPE_CHECKING:  # the vLLM backend imports vllm lazily; only its type is named here
+    from rnr_interp.vllm_backend import VLLMModel
 
 
 @dataclass(frozen=True)
@@ -45,25 +53,41 @@ def candidate_seed(seed: int, question_id: str, candidate: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def prompt_ids(lm, task: Task, q: Question) -> list[int]:
+def prompt_ids(lm: LoadedModel, task: Task, q: Question) -> list[int]:
     return lm.encode(lm.render(task.user_message(q)))
 
 
+def run_config(kind: str, lm: LoadedModel, task: Task, **extra: Any) -> dict[str, Any]:
+    """What decides a run's records, common part: a run folder resumes only with the
+    same config, and two runs are comparable only when model, task and question ids
+    agree. Each analysis adds its own settings as `extra`."""
+    return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
+            "question_ids_hash": task.ids_hash(), **extra}
+
+
 BACKENDS = ("tl", "vllm")
+#: Backends whose engine runs the hook registry; the others sample plain models only.
+HOOKED_BACKENDS = ("tl",)
 
 
-def generator(lm, backend: str | None, interventions: Sequence[Intervention] = ()):
-    """The `generate` function of a sampling backend: "tl" (TransformerLens, the default,
-    hooks and all) or "vllm" (plain sampling, `lm` from `vllm_backend.load_vllm`)."""
+def check_hooks(backend: str, interventions: Sequence[Intervention]) -> None:
+    """The one place that refuses interventions on an engine without hooks."""
+    if interventions and backend not in HOOKED_BACKENDS:
+        raise ValueError(f"interventions need hooks: the {backend!r} backend cannot apply them; "
+                         "use the TransformerLens backend ('tl')")
+
+
+def generator(lm: LoadedModel | VLLMModel, backend: str | None, interventions: Sequence[Intervention] = ()) -> Engine:
+    """The engine of a sampling backend: "tl" (TransformerLens, the default, hooks and
+    all) or "vllm" (plain sampling, `lm` from `vllm_backend.load_vllm`)."""
     backend = backend or getattr(lm, "backend", "tl")
     if backend not in BACKENDS:
         raise ValueError(f"unknown sampling backend {backend!r}; known: {', '.join(BACKENDS)}")
     if backend != getattr(lm, "backend", "tl"):
         raise ValueError(f"backend {backend!r} needs a model loaded for it (this one is for {getattr(lm, 'backend', 'tl')!r})")
+    check_hooks(backend, interventions)
     if backend == "tl":
         return generate
-    if interventions:
-        raise ValueError("interventions need hooks: the vLLM backend cannot apply them; use the TransformerLens backend ('tl')")
     from rnr_interp.vllm_backend import generate as vllm_generate
 
     return vllm_generate
@@ -90,7 +114,7 @@ def candidate_row(task: Task, q: Question, g: Generation, /, **fields) -> dict[s
 
 
 def sample_questions(
-    lm,
+    lm: LoadedModel | VLLMModel,
     task: Task,
     questions: Sequence[Question],
     *,
@@ -126,7 +150,7 @@ def sample_questions(
 
 
 def sample_task(
-    lm,
+    lm: LoadedModel | VLLMModel,
     task: Task,
     *,
     probe: Probe,
@@ -160,7 +184,3 @@ def sample_task(
             produced.extend(rows)
             bar.update(len(todo))
     return produced
-
-
-def probe_config(probe: Probe, deployed: Decoding) -> dict[str, Any]:
-    return {"probe": asdict(probe), "deployed": asdict(deployed)}

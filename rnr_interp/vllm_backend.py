@@ -2,7 +2,7 @@
 
 `load_vllm(spec)` gives a `VLLMModel`: a vLLM engine plus the tokenizer, chat template
 and stop tokens the TransformerLens path uses, so prompts are token-for-token the same.
-`generate` has the contract of `rnr_interp.generate.generate` (result[b][j], one
+`generate` implements the `generate.Engine` protocol, as `rnr_interp.generate.generate` does (result[b][j], one
 `Generation` per prompt and column), so `sampling.sample_questions` writes the same
 record rows whichever backend produced them; `run_audit(load_vllm(spec), task, out)`
 is an audit on vLLM.
@@ -21,7 +21,7 @@ Semantics kept, as far as vLLM allows:
   samples (not the greedy candidate) differ between backends: a run records its backend
   in `model_facts`, which keeps the two in different run folders.
 
-Interventions need hooks and are refused (`sampling.generator` says so). vLLM needs a
+Interventions need hooks and are refused (`sampling.check_hooks`, the one place that rule lives). vLLM needs a
 GPU machine; the import happens on first use, so this module imports without it.
 """
 
@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 from rnr_interp.generate import Decoding, Generation, _cut_at_stop
 from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, _smollm2_dir, _stop_token_ids, build_tiny, cache_dir
+from rnr_interp.sampling import check_hooks
 
 
 def vllm_available() -> bool:
@@ -157,8 +158,7 @@ def generate(
 ) -> list[list[Generation]]:
     """`rnr_interp.generate.generate` on vLLM: `n` continuations per prompt, column j at
     temperature `temperatures[j]` with seed `seeds[b][j]`. Returns result[b][j]."""
-    if interventions:
-        raise ValueError("interventions need hooks: the vLLM backend cannot apply them; use the TransformerLens backend ('tl')")
+    check_hooks("vllm", interventions or ())
     temps = list(temperatures) if temperatures is not None else [decoding.temperature] * n
     if len(temps) != n:
         raise ValueError(f"got {len(temps)} temperatures for n={n} columns")
