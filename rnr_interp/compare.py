@@ -22,11 +22,10 @@ optional budget-control records, and summary.json with every count.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-import typer
 
 from rnr_interp.generate import Decoding
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores
@@ -283,49 +282,3 @@ def load_aligned_task(config: dict[str, Any], data: Optional[Path] = None):
     if task.describe() != described or task.ids_hash() != config["question_ids_hash"]:
         raise RunMismatchError(["task"], [f"  rebuilt task {task.describe()} does not match the run's {described}; pass --data"])
     return task
-
-
-# -- command ------------------------------------------------------------------------------
-
-
-def compare_command(
-    base_run: Annotated[Path, typer.Argument(help="audit run folder of the base model")],
-    trained_run: Annotated[Path, typer.Argument(help="audit run folder of the trained checkpoint")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="compare run folder")] = Path("runs/compare"),
-    bins: Annotated[str, typer.Option("--bins", help="propensity bin edges on the base hit rate c/n")] = "0,0.1,0.35,0.65,1",
-    budget_control_model: Annotated[Optional[str], typer.Option(
-        "--budget-control", help="trained model spec: re-probe the questions that left the reachable set at factor x K")] = None,
-    factor: Annotated[int, typer.Option("--factor", help="budget multiplier of the control")] = 2,
-    data: Annotated[Optional[Path], typer.Option("--data", help="data file of the runs' task (file tasks, for the control)")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
-):
-    """Base vs trained checkpoint, question by question: gained/lost/kept/never,
-    entered/left/stayed/never, propensity bins, McNemar and paired intervals."""
-    from rnr_interp.cli import fail
-
-    try:
-        edges = [float(x) for x in bins.split(",")]
-        base, trained = RunDir(base_run), RunDir(trained_run)
-        check_aligned(base.config, trained.config)
-        lm = task = None
-        if budget_control_model is not None:
-            from rnr_interp.models import load_model
-
-            task = load_aligned_task(base.config, data)
-            lm = load_model(budget_control_model)
-        s = compare_runs(base, trained, out, edges=edges, control_lm=lm, control_task=task, factor=factor, batch_size=batch_size)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
-    st = s["stats"]
-    typer.echo(f"{s['base_model']} -> {s['trained_model']} on {s['task']}: {s['n_questions']} questions, K={s['k']}")
-    typer.echo("  realized:  " + "  ".join(f"{k} {v}" for k, v in s["realized"].items())
-               + f"   (gained from base-reachable {s['gained_from']['base_reachable']}, unreachable {s['gained_from']['base_unreachable']})")
-    typer.echo("  reachable: " + "  ".join(f"{k} {v}" for k, v in s["reachable"].items()))
-    for name in ("D", "O_K"):
-        m = st[name]
-        typer.echo(f"  {name:4s} {m['base']:.3f} -> {m['trained']:.3f}  change {m['change']:+.3f} "
-                   f"[{m['change_ci'][0]:+.3f}, {m['change_ci'][1]:+.3f}]  McNemar p={m['mcnemar']['p_value']:.3g}")
-    if s["budget_control"]:
-        bc = s["budget_control"]
-        typer.echo(f"  budget control: {bc['n_back']} of {bc['n_left']} left questions come back at K={bc['k_control']}")
-    typer.echo(f"compare folder: {out}")

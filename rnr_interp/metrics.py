@@ -25,7 +25,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
-DEPLOYED = "deployed"
+from rnr_interp.records import DEPLOYED
 
 __all__ = [
     "DEPLOYED",

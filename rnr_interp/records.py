@@ -32,7 +32,8 @@ import warnings
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, TypedDict
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -50,8 +51,7 @@ RECORD_SCHEMA = pa.schema(
         pa.field("model", pa.string(), nullable=False),
         pa.field("task", pa.string(), nullable=False),
         pa.field("question_id", pa.string(), nullable=False),
-        # "deployed" for the deployed candidate; otherwise the probe, e.g. "temperature",
-        # "random_route", "mcts", "ablate:mlp:3".
+        # a `ProbeLabel`: "deployed", "temperature", "ablate:mlp:3", "native:mcts", ...
         pa.field("probe", pa.string(), nullable=False),
         # index of the candidate within its probe for this question
         pa.field("candidate", pa.int64(), nullable=False),
@@ -75,24 +75,70 @@ RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
 RECORD_KEY: tuple[str, ...] = ("question_id", "probe", "candidate", "intervention")
 
 
-class Record(TypedDict):
-    """One candidate, as a row dict for `RunDir.write_question_batch`."""
+#: the `probe` value of the deployed candidate
+DEPLOYED = "deployed"
 
-    run_id: str
-    model: str
-    task: str
-    question_id: str
-    probe: str
-    candidate: int
-    intervention: str
-    seed: int
-    text: str
-    extracted: str | None
-    gold: str
-    correct: bool
-    logprob: float
-    n_tokens: int
-    finish: str
+
+@dataclass(frozen=True)
+class ProbeLabel:
+    """A value of the records' `probe` column: which probe produced a candidate. Built
+    and parsed here only, so every module agrees on the formats:
+
+    - ``deployed``: the deployed (greedy unless configured) candidate;
+    - ``NAME``: K samples of a sampling probe (`sampling.Probe.name`, e.g. ``temperature``);
+    - ``ablate:COMPONENT:LAYER``: the deployed decoding with one block silenced;
+    - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
+    - ``units:top|random:K``: the deployed decoding with K MLP units silenced;
+    - ``SPACE:METHOD`` / ``SPACE:METHOD_vote``: routes a search evaluated (oracle reward)
+      and the route a search picked with the answer-blind majority reward.
+    """
+
+    kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route"
+    parts: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "deployed":
+            return DEPLOYED
+        if self.kind in ("sample", "route"):
+            return ":".join(self.parts)
+        return ":".join((self.kind, *self.parts))
+
+    @classmethod
+    def deployed(cls) -> "ProbeLabel":
+        return cls("deployed")
+
+    @classmethod
+    def sample(cls, name: str) -> "ProbeLabel":
+        return cls("sample", (name,))
+
+    @classmethod
+    def ablate(cls, component: str, layer: int) -> "ProbeLabel":
+        return cls("ablate", (component, str(layer)))
+
+    @classmethod
+    def steer(cls, direction: str, alpha: float) -> "ProbeLabel":
+        return cls("steer", (direction, f"{alpha:g}"))
+
+    @classmethod
+    def units(cls, selection: str, k: int) -> "ProbeLabel":
+        return cls("units", (selection, str(k)))
+
+    @classmethod
+    def route(cls, space: str, method: str, vote: bool = False) -> "ProbeLabel":
+        return cls("route", (space, f"{method}_vote" if vote else method))
+
+    @classmethod
+    def parse(cls, text: str) -> "ProbeLabel":
+        if text == DEPLOYED:
+            return cls.deployed()
+        head, *rest = text.split(":")
+        if head in ("ablate", "steer", "units") and len(rest) == 2:
+            return cls(head, tuple(rest))
+        if len(rest) == 1:
+            return cls("route", (head, rest[0]))
+        if not rest:
+            return cls.sample(head)
+        raise ValueError(f"unrecognised probe label {text!r}")
 
 
 class ConfigMismatchError(ValueError):
@@ -350,7 +396,7 @@ class RunDir:
                 self._stored.update(zip(t["question_id"].to_pylist(), t["probe"].to_pylist()))
         return self._stored
 
-    def write_question_batch(self, rows: list[Record] | list[dict[str, Any]]) -> Path | None:
+    def write_question_batch(self, rows: list[dict[str, Any]]) -> Path | None:
         """Write the rows as one new part, atomically; returns its path (None for no rows).
 
         The rows must hold every row of each (question, probe) group they touch: a group

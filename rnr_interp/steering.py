@@ -2,9 +2,10 @@
 
 Direction. For block (layer l, component c), v is the mean of the block's output at the
 last prompt position over the failure set minus its mean over the healthy panel. The
-block's output is ``blocks.l.hook_mlp_out`` (c = mlp), ``blocks.l.hook_attn_out``
-(attn), or ``hook_resid_post - hook_resid_pre`` (the whole layer's write). v points
-from "answers right" towards "recognises but answers wrong".
+block's output is read at its site in the site table (`interventions.COMPONENT_SITE`:
+``hook_mlp_out`` for c = mlp, ``hook_attn_out`` for attn), or is ``hook_resid_post -
+hook_resid_pre`` (the whole layer's write). v points from "answers right" towards
+"recognises but answers wrong".
 
 Steering adds ``alpha * v`` to that same output at every position (`Steer` at the
 block's site). Rescue: ``-alpha * v`` on the failure set, rate = fraction now right.
@@ -15,27 +16,33 @@ stream; its directional contribution is ``mean_failure(act_i) * (W_out[i] . v)``
 (act at ``mlp.hook_post``, last prompt position). Silencing the top-k units
 (`AblateUnits`) is compared with silencing the whole MLP output: recovered fraction =
 repair(top-k) / repair(whole MLP); k random units (seeded) are the control.
+
+Rows, the cohort and run configs come from `cohort.py`; tables go to the run folder and
+the report draws them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-import typer
 from jaxtyping import Float
 from torch import Tensor
 
+from rnr_interp.cohort import (
+    Cohort, Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, rates, run_rows,
+)
 from rnr_interp.generate import Decoding, forward, left_pad
-from rnr_interp.interventions import Ablate, AblateUnits, Steer, applied, set_id
-from rnr_interp.records import RunDir
+from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, set_id, site_hook
+from rnr_interp.models import LoadedModel
+from rnr_interp.records import ProbeLabel, RunDir
+from rnr_interp.repair import ablation_probe, best_blocks, silencing_sweep
 from rnr_interp.sampling import chunks, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
-STEER_SITES = {"mlp": "hook_mlp_out", "attn": "hook_attn_out", "layer": "hook_resid_post"}
 DEFAULT_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 
@@ -44,35 +51,32 @@ DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 
 
 @torch.inference_mode()
-def last_position(lm, prompts: Sequence[Sequence[int]], hook_names: Sequence[str], batch_size: int = 16,
-                  interventions: Sequence = ()) -> dict[str, Float[Tensor, "n d"]]:
-    """Activations at the last prompt position (left padding puts it at -1)."""
-    got: dict[str, list[Tensor]] = {h: [] for h in hook_names}
-
-    def keep(name):
-        def hook(act, hook=None):
-            got[name].append(act[:, -1].detach().float().cpu())
-            return act
-        return hook
-
+def last_position(lm: LoadedModel, prompts: Sequence[Sequence[int]], sites: Sequence[tuple[str, int]],
+                  batch_size: int = 16) -> dict[tuple[str, int], Float[Tensor, "n d"]]:
+    """Activations at the last prompt position (left padding puts it at -1) of each
+    (site, layer), read through the registry's capture context."""
+    names = {key: site_hook(lm, *key) for key in sites}
+    got: dict[tuple[str, int], list[Tensor]] = {key: [] for key in sites}
     for batch in chunks(list(prompts), batch_size):
         ids, mask = left_pad(batch, lm.pad_id, lm.device)
-        with applied(lm, list(interventions)), lm.bridge.hooks(fwd_hooks=[(h, keep(h)) for h in hook_names]):
-            forward(lm, ids, mask, last_only=True)  # only the hooked activations are kept
-    return {h: torch.cat(v) if v else torch.zeros(0) for h, v in got.items()}
+        with capturing(lm, list(names.values()), keep=lambda act: act[:, -1].detach().float().cpu()) as acts:
+            forward(lm, ids, mask, last_only=True)  # only the captured activations are kept
+        for key, name in names.items():
+            got[key] += acts[name]
+    return {key: torch.cat(v) if v else torch.zeros(0) for key, v in got.items()}
 
 
-def block_output(lm, prompts: Sequence[Sequence[int]], layer: int, component: str, batch_size: int = 16) -> Float[Tensor, "n d"]:
+def block_output(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, component: str,
+                 batch_size: int = 16) -> Float[Tensor, "n d"]:
     """What block (layer, component) writes into the residual stream, last position."""
     if component == "layer":
-        pre, post = f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_resid_post"
-        acts = last_position(lm, prompts, [pre, post], batch_size)
-        return acts[post] - acts[pre]
-    name = f"blocks.{layer}.{STEER_SITES[component]}"
-    return last_position(lm, prompts, [name], batch_size)[name]
+        acts = last_position(lm, prompts, [("hook_resid_pre", layer), ("hook_resid_post", layer)], batch_size)
+        return acts[("hook_resid_post", layer)] - acts[("hook_resid_pre", layer)]
+    key = (COMPONENT_SITE[component], layer)
+    return last_position(lm, prompts, [key], batch_size)[key]
 
 
-def direction(lm, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
+def direction(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
               component: str, batch_size: int = 16) -> Float[Tensor, "d"]:
     """v = mean block output over the failure set - mean over the panel."""
     if not failure or not panel:
@@ -85,23 +89,23 @@ def direction(lm, task: Task, failure: Sequence[Question], panel: Sequence[Quest
 
 
 def steer_spec(layer: int, component: str, v: Tensor, alpha: float) -> Steer:
-    return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=STEER_SITES[component])
+    return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=COMPONENT_SITE[component])
 
 
-def steering_sweep(lm, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
+def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
                    run: RunDir | None = None, batch_size: int = 32, progress: bool = False) -> pd.DataFrame:
     """Table (alpha, direction, rate, n): rescue = -alpha v on the failure set (rate:
     now right), induction = +alpha v on the panel (rate: now wrong)."""
     rows = []
     for alpha in alphas:
-        rows += [Row(q, (steer_spec(layer, component, v, -alpha),), f"steer:rescue:{alpha:g}") for q in failure]
-        rows += [Row(q, (steer_spec(layer, component, v, alpha),), f"steer:induction:{alpha:g}") for q in panel]
+        rows += [Row(q, (steer_spec(layer, component, v, -alpha),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
+        rows += [Row(q, (steer_spec(layer, component, v, alpha),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
     records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="steer", progress=progress)
     table = []
     for alpha in alphas:
-        rescue, _ = rates(records, failure, (), f"steer:rescue:{alpha:g}")
-        _, induction = rates(records, (), panel, f"steer:induction:{alpha:g}")
+        rescue, _ = rates(records, failure, (), str(ProbeLabel.steer("rescue", alpha)))
+        _, induction = rates(records, (), panel, str(ProbeLabel.steer("induction", alpha)))
         table.append({"alpha": float(alpha), "direction": "rescue", "rate": rescue, "n": len(failure)})
         table.append({"alpha": float(alpha), "direction": "induction", "rate": induction, "n": len(panel)})
     return pd.DataFrame(table)
@@ -110,11 +114,11 @@ def steering_sweep(lm, task: Task, failure: Sequence[Question], panel: Sequence[
 # -- units -----------------------------------------------------------------------------
 
 
-def unit_scores(lm, task: Task, failure: Sequence[Question], layer: int, v: Tensor, batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
+def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor, batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
     """Directional contribution of each MLP unit of `layer` along v, averaged over the
     failure set at the last prompt position."""
-    name = f"blocks.{layer}.mlp.hook_post"
-    acts = last_position(lm, [prompt_ids(lm, task, q) for q in failure], [name], batch_size)[name]
+    key = ("mlp.hook_post", layer)
+    acts = last_position(lm, [prompt_ids(lm, task, q) for q in failure], [key], batch_size)[key]
     w_out = lm.bridge.blocks[layer].mlp.W_out.detach().float().cpu()  # (d_mlp, d_model)
     return acts.mean(0) * (w_out @ v.float().cpu())
 
@@ -127,7 +131,7 @@ def random_units(d_mlp: int, k: int, seed: int) -> tuple[int, ...]:
     return tuple(int(i) for i in np.random.default_rng([seed, k]).choice(d_mlp, size=k, replace=False))
 
 
-def units_sweep(lm, task: Task, failure: Sequence[Question], layer: int, scores: Tensor, *,
+def units_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, scores: Tensor, *,
                 ks: Sequence[int] = DEFAULT_KS, seed: int = 0, decoding: Decoding, run: RunDir | None = None,
                 batch_size: int = 32, progress: bool = False) -> tuple[pd.DataFrame, float]:
     """Table (k, selection, units_hash, repair_rate, recovered_fraction, n) and the
@@ -139,7 +143,7 @@ def units_sweep(lm, task: Task, failure: Sequence[Question], layer: int, scores:
     for k in ks:
         sets[("top", k)] = (AblateUnits(layer, top_units(scores, k)),)
         sets[("random", k)] = (AblateUnits(layer, random_units(d_mlp, k, seed)),)
-    probe = {key: (ablation_probe("mlp", layer) if key[0] == "block" else f"units:{key[0]}:{key[1]}") for key in sets}
+    probe = {key: (ablation_probe("mlp", layer) if key[0] == "block" else str(ProbeLabel.units(*key))) for key in sets}
     rows = [Row(q, specs, probe[key]) for key, specs in sets.items() for q in failure]
     records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="units", progress=progress)
     whole, _ = rates(records, failure, (), probe[("block", 0)])
@@ -156,7 +160,7 @@ def units_sweep(lm, task: Task, failure: Sequence[Question], layer: int, scores:
 # -- run folders -------------------------------------------------------------------------
 
 
-def choose_block(lm, task: Task, cohort: Cohort, run: RunDir, *, layer: int | None, component: str,
+def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, layer: int | None, component: str,
                  repair_run: Path | None, decoding: Decoding, batch_size: int, progress: bool) -> tuple[int, str]:
     """The block to steer: given, else the best of a repair run, else found by sweeping
     this component (written as this run's `repair` table)."""
@@ -176,7 +180,7 @@ def choose_block(lm, task: Task, cohort: Cohort, run: RunDir, *, layer: int | No
     return int(best["layer"]), f"best {component} block of this run's sweep (selectivity {best['selectivity']:.3f})"
 
 
-def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm, **kw) -> Cohort:
+def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, **kw) -> Cohort:
     """This run's cohort, or the one stored in `repair_run` (same questions) so steering
     and units act on exactly the sets the sweep used."""
     cohort = build_cohort(lm, task, run, **kw)
@@ -196,15 +200,13 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm, **kw) -> 
     return cohort
 
 
-def run_steer(lm, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
+def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
               repair_run: Path | None = None, alphas: Sequence[float] = DEFAULT_ALPHAS, readout: str = "option:mean",
               panel: int | None = 8, decoding: Decoding | None = None, batch_size: int = 32,
               progress: bool = True) -> dict[str, Any]:
     """Direction for the chosen block, rescue and induction curves (kind "steer")."""
-    from rnr_interp.report.repair_figures import steering_curves
-
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, repair_config("steer", lm, task, decoding, readout, panel, batch_size, layer=layer,
+    run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, layer=layer,
                                            component=component, repair_run=str(repair_run) if repair_run else None,
                                            alphas=[float(a) for a in alphas]))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, decoding=decoding,
@@ -218,26 +220,23 @@ def run_steer(lm, task: Task, out: str | Path, *, layer: int | None = None, comp
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
                                decoding=decoding, batch_size=batch_size, progress=progress)
     v = direction(lm, task, cohort.failure, cohort.panel, chosen, component)
-    run.write_json("direction", {"layer": chosen, "component": component, "site": STEER_SITES[component],
+    run.write_json("direction", {"layer": chosen, "component": component, "site": COMPONENT_SITE[component],
                                  "norm": float(v.norm()), "vector": v.tolist(), "why": why})
     table = steering_sweep(lm, task, cohort.failure, cohort.panel, chosen, component, v, alphas=alphas,
                            decoding=decoding, run=run, batch_size=batch_size, progress=progress)
     run.write_table("steering", table)
-    write_figures(run, {"steering": steering_curves(table, f"{figure_title(lm, task, cohort)}, {component} layer {chosen}")})
     summary.update({"layer": chosen, "component": component, "block_choice": why, "v_norm": float(v.norm()),
                     "table": table.to_dict(orient="records")})
     run.write_summary(summary)
     return summary
 
 
-def run_units(lm, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
+def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
               ks: Sequence[int] = DEFAULT_KS, seed: int = 0, readout: str = "option:mean", panel: int | None = 8,
               decoding: Decoding | None = None, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Top-k units by directional contribution vs k random units (kind "units")."""
-    from rnr_interp.report.repair_figures import units_curve
-
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, repair_config("units", lm, task, decoding, readout, panel, batch_size, layer=layer,
+    run = RunDir.create(out, localisation_config("units", lm, task, decoding, readout, panel, batch_size, layer=layer,
                                            repair_run=str(repair_run) if repair_run else None,
                                            ks=[int(k) for k in ks], seed=seed))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, decoding=decoding,
@@ -256,84 +255,7 @@ def run_units(lm, task: Task, out: str | Path, *, layer: int | None = None, repa
                                run=run, batch_size=batch_size, progress=progress)
     run.write_table("units", table)
     run.write_table("unit_scores", pd.DataFrame({"unit": range(len(scores)), "score": scores.numpy()}))
-    write_figures(run, {"units": units_curve(table, f"{figure_title(lm, task, cohort)}, MLP layer {chosen}")})
     summary.update({"layer": chosen, "block_choice": why, "whole_block_repair": whole,
                     "table": table.to_dict(orient="records")})
     run.write_summary(summary)
     return summary
-
-
-# -- CLI ---------------------------------------------------------------------------------
-# Names from cli.py and repair.py are imported at the END of this module (annotations
-# stay strings until typer reads them; the rest is used at call time only): cli.py
-# imports this module's commands, so any of the three may be imported first.
-
-LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (default: best of --repair-run, else found by a sweep)")]
-RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel and best block")]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
-def steer_command(
-    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
-    out: OutOpt = Path("runs/steer"), layer: LayerOpt = None,
-    component: Annotated[str, typer.Option("--component", help="mlp | attn | layer")] = "mlp",
-    repair_run: RepairRunOpt = None,
-    alphas: Annotated[str, typer.Option("--alphas", help="comma-separated alpha grid")] = ",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
-    readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8, max_new_tokens: MaxTokOpt = None,
-    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
-):
-    """Steer the chosen block along v: rescue the failures, induce failures in the panel."""
-    if component not in STEER_SITES:
-        fail(f"--component must be one of {', '.join(STEER_SITES)}, got {component!r}")
-    lm, t = load_inputs(model, task, data, n)
-    try:
-        s = run_steer(lm, t, out, layer=layer, component=component, repair_run=repair_run, alphas=_floats(alphas),
-                      readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
-                      batch_size=batch_size, progress=not quiet)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
-    if "skipped" in s:
-        typer.echo(f"no steering: {s['skipped']}")
-    else:
-        typer.echo(f"{s['model']} on {s['task']}: {component} layer {s['layer']} ({s['block_choice']}), |v| = {s['v_norm']:.3f}")
-        typer.echo("  alpha  rescue  induction")
-        tab = pd.DataFrame(s["table"]).pivot(index="alpha", columns="direction", values="rate")
-        for alpha, r in tab.iterrows():
-            typer.echo(f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
-    typer.echo(f"run folder: {out}")
-
-
-def units_command(
-    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
-    out: OutOpt = Path("runs/units"), layer: LayerOpt = None, repair_run: RepairRunOpt = None,
-    ks: Annotated[str, typer.Option("--ks", help="comma-separated k grid")] = ",".join(map(str, DEFAULT_KS)),
-    seed: SeedOpt = 0, readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8, max_new_tokens: MaxTokOpt = None,
-    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
-):
-    """Silence the top-k MLP units along v vs k random units: share of the block's repair."""
-    lm, t = load_inputs(model, task, data, n)
-    try:
-        s = run_units(lm, t, out, layer=layer, repair_run=repair_run, ks=[int(k) for k in _floats(ks)], seed=seed,
-                      readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
-                      batch_size=batch_size, progress=not quiet)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
-    if "skipped" in s:
-        typer.echo(f"no unit analysis: {s['skipped']}")
-    else:
-        typer.echo(f"{s['model']} on {s['task']}: MLP layer {s['layer']} ({s['block_choice']}), whole-MLP repair {s['whole_block_repair']:.3f}")
-        typer.echo("  k     top    random   (fraction of the whole-MLP repair)")
-        tab = pd.DataFrame(s["table"]).pivot(index="k", columns="selection", values="recovered_fraction")
-        for k, r in tab.iterrows():
-            typer.echo(f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
-    typer.echo(f"run folder: {out}")
-
-
-from rnr_interp.cli import BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, fail, load_inputs  # noqa: E402
-from rnr_interp.repair import (  # noqa: E402
-    Cohort, PanelOpt, ReadoutOpt, Row, ablation_probe, best_blocks, build_cohort, cohort_summary,
-    deployed_decoding, figure_title, rates, repair_config, run_rows, silencing_sweep, write_figures,
-)

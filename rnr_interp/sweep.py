@@ -30,13 +30,11 @@ import traceback
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterable, Optional
-
-import typer
+from typing import Any, Callable, Iterable
 
 from rnr_interp.interventions import dumps, loads, set_id
 from rnr_interp.records import SUMMARY, write_json_atomic
-from rnr_interp.sampling import BACKENDS, Probe
+from rnr_interp.sampling import BACKENDS, Probe, check_hooks
 
 INDEX = "sweep.json"
 
@@ -63,8 +61,7 @@ class Cell:
         object.__setattr__(self, "probe", replace(self.probe, temperature=float(self.probe.temperature), top_p=float(self.probe.top_p)))
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
-        if self.backend != "tl" and loads(self.interventions):
-            raise ValueError("interventions need hooks: a cell with interventions runs on the TransformerLens backend ('tl')")
+        check_hooks(self.backend, loads(self.interventions))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,12 +246,12 @@ class Index:
         write_json_atomic(self.out / INDEX, {
             "runner": self.runner,
             "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "counts": _counts(self.entries.values()),
+            "counts": status_counts(self.entries.values()),
             "cells": [{**self.entries[c.cell_id], "cell": c.to_dict()} for c in self.cells],
         })
 
 
-def _counts(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+def status_counts(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for e in entries:
         counts[e["status"]] = counts.get(e["status"], 0) + 1
@@ -328,54 +325,3 @@ def run_ray(cells: Iterable[Cell], out: str | Path, *, address: str | None = Non
         if on_status:
             on_status(entry)
     return [statuses[c.cell_id] for c in cells]
-
-
-# -- command line ------------------------------------------------------------------------
-
-
-def sweep_command(
-    grid: Annotated[Path, typer.Argument(help="grid spec (JSON): models, tasks, probes, interventions lists")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder: one run folder per cell, plus sweep.json")] = Path("runs/sweep"),
-    use_ray: Annotated[bool, typer.Option("--ray", help="run the cells on a Ray cluster (one GPU per worker when there are GPUs)")] = False,
-    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: local instance or $RAY_ADDRESS)")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="sampling backend: tl (TransformerLens) | vllm (no hooks)")] = "tl",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
-):
-    """Run a grid of audits (model x task x probe x interventions), skipping finished cells."""
-    from rnr_interp.cli import fail
-
-    if backend not in BACKENDS:
-        fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if address and not use_ray:
-        fail("--address needs --ray")
-    try:
-        g = Grid.load(grid)
-        cells = g.cells(backend)
-    except (OSError, ValueError, TypeError) as exc:
-        fail(f"grid {grid}: {exc}")
-    fallback = g.fallbacks(backend)
-    if fallback:
-        typer.echo(f"note: {fallback} of {len(cells)} cells have interventions, which need hooks: "
-                   f"they run on the TransformerLens backend, not {backend}")
-    if backend == "vllm" and not use_ray:
-        from rnr_interp.vllm_backend import vllm_available
-
-        if not vllm_available():
-            fail("--backend vllm needs the vllm package (a CUDA machine; pip install vllm)")
-    typer.echo(f"{len(cells)} cells -> {out}" + (" on Ray" if use_ray else ""))
-
-    def show(entry: dict[str, Any]) -> None:
-        typer.echo(f"  {entry['status']:<8} {entry['folder']}" + (f"  ({entry['error']})" if "error" in entry else ""))
-
-    if use_ray:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            fail("--ray needs the ray package: pip install 'rnr_interp[scale]'")
-        statuses = run_ray(cells, out, address=address, on_status=show)
-    else:
-        statuses = run_local(cells, out, progress=not quiet, on_status=show)
-    counts = _counts(statuses)
-    typer.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; index: {out / INDEX}")
-    if counts.get("failed"):
-        raise typer.Exit(1)

@@ -217,7 +217,7 @@ def test_figures_and_command(random_pair, tmp_path):
     from typer.testing import CliRunner
 
     import typer
-    from rnr_interp.compare import compare_command
+    from rnr_interp.commands.compare import compare as compare_command
     from rnr_interp.report.compare_figures import change_figure, gained_lost_figure, propensity_figure
 
     base_run, trained_run, _, _ = random_pair

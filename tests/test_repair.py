@@ -16,9 +16,10 @@ from rnr_interp.interventions import Ablate
 from rnr_interp.models import build_tiny, load_model
 from rnr_interp.recognition import option_sequences, rank, recognize
 from rnr_interp.records import RunDir
-from rnr_interp.repair import (
-    COMPONENTS, deployed_decoding, failures_command, repair_command, run_repair, select_cohort, silencing_sweep,
-)
+from rnr_interp.cohort import deployed_decoding, select_cohort
+from rnr_interp.commands.localise import failures as failures_command
+from rnr_interp.commands.localise import repair as repair_command
+from rnr_interp.repair import COMPONENTS, run_repair, silencing_sweep
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.tasks import load_task
 from rnr_interp.tasks.synthetic import ArithmeticMC

@@ -3,7 +3,6 @@ and the page as headless Chromium renders it (figures drawn, nothing fetched).""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -17,7 +16,8 @@ import pytest
 from rnr_interp.records import RunDir
 from rnr_interp.report.export import export_figures, find_chromium, headless
 from rnr_interp.report.figures import cell_difference, run_label
-from rnr_interp.report.html import build_index, build_page, report_command, write_report
+from rnr_interp.commands.report import report as report_command
+from rnr_interp.report.html import build_index, build_page, write_report
 
 ROUTE_METHODS = ("random", "mcts", "hill_climb", "genetic")
 
@@ -120,12 +120,8 @@ def test_every_section_the_run_holds_is_shown(full_run, tmp_path):
     for name, fig in build_page(run)[1]:
         if name in ours:
             assert fig.layout.title.text.endswith(f"<sup>{label}</sup>"), name
-    # repair, steering and units: drawn when the figure module is there, else shown as tables
-    if importlib.util.find_spec("rnr_interp.report.repair_figures") is not None:
-        assert {"selectivity_heatmap", "steering_curves", "units_curve"} <= set(names)
-    else:
-        other = _without_scripts(page).split("<h2>Other artefacts</h2>")[1]
-        assert all(f"<h3>{t}</h3>" in other for t in ("repair", "steering", "units"))
+    # repair, steering and units: drawn through the report's registry
+    assert {"selectivity_heatmap", "steering_curves", "units_curve"} <= set(names)
     assert "failure_set.json" in _without_scripts(page)
 
 
@@ -269,12 +265,10 @@ def test_export_of_nothing_writes_nothing(tmp_path):
 
 
 def test_a_figure_module_that_fails_costs_only_its_figures(tmp_path):
-    if importlib.util.find_spec("rnr_interp.report.compare_figures") is None:
-        pytest.skip("no compare_figures module in this checkout")
     run = RunDir.create(tmp_path / "run", {"kind": "compare", "model": "tiny-llama", "task": {"name": "arithmetic"}})
     run.write_table("transitions", pd.DataFrame({"question_id": ["q0"], "realized": ["gained"]}))  # no base_reachable
     run.write_summary({"kind": "compare"})  # no stats
-    with pytest.warns(UserWarning, match="compare_figures failed"):
+    with pytest.warns(UserWarning, match="Checkpoint comparison figures failed"):
         page, figures = build_page(run)
     assert figures == []
     assert "Drawing these figures failed (KeyError(" in page

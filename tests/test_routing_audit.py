@@ -18,7 +18,7 @@ def routed_run(tmp_path_factory):
     lm = load_model("tiny-llama:6")
     task = load_task("arithmetic", n=5)
     out = tmp_path_factory.mktemp("route")
-    cfg = RouteConfig(k=6, spaces=("native", "skiponly"), batch_size=4)
+    cfg = RouteConfig(samples=6, budget=6, spaces=("native", "skiponly"), batch_size=4)
     summary = run_route_audit(lm, task, out, cfg, progress=False)
     return lm, task, cfg, summary, RunDir(out).read_records()
 
@@ -36,7 +36,7 @@ def test_each_search_spends_exactly_its_budget_inside_its_space(routed_run):
             sub = records[records.probe == f"{space_name}:{method}"]
             for qid, g in sub.groupby("question_id"):
                 routes = [route_of(i) for i in g.sort_values("candidate").intervention]
-                assert len(routes) == cfg.k == len(set(routes)), (space_name, method, qid)
+                assert len(routes) == cfg.budget == len(set(routes)), (space_name, method, qid)
                 assert routes[0] == tuple(range(lm.n_layers))
                 assert all(space.contains(r) for r in routes)
 
@@ -55,7 +55,7 @@ def test_deployed_and_temperature_candidates_recorded(routed_run):
     _, task, cfg, summary, records = routed_run
     dep = records[records.probe == "deployed"]
     assert len(dep) == len(task) and summary["deployed"] == pytest.approx(dep.correct.mean())
-    assert (records.probe == "temperature").sum() == cfg.k * len(task)
+    assert (records.probe == "temperature").sum() == cfg.samples * len(task)
 
 
 def test_vote_selectors_recorded_once_per_question(routed_run):
@@ -96,7 +96,7 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
     task = load_task("arithmetic", n=2)
     for collapse, excluded in ((-1.0, True), (1.0, False)):
         out = tmp_path / str(collapse)
-        s = run_route_audit(lm, task, out, RouteConfig(k=3, methods=("random",), collapse=collapse), progress=False)
+        s = run_route_audit(lm, task, out, RouteConfig(samples=3, budget=3, methods=("random",), collapse=collapse), progress=False)
         [cell] = s["cells"].values()
         records = RunDir(out).read_records()
         assert cell["unparsed_rate"] == pytest.approx(records[records.probe == "native:random"].extracted.isna().mean())
@@ -153,7 +153,7 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
 
     task = load_task("arithmetic", n=3)
     # collapse=1.0: keep the cell whatever its parse rate, so every figure has data.
-    s = run_route_audit(smollm2, task, tmp_path, RouteConfig(k=4, spaces=("skiponly",), collapse=1.0), progress=False)
+    s = run_route_audit(smollm2, task, tmp_path, RouteConfig(samples=4, budget=4, spaces=("skiponly",), collapse=1.0), progress=False)
     records = RunDir(tmp_path).read_records()
     for m in ("random", "mcts", "hill_climb", "genetic"):
         assert (records.probe == f"skiponly:{m}").sum() == 4 * len(task)

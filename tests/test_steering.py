@@ -13,9 +13,9 @@ from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.repair import deployed_decoding
 from rnr_interp.sampling import prompt_ids
-from rnr_interp.steering import (
-    direction, random_units, steer_command, steer_spec, top_units, unit_scores, units_command, units_sweep,
-)
+from rnr_interp.commands.localise import steer as steer_command
+from rnr_interp.commands.localise import units as units_command
+from rnr_interp.steering import direction, random_units, steer_spec, top_units, unit_scores, units_sweep
 from rnr_interp.tasks import load_task
 
 

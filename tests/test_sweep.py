@@ -15,7 +15,8 @@ import typer
 from typer.testing import CliRunner
 
 from rnr_interp.records import load_runs
-from rnr_interp.sweep import INDEX, Cell, Grid, read_index, run_local, sweep_command
+from rnr_interp.commands.sweep import sweep as sweep_command
+from rnr_interp.sweep import INDEX, Cell, Grid, read_index, run_local
 
 # 3 cells of 2-layer tiny-llama; n=4 in batches of 2 writes 2 record parts per cell.
 GRID = {

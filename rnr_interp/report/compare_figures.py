@@ -8,6 +8,9 @@ from typing import Any, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from rnr_interp.records import RunDir
+from rnr_interp.report.figures import Figures
+
 
 def gained_lost_figure(transitions: pd.DataFrame) -> go.Figure:
     """Gained and lost questions (realized transitions), each bar split by whether the
@@ -52,11 +55,11 @@ def propensity_figure(pairs: Sequence[tuple[str, pd.DataFrame]]) -> go.Figure:
     return fig
 
 
-def compare_figures(run, label: str = "trained") -> dict[str, go.Figure]:
-    """All three figures for one compare run folder (a `RunDir`)."""
+def figures(run: RunDir, label: str = "trained") -> Figures:
+    """All three figures of one compare run folder (the report's registry entry)."""
     summary = run.read_summary()
-    return {
-        "gained_lost": gained_lost_figure(run.read_table("transitions")),
-        "change": change_figure([(label, summary)]),
-        "propensity": propensity_figure([(label, run.read_table("propensity"))]),
-    }
+    return [
+        ("gained_lost", gained_lost_figure(run.read_table("transitions"))),
+        ("change", change_figure([(label, summary)])),
+        ("propensity", propensity_figure([(label, run.read_table("propensity"))])),
+    ]

@@ -1,33 +1,28 @@
 """One self-contained HTML page per run folder (and an index page for a sweep).
 
 A page shows what the run folder holds and nothing else: the audit table and pass@k
-(summary.json), the per-question drill-down (records), the routing figures (tables
-route_curves / route_cells / selectors), the repair, steering and units figures and the
-checkpoint comparison (drawn by `repair_figures.figures(run)` and
-`compare_figures.figures(run)` when those modules exist), any other artefact as a
-table, and the run's configuration. plotly.js is inlined once per page, so the page
+(summary.json), the per-question drill-down (records), one section per figure set of
+`registry.REGISTRY` whose tables the run holds (routing; repair, steering and units;
+checkpoint comparison), any other artefact as a table, and the run's configuration. plotly.js is inlined once per page, so the page
 opens offline; it loads nothing from the network.
 """
 
 from __future__ import annotations
 
-import ast
 import html
-import importlib
-import importlib.util
 import json
 import os
 import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Any
 
 import pandas as pd
-import typer
 
-from rnr_interp.records import RunDir, load_runs
-from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures, routing_figures_of, run_label, summary_of
+from rnr_interp.records import DEPLOYED, RunDir, load_runs
+from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
+from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
 
 REPORT_NAME = "report.html"
 INDEX_NAME = "index.html"
@@ -35,40 +30,6 @@ FIGURES_DIR = "figures"
 SAMPLES_SHOWN = 3
 MAX_QUESTIONS = 500
 TEXT_CHARS = 400
-
-
-def _repair_figures(module: Any, run: RunDir, label: str) -> Figures:
-    figs: Figures = []
-    if (t := _table(run, "repair")) is not None:
-        figs += [(name, getattr(module, name)(t, label)) for name in ("selectivity_heatmap", "repair_heatmap", "damage_heatmap")]
-    if (t := _table(run, "steering")) is not None:
-        figs.append(("steering_curves", module.steering_curves(t, label)))
-    if (t := _table(run, "units")) is not None:
-        figs.append(("units_curve", module.units_curve(t, label)))
-    return figs
-
-
-def _compare_figures(module: Any, run: RunDir, label: str) -> Figures:
-    return [(name, fig) for name, fig in module.compare_figures(run).items() if fig is not None]
-
-
-@dataclass(frozen=True)
-class External:
-    """Figures another module draws (`draw(module, run, label)`), shown when the run
-    holds any of `tables` with rows; without the module its tables are shown as tables."""
-
-    title: str
-    module: str
-    draw: Callable[[Any, RunDir, str], Figures]
-    tables: tuple[str, ...]
-    json: tuple[str, ...] = ()
-
-
-EXTERNAL = (
-    External("Repair, steering and units", "rnr_interp.report.repair_figures", _repair_figures,
-             ("repair", "steering", "units"), ("failure_set", "healthy_panel")),
-    External("Checkpoint comparison", "rnr_interp.report.compare_figures", _compare_figures, ("transitions", "propensity")),
-)
 
 
 @dataclass
@@ -115,11 +76,8 @@ def build_page(run: RunDir, back_link: str | None = None) -> tuple[str, Figures]
     scores = _drilldown_section(page, summary)
     if figs := audit_figures(run, scores, page.label):
         page.section("Reachability", figures=figs)
-    if figs := routing_figures(run, page.label):
-        page.section("Routing", figures=figs)
-    page.consumed.update(ROUTING_TABLES)
-    for ext in EXTERNAL:
-        _external_section(page, ext)
+    for entry in REGISTRY:
+        _registered_section(page, entry)
     _other_artefacts_section(page)
     _config_section(page, summary)
     return _document(f"{page.label} — {run.path.name}", _header(run, summary, back_link) + "".join(page.blocks)), page.figures
@@ -163,7 +121,7 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
 def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
     """Per-question table from the records; returns the question scores (None without
     records, or when they cannot be scored as one audit)."""
-    from rnr_interp.metrics import DEPLOYED, question_scores
+    from rnr_interp.metrics import question_scores
 
     records = page.run.read_records()
     if records.empty:
@@ -206,8 +164,6 @@ def _category(d: bool, c: int) -> str:
 
 
 def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, questions: dict[str, Any] | None) -> tuple[str, ...]:
-    from rnr_interp.metrics import DEPLOYED
-
     deployed = rows[rows["probe"] == DEPLOYED].iloc[0]
     samples = rows[rows["probe"] == probe].sort_values("candidate")
     # A right sample first when there is one: it is what makes the question reachable.
@@ -229,42 +185,35 @@ def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, qu
 
 
 def reload_questions(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The run's questions by id, reloaded from the task in its manifest: synthetic tasks
-    from the generator parameters in `source`, file tasks from the file it names. (None,
-    reason) when the task cannot be reloaded as it was."""
-    from rnr_interp.tasks import load_task
+    """The run's questions by id, reloaded from the task in its manifest
+    (`tasks.reload_task`). (None, reason) when the task cannot be reloaded as it was."""
+    from rnr_interp.tasks import reload_task
 
     task = config.get("task") or {}
-    name, source = task.get("name"), str(task.get("source") or "")
     try:
-        if m := re.fullmatch(r"synthetic:\w+\((.*)\)", source):
-            call = ast.parse(f"f({m.group(1)})", mode="eval").body
-            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}  # type: ignore[attr-defined]
-            loaded = load_task(name, **kwargs)
-        elif source and Path(source).is_file():
-            loaded = load_task(name, data=source)
-        else:
-            return None, f"task source {source or '?'} is not a file here"
+        loaded = reload_task(task)
+    except FileNotFoundError as err:
+        return None, str(err)
     except Exception as err:  # any failure to reload only costs the question text
-        return None, f"reloading task {name!r} failed: {err}"
+        return None, f"reloading task {task.get('name')!r} failed: {err}"
     return {q.id: q for q in loaded.questions}, ""
 
 
-def _external_section(page: Page, ext: External) -> None:
-    present = [t for t in ext.tables if _table(page.run, t) is not None]
-    if not present or importlib.util.find_spec(ext.module) is None:
-        return  # without the module, _other_artefacts_section shows the tables as tables
+def _registered_section(page: Page, entry: FigureSet) -> None:
+    present = present_tables(page.run, entry)
+    if not present:
+        return
     try:
-        figs = ext.draw(importlib.import_module(ext.module), page.run, page.label)
+        figs = entry.draw(page.run, page.label)
     except Exception as err:  # a broken figure must not cost the rest of the report
-        warnings.warn(f"{ext.module} failed on {page.run.path}: {err!r}", stacklevel=2)
-        page.section(ext.title, note=f"Drawing these figures failed ({err!r}); their tables are under Other artefacts.")
+        warnings.warn(f"{entry.title} figures failed on {page.run.path}: {err!r}", stacklevel=2)
+        page.section(entry.title, note=f"Drawing these figures failed ({err!r}); their tables are under Other artefacts.")
         return
     if figs:
-        sets = [_json_details(page.run, name) for name in ext.json if _has_json(page.run, name)]
-        page.section(ext.title, "".join(sets), figures=figs)
+        sets = [_json_details(page.run, name) for name in entry.json if _has_json(page.run, name)]
+        page.section(entry.title, "".join(sets), figures=figs)
         page.consumed.update(present)
-        page.consumed.update(ext.json)
+        page.consumed.update(entry.json)
 
 
 def _has_json(run: RunDir, name: str) -> bool:
@@ -370,22 +319,6 @@ def _write_page(path: Path, text: str, figures: Figures, images: bool) -> Path:
 def _images_note(paths: list[Path], folder: Path) -> str:
     links = " ".join(f'<a href="{_e(p.relative_to(folder).as_posix())}">{_e(p.name)}</a>' for p in paths)
     return f"<section><h2>Static images</h2><p>{links}</p></section>"
-
-
-def report_command(
-    run_dir: Annotated[Path, typer.Argument(help="run folder, or a sweep folder holding several")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="output folder (default: RUN_DIR itself)")] = None,
-    images: Annotated[bool, typer.Option("--images/--no-images", help="also write each figure as SVG and PNG (needs Chromium)")] = False,
-):
-    """Write a self-contained HTML report (index.html for a sweep) of a run folder."""
-    from rnr_interp.cli import fail
-    from rnr_interp.report.export import ChromiumNotFound
-
-    try:
-        page = write_report(run_dir, out, images=images)
-    except (FileNotFoundError, ChromiumNotFound) as err:
-        fail(str(err))
-    typer.echo(f"report: {page}")
 
 
 # -- HTML helpers ---------------------------------------------------------------------

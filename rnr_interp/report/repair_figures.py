@@ -3,13 +3,17 @@
 Inputs are the run-folder tables: `repair` (layer, component, repair_rate, damage_rate,
 n_failure, n_panel), `steering` (alpha, direction, rate, n), `units` (k, selection,
 recovered_fraction). `title` names model, task and budget (set sizes); the caller
-builds it.
+builds it. `figures(run, label)` draws every one the run folder has tables for (the
+report's registry entry).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+
+from rnr_interp.records import RunDir
+from rnr_interp.report.figures import Figures, read_table
 
 COMPONENT_ORDER = ("mlp", "attn", "layer")
 COMPONENT_LABELS = {"mlp": "MLP", "attn": "attention", "layer": "whole layer"}
@@ -98,3 +102,17 @@ def units_curve(table: pd.DataFrame, title: str = "") -> go.Figure:
     fig.update_layout(title=f"repair recovered by silencing k MLP units: {title}", xaxis_title="k (units silenced)",
                       yaxis_title="fraction of the whole-MLP repair", xaxis_type="log")
     return fig
+
+
+def figures(run: RunDir, label: str) -> Figures:
+    """The repair, steering and units figures of the tables `run` holds with rows."""
+    figs: Figures = []
+    if (t := read_table(run, "repair")) is not None and len(t):
+        figs += [(name, draw(t, label)) for name, draw in (
+            ("selectivity_heatmap", selectivity_heatmap), ("repair_heatmap", repair_heatmap),
+            ("damage_heatmap", damage_heatmap), ("selectivity", selectivity_plot))]
+    if (t := read_table(run, "steering")) is not None and len(t):
+        figs.append(("steering_curves", steering_curves(t, label)))
+    if (t := read_table(run, "units")) is not None and len(t):
+        figs.append(("units_curve", units_curve(t, label)))
+    return figs

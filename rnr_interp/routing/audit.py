@@ -29,12 +29,13 @@ from tqdm.auto import tqdm
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Route, set_id
 from rnr_interp.metrics import gap_recovery, question_scores
-from rnr_interp.records import RunDir
+from rnr_interp.models import LoadedModel
+from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import majority_agreement_reward, majority_answer, select
 from rnr_interp.routing.spaces import make_space
-from rnr_interp.sampling import Probe, candidate_row, prompt_ids, sample_questions
+from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
@@ -44,7 +45,10 @@ VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answ
 
 @dataclass(frozen=True)
 class RouteConfig:
-    k: int = 16
+    #: K temperature samples per question (the `temperature` probe)
+    samples: int = 16
+    #: route evaluations per search and question (the matched budget of every method)
+    budget: int = 16
     spaces: tuple[str, ...] = ("native",)
     methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
     temperature: float = 1.0
@@ -63,7 +67,7 @@ class RouteEvaluator:
     `reuse_prefix`, each prompt's full-path prefill is kept and a route that starts
     with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
 
-    def __init__(self, lm, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
+    def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
@@ -126,7 +130,7 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space
 
 
 @torch.inference_mode()
-def verify_scores(lm, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
+def verify_scores(lm: LoadedModel, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
     """Self-verification: log P(yes) - log P(no) for the model's next token after asking
     whether each proposed answer is correct (None answers get -inf)."""
     yes = [lm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("yes", "Yes")]
@@ -156,13 +160,12 @@ def _oracle_curve(pairs_by_q: dict[str, list], budget: int) -> list[float]:
     return hits.mean(0).tolist()
 
 
-def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
     unknown = [m for m in cfg.methods if m not in SEARCHES]
     if unknown:
         raise ValueError(f"unknown search method(s) {unknown}; known: {sorted(SEARCHES)}")
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    run = RunDir.create(out, {"kind": "route", "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
-                              "route": asdict(cfg), "deployed": asdict(decoding)})
+    run = RunDir.create(out, run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding)))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
@@ -173,23 +176,23 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
     for start in range(0, len(questions), cfg.batch_size):
         chunk = questions[start:start + cfg.batch_size]
-        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.k, temperature=cfg.temperature, seed=cfg.seed),
+        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
         for space_name in cfg.spaces:
             space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
-            found = {m: run_searches(evaluator, chunk, space, m, cfg.k, cfg.seed, gold) for m in cfg.methods}
+            found = {m: run_searches(evaluator, chunk, space, m, cfg.budget, cfg.seed, gold) for m in cfg.methods}
             for m, by_q in found.items():
                 for pairs in by_q.values():
-                    rows += _rows(pairs, f"{space_name}:{m}", common)
+                    rows += _rows(pairs, str(ProbeLabel.route(space_name, m)), common)
             # Answer-blind search: the same searches rewarded by agreement with the
             # majority answer of the random-route candidates.
-            random_pairs = found.get("random") or run_searches(evaluator, chunk, space, "random", cfg.k, cfg.seed, gold)
+            random_pairs = found.get("random") or run_searches(evaluator, chunk, space, "random", cfg.budget, cfg.seed, gold)
             for m in STRUCTURED:
                 majority = {q.id: majority_agreement_reward(majority_answer([r["extracted"] for _, r in random_pairs[q.id]])) for q in chunk}
-                voted = run_searches(evaluator, chunk, space, m, cfg.k, cfg.seed, lambda q, row: majority[q.id](row["extracted"]))
+                voted = run_searches(evaluator, chunk, space, m, cfg.budget, cfg.seed, lambda q, row: majority[q.id](row["extracted"]))
                 for q in chunk:
                     best = max(range(len(voted[q.id])), key=lambda i: (majority[q.id](voted[q.id][i][1]["extracted"]), -i))
-                    rows += _rows([voted[q.id][best]], f"{space_name}:{m}_vote", common)
+                    rows += _rows([voted[q.id][best]], str(ProbeLabel.route(space_name, m, vote=True)), common)
         run.write_question_batch(rows)
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
@@ -199,26 +202,26 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
     return summary
 
 
-def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
     records = run.read_records()
     scores = question_scores(records, "temperature")
     greedy, t_oracle = float(scores["d"].mean()), float(scores["o"].mean())
     curves, cells, selectors = [], [], []
-    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.k,
+    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy, "cells": {}}
     # The temperature candidates are the same for every cell: pick over them (a model
     # forward per question for self-verification) once.
     temperature_acc = _selector_accuracies(lm, task, records[records.probe == "temperature"], records, None)
     for space_name in cfg.spaces:
         cell = f"{lm.spec}/{task.name}/{space_name}"
-        rand = records[records.probe == f"{space_name}:random"]
+        rand = records[records.probe == str(ProbeLabel.route(space_name, "random"))]
         unparsed = float(rand["extracted"].isna().mean()) if len(rand) else float("nan")
         excluded = bool(unparsed > cfg.collapse)
         oracle_at_k = {}
         for m in cfg.methods:
-            sub = records[records.probe == f"{space_name}:{m}"]
+            sub = records[records.probe == str(ProbeLabel.route(space_name, m))]
             pairs = {qid: [(None, r) for r in g.sort_values("candidate").to_dict("records")] for qid, g in sub.groupby("question_id", sort=False)}
-            curve = _oracle_curve(pairs, cfg.k)
+            curve = _oracle_curve(pairs, cfg.budget)
             curves += [{"cell": cell, "method": m, "budget": b + 1, "oracle": v} for b, v in enumerate(curve)]
             oracle_at_k[m] = curve[-1] if curve else float("nan")
             cells.append({"cell": cell, "method": m, "oracle": oracle_at_k[m], "excluded": excluded, "unparsed_rate": unparsed})
@@ -248,7 +251,7 @@ def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str,
     return summary
 
 
-def _selector_accuracies(lm, task: Task, cands: pd.DataFrame, records: pd.DataFrame, space_name: str | None) -> dict[str, float]:
+def _selector_accuracies(lm: LoadedModel, task: Task, cands: pd.DataFrame, records: pd.DataFrame, space_name: str | None) -> dict[str, float]:
     """Accuracy of each answer-blind pick over the candidates of one probe."""
     if cands.empty:
         return {}
@@ -263,7 +266,7 @@ def _selector_accuracies(lm, task: Task, cands: pd.DataFrame, records: pd.DataFr
     acc = {name: float(np.mean(v)) for name, v in picks.items()}
     if space_name is not None:
         for m in STRUCTURED:
-            voted = records[records.probe == f"{space_name}:{m}_vote"]
+            voted = records[records.probe == str(ProbeLabel.route(space_name, m, vote=True))]
             if len(voted):
                 acc[f"{m}_vote"] = float(voted["correct"].mean())
     return acc

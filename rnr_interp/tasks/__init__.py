@@ -21,7 +21,7 @@ from .hf import HFLoadError, load_hf
 from .jsonl import JsonlMCTask, JsonlTask, load_jsonl
 from .logiqa import LogiQA, load_logiqa
 from .piqa import PIQA, load_piqa
-from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc
+from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc, parse_source
 
 # name -> (loader taking a path, default file under shared/data or None)
 _FILE_TASKS: dict[str, tuple[Callable[..., Task], str | None]] = {
@@ -73,10 +73,21 @@ def load_task(name: str, data: str | Path | None = None, n: int | None = None, *
     return _FILE_TASKS[name][0](path, **kw).head(n)
 
 
+def reload_task(described: dict[str, Any]) -> Task:
+    """The task a run manifest describes (`Task.describe()`), rebuilt: synthetic tasks
+    from the generator parameters in `source`, file tasks from the file it names."""
+    name, source = described.get("name"), str(described.get("source") or "")
+    if (synthetic := parse_source(source)) is not None:
+        return load_task(name, **synthetic[1])
+    if source and Path(source).is_file():
+        return load_task(name, data=source)
+    raise FileNotFoundError(f"task source {source or '?'} is not a file here")
+
+
 __all__ = [
     "ARC", "GSM8K", "LETTERS", "PIQA", "TASKS", "Arithmetic", "ArithmeticMC", "BoolQ",
     "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlTask", "LogiQA",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
-    "load_jsonl", "load_logiqa", "load_piqa", "load_task", "shared_data_dirs",
+    "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "shared_data_dirs",
 ]

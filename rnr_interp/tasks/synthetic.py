@@ -13,8 +13,10 @@ parameters are recorded in `source`, hence in every run manifest.
 
 from __future__ import annotations
 
+import ast
 import operator
 import random
+import re
 from typing import Callable
 
 from .base import LETTERS, MultipleChoiceTask, Question
@@ -59,6 +61,16 @@ def _problems(n: int, seed: int, digits: int, ops: str) -> list[tuple[int, str, 
 
 def _source(kind: str, **params: object) -> str:
     return f"synthetic:{kind}(" + ",".join(f"{k}={v!r}" for k, v in params.items()) + ")"
+
+
+def parse_source(source: str) -> tuple[str, dict[str, object]] | None:
+    """The generator name and parameters `_source` wrote (its inverse), or None when
+    `source` is not a synthetic task's."""
+    m = re.fullmatch(r"synthetic:(\w+)\((.*)\)", source)
+    if m is None:
+        return None
+    call = ast.parse(f"f({m.group(2)})", mode="eval").body
+    return m.group(1), {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}  # type: ignore[attr-defined]
 
 
 def arithmetic(n: int = 200, seed: int = 0, digits: int = 2, ops: str = "+") -> Arithmetic:

@@ -1,0 +1,200 @@
+"""The machinery the localisation analyses (repair, steering and units) share.
+
+- `Row` / `run_rows`: deployed (greedy) generations of (question, intervention set)
+  pairs, batched, each pair one record labelled by its `ProbeLabel`; rows already stored
+  in the run folder are read back, so an interrupted analysis resumes.
+- The cohort: the failure set (recognised but answered wrong) and the healthy panel
+  (answered right), from recognition and the deployed baseline (`build_cohort`).
+- `rates`: repair rate on the failure set and damage rate on the panel of one probe.
+
+Run configs come from `sampling.run_config`, like every other analysis's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from rnr_interp.generate import Decoding, generate
+from rnr_interp.interventions import Intervention, set_id
+from rnr_interp.models import LoadedModel
+from rnr_interp.recognition import READOUTS, gold_first, recognize
+from rnr_interp.records import DEPLOYED, RunDir
+from rnr_interp.sampling import candidate_row, chunks, prompt_ids, run_config
+from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
+
+#: MC answers come first ("A. ...", "Answer: B"): a few tokens decide the grade.
+MC_MAX_NEW_TOKENS = 8
+
+
+def deployed_decoding(task: Task, max_new_tokens: int | None = None) -> Decoding:
+    """Greedy decoding, short for multiple-choice tasks."""
+    if max_new_tokens is None:
+        max_new_tokens = MC_MAX_NEW_TOKENS if isinstance(task, MultipleChoiceTask) else task.max_new_tokens
+    return Decoding(temperature=0.0, max_new_tokens=max_new_tokens)
+
+
+# -- generation rows -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One batch row: a question under one intervention set, labelled `probe`."""
+
+    question: Question
+    interventions: tuple[Intervention, ...]
+    probe: str  # a `ProbeLabel`, as text
+
+
+def generate_rows(lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run_id: str = "") -> list[dict[str, Any]]:
+    """Greedy generations of `rows` in one batched call, each row under its own set."""
+    gens = generate(
+        lm, [prompt_ids(lm, task, r.question) for r in rows], n=1, decoding=decoding,
+        interventions=[list(r.interventions) for r in rows], stop_strings=task.stop_strings,
+    )
+    common = {"run_id": run_id, "model": lm.spec, "task": task.name, "candidate": 0, "seed": 0}
+    return [
+        candidate_row(task, r.question, g[0], **common, probe=r.probe, intervention=set_id(r.interventions))
+        for r, g in zip(rows, gens)
+    ]
+
+
+def run_rows(
+    lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run: RunDir | None = None,
+    batch_size: int = 32, desc: str = "rows", progress: bool = False,
+) -> pd.DataFrame:
+    """Records of `rows`: those already stored in `run` are read back, the rest are
+    generated in chunks of `batch_size` rows (written per chunk)."""
+    done = run.stored_groups() if run is not None else set()
+    todo = [r for r in rows if (r.question.id, r.probe) not in done]
+    # Rows of one question are adjacent, so a chunk has little padding.
+    order = {q: i for i, q in enumerate(dict.fromkeys(r.question.id for r in todo))}
+    todo.sort(key=lambda r: order[r.question.id])
+    run_id = run.run_id if run is not None else ""
+    produced: list[dict[str, Any]] = []
+    for chunk in tqdm(list(chunks(todo, batch_size)), desc=desc, unit="batch", disable=not progress):
+        recs = generate_rows(lm, task, chunk, decoding, run_id=run_id)
+        if run is not None:
+            run.write_question_batch(recs)
+        produced.extend(recs)
+    wanted = {(r.question.id, r.probe) for r in rows}
+    if run is None:
+        return pd.DataFrame(produced)
+    records = run.read_records()
+    keep = [(q, p) in wanted for q, p in zip(records["question_id"], records["probe"])]
+    return records[keep].reset_index(drop=True)
+
+
+# -- failure set and healthy panel ---------------------------------------------------
+
+
+@dataclass
+class Cohort:
+    """The failure set and the healthy panel, with the criteria that made them."""
+
+    failure: list[Question]
+    panel: list[Question]
+    failure_criterion: str
+    panel_criterion: str
+    n_questions: int
+    n_recognised: int
+    n_deployed_correct: int
+
+    def failure_json(self) -> dict[str, Any]:
+        return {"question_ids": [q.id for q in self.failure], "criterion": self.failure_criterion}
+
+    def panel_json(self) -> dict[str, Any]:
+        return {"question_ids": [q.id for q in self.panel], "criterion": self.panel_criterion}
+
+    def why_empty(self) -> str | None:
+        """A one-line reason when the failure set is empty, else None."""
+        if self.failure:
+            return None
+        if self.n_recognised == 0:
+            return f"recognition ranks the gold option first on none of the {self.n_questions} questions"
+        if self.n_deployed_correct == self.n_questions:
+            return "the deployed generation is right on every question"
+        return (f"every one of the {self.n_recognised} recognised questions is already answered right "
+                f"by the deployed generation")
+
+
+def select_cohort(
+    questions: Sequence[Question], recognition: Sequence[dict[str, Any]], deployed: pd.DataFrame,
+    readout: str = "option:mean", panel: int | None = None,
+) -> Cohort:
+    """Failure set = gold first under `readout` and deployed wrong; panel = deployed
+    right (the first `panel` in task order, all when None)."""
+    recognised = gold_first(recognition, readout)
+    correct = dict(zip(deployed["question_id"], deployed["correct"].astype(bool)))
+    failure = [q for q in questions if q.id in recognised and not correct[q.id]]
+    healthy = [q for q in questions if correct[q.id]]
+    chosen = healthy if panel is None else healthy[:panel]
+    limit = "" if panel is None or len(healthy) <= panel else f" (the first {panel} of {len(healthy)} in task order)"
+    return Cohort(
+        failure=failure, panel=chosen,
+        failure_criterion=f"recognition readout {readout!r} ranks the gold option first and the greedy deployed generation is graded wrong",
+        panel_criterion=f"the greedy deployed generation is graded right{limit}",
+        n_questions=len(questions), n_recognised=len(recognised & {q.id for q in questions}),
+        n_deployed_correct=sum(correct[q.id] for q in questions),
+    )
+
+
+def build_cohort(
+    lm: LoadedModel, task: MultipleChoiceTask, run: RunDir, *, readout: str = "option:mean", panel: int | None = None,
+    decoding: Decoding, batch_size: int = 32, progress: bool = False,
+) -> Cohort:
+    """Recognition + deployed baseline for every question of `task`, the cohort from
+    them; writes the `recognition` table, deployed records and the two id lists."""
+    if not isinstance(task, MultipleChoiceTask):
+        raise ValueError(f"task {task.name!r} is not multiple choice: failure localisation needs options to rank")
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2))
+    run.write_table("recognition", pd.DataFrame(recognition))
+    deployed = run_rows(lm, task, [Row(q, (), DEPLOYED) for q in task.questions], decoding, run,
+                        batch_size=batch_size, desc="deployed", progress=progress)
+    cohort = select_cohort(task.questions, recognition, deployed, readout=readout, panel=panel)
+    run.write_json("failure_set", cohort.failure_json())
+    run.write_json("healthy_panel", cohort.panel_json())
+    return cohort
+
+
+def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> dict[str, Any]:
+    out = {
+        "n_questions": cohort.n_questions,
+        "n_recognised": cohort.n_recognised,
+        "deployed_accuracy": cohort.n_deployed_correct / max(cohort.n_questions, 1),
+        "n_failure": len(cohort.failure),
+        "n_panel": len(cohort.panel),
+        "failure_criterion": cohort.failure_criterion,
+        "panel_criterion": cohort.panel_criterion,
+        "failure_empty_reason": cohort.why_empty(),
+    }
+    if recognition is not None and len(recognition):
+        out["recognition_accuracy"] = recognition.groupby("readout")["gold_first"].mean().astype(float).to_dict()
+    return out
+
+
+# -- rates and configs ----------------------------------------------------------------
+
+
+def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Question], probe: str) -> tuple[float, float]:
+    """(repair rate on the failure set, damage rate on the panel) of one probe's records;
+    NaN for an empty set."""
+    mine = records[records["probe"] == probe]
+    correct = dict(zip(mine["question_id"], mine["correct"].astype(bool)))
+    repair = float(np.mean([correct[q.id] for q in failure])) if failure else float("nan")
+    damage = float(np.mean([not correct[q.id] for q in panel])) if panel else float("nan")
+    return repair, damage
+
+
+
+def localisation_config(kind: str, lm: LoadedModel, task: Task, decoding: Decoding, readout: str,
+                        panel: int | None, batch_size: int, **extra: Any) -> dict[str, Any]:
+    """`run_config` with the settings every localisation run shares (the cohort's)."""
+    return run_config(kind, lm, task, deployed=asdict(decoding), readout=readout, panel=panel,
+                      batch_size=batch_size, **extra)

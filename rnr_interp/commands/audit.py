@@ -1,0 +1,124 @@
+"""Commands of the audit layer: model-info, audit, pass-at-k, route."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from rnr_interp.commands.common import (
+    BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt, execute, fail,
+    fmt_ci, load_inputs, run_folder,
+)
+
+
+def model_info(spec: Annotated[str, typer.Argument(help="model spec")]):
+    """Print the loaded model's facts as one JSON object."""
+    from rnr_interp.models import load_model
+
+    lm = execute(lambda: load_model(spec))
+    typer.echo(json.dumps(lm.facts()))
+
+
+def audit(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "arithmetic",
+    data: DataOpt = None,
+    n: NOpt = None,
+    k: KOpt = 32,
+    out: OutOpt = Path("runs/audit"),
+    temperature: TempOpt = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    deployed_temperature: Annotated[float, typer.Option("--deployed-temperature", help="0 = greedy")] = 0.0,
+    max_new_tokens: MaxTokOpt = None,
+    seed: SeedOpt = 0,
+    batch_size: BatchOpt = 8,
+    ci: Annotated[str, typer.Option("--ci", help="wilson | bootstrap")] = "wilson",
+    quiet: QuietOpt = False,
+):
+    """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
+    from rnr_interp.audit import run_audit
+    from rnr_interp.generate import Decoding
+    from rnr_interp.sampling import Probe
+
+    if ci not in ("wilson", "bootstrap"):
+        fail(f"--ci must be wilson or bootstrap, got {ci!r}")
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        probe = Probe(k=k, temperature=temperature, top_p=top_p, seed=seed)
+        deployed = Decoding(temperature=deployed_temperature, max_new_tokens=max_new_tokens or t.max_new_tokens)
+        return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
+
+    print_audit_table(execute(body))
+    run_folder(out)
+
+
+def print_audit_table(s: dict) -> None:
+    typer.echo(f"{s.get('model')} on {s.get('task')}: {s['n_questions']} questions, K={s['k']}, T={s.get('temperature')}  ({s['level']:.0%} {s['ci']} intervals)")
+    typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}")
+    typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}")
+    typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}")
+
+
+def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
+              probe: Annotated[str, typer.Option("--probe")] = "temperature"):
+    """Print the unbiased pass@k curve of a run, k = 1..n."""
+    from rnr_interp.audit import summarize
+    from rnr_interp.records import RunDir
+
+    if not (run / "manifest.json").is_file():
+        fail(f"{run} is not a run folder (no manifest.json)")
+    s = execute(lambda: summarize(RunDir(run), probe))
+    typer.echo(f"D (deployed) = {s['D']:.3f}")
+    typer.echo("k\tpass@k")
+    for k, p in zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"]):
+        typer.echo(f"{k}\t{p:.4f}")
+
+
+def route(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "arithmetic",
+    data: DataOpt = None,
+    n: NOpt = None,
+    k: Annotated[int, typer.Option("--k", help="temperature samples K per question")] = 16,
+    budget: Annotated[Optional[int], typer.Option("--budget", help="route evaluations per search and question (default: K)")] = None,
+    out: OutOpt = Path("runs/route"),
+    space: Annotated[list[str], typer.Option("--space", help="native | polar | skiponly (repeatable)")] = ["native"],
+    methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,mcts,hill_climb,genetic")] = "random,mcts,hill_climb,genetic",
+    temperature: TempOpt = 1.0,
+    collapse: Annotated[float, typer.Option("--collapse", help="unparsed-rate threshold for format collapse")] = 0.5,
+    min_len: Annotated[Optional[int], typer.Option("--min-len", help="shortest route (default: L - L//3)")] = None,
+    max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
+    seed: SeedOpt = 0,
+    batch_size: BatchOpt = 16,
+    quiet: QuietOpt = False,
+):
+    """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
+    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.routing.spaces import SPACES
+
+    bad = [s for s in space if s not in SPACES]
+    if bad:
+        fail(f"unknown --space {bad[0]!r}; known: {', '.join(SPACES)}")
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        cfg = RouteConfig(samples=k, budget=k if budget is None else budget, spaces=tuple(space),
+                          methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+                          temperature=temperature, seed=seed, collapse=collapse, batch_size=batch_size,
+                          min_len=min_len, max_len=max_len)
+        return run_route_audit(lm, t, out, cfg, progress=not quiet)
+
+    s = execute(body)
+    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget {s['budget']} route evaluations per method")
+    typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}")
+    for m, v in s["oracle_at_k"].items():
+        typer.echo(f"  oracle@K {m:<12}         {v:.3f}")
+    for name, v in s["selectors"].items():
+        typer.echo(f"  selector {name:<20} acc {v['accuracy']:.3f}  gap recovery (median) {v['gap_recovery_median']:.3f}")
+    if s["excluded_cells"]:
+        typer.echo(f"  excluded (format collapse): {', '.join(s['excluded_cells'])}")
+    run_folder(out)

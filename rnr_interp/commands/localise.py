@@ -1,0 +1,166 @@
+"""Commands of the localisation analyses: failures, repair, steer, units. Each writes
+its run folder through the analysis, then the report's figures into ``figures/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from rnr_interp.commands.common import (
+    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, execute, fail, load_inputs,
+    run_folder,
+)
+from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_KS
+
+ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter")]
+PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel size (first N deployed-right questions)")]
+LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="layers to sweep, e.g. '0-5,9' (default: all)")]
+LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (default: best of --repair-run, else found by a sweep)")]
+RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel and best block")]
+
+_ALPHAS = ",".join(f"{a:g}" for a in DEFAULT_ALPHAS)
+_KS = ",".join(map(str, DEFAULT_KS))
+
+
+def parse_layers(spec: Optional[str], n_layers: int) -> list[int]:
+    if not spec:
+        return list(range(n_layers))
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    bad = [i for i in out if not 0 <= i < n_layers]
+    if bad:
+        raise ValueError(f"--layers names layer {bad[0]}, but the model has layers 0..{n_layers - 1}")
+    return list(dict.fromkeys(out))
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _figures(out: Path) -> None:
+    from rnr_interp.records import RunDir
+    from rnr_interp.report.registry import write_run_figures
+
+    write_run_figures(RunDir(out))
+
+
+def failures(
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = None,
+    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+):
+    """Failure set (recognised but answered wrong) and healthy panel of an MC task."""
+    from rnr_interp.cohort import deployed_decoding
+    from rnr_interp.repair import run_failures
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        return run_failures(lm, t, out, readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
+                            batch_size=batch_size, progress=not quiet)
+
+    s = execute(body)
+    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, deployed accuracy {s['deployed_accuracy']:.3f}")
+    typer.echo(f"  recognition (gold first): {s.get('recognition_accuracy')}")
+    typer.echo(f"  failure set: {s['n_failure']}   healthy panel: {s['n_panel']}")
+    if s["failure_empty_reason"]:
+        typer.echo(f"  failure set is empty: {s['failure_empty_reason']}")
+    run_folder(out)
+
+
+def repair(
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    out: OutOpt = Path("runs/repair"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8,
+    layers: LayersOpt = None, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+):
+    """Silence every layer's MLP / attention / whole layer: repair and damage rates."""
+    from rnr_interp.cohort import deployed_decoding
+    from rnr_interp.repair import run_repair
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        return run_repair(lm, t, out, readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
+                          layers=parse_layers(layers, lm.n_layers), batch_size=batch_size, progress=not quiet)
+
+    s = execute(body)
+    _figures(out)
+    typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']}, panel {s['n_panel']}")
+    if s["failure_empty_reason"]:
+        typer.echo(f"  no repair to find: {s['failure_empty_reason']}")
+    for c, b in s["best"].items():
+        typer.echo(f"  best {c:5s}: " + ("nothing repaired" if b is None else
+                   f"layer {b['layer']}  repair {b['repair_rate']:.3f}  damage {b['damage_rate']:.3f}"))
+    run_folder(out)
+
+
+def steer(
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    out: OutOpt = Path("runs/steer"), layer: LayerOpt = None,
+    component: Annotated[str, typer.Option("--component", help="mlp | attn | layer")] = "mlp",
+    repair_run: RepairRunOpt = None,
+    alphas: Annotated[str, typer.Option("--alphas", help="comma-separated alpha grid")] = _ALPHAS,
+    readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8, max_new_tokens: MaxTokOpt = None,
+    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+):
+    """Steer the chosen block along v: rescue the failures, induce failures in the panel."""
+    import pandas as pd
+
+    from rnr_interp.cohort import deployed_decoding
+    from rnr_interp.interventions import COMPONENT_SITE
+    from rnr_interp.steering import run_steer
+
+    if component not in COMPONENT_SITE:
+        fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        return run_steer(lm, t, out, layer=layer, component=component, repair_run=repair_run, alphas=_floats(alphas),
+                         readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
+                         batch_size=batch_size, progress=not quiet)
+
+    s = execute(body)
+    _figures(out)
+    if "skipped" in s:
+        typer.echo(f"no steering: {s['skipped']}")
+    else:
+        typer.echo(f"{s['model']} on {s['task']}: {component} layer {s['layer']} ({s['block_choice']}), |v| = {s['v_norm']:.3f}")
+        typer.echo("  alpha  rescue  induction")
+        tab = pd.DataFrame(s["table"]).pivot(index="alpha", columns="direction", values="rate")
+        for alpha, r in tab.iterrows():
+            typer.echo(f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
+    run_folder(out)
+
+
+def units(
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    out: OutOpt = Path("runs/units"), layer: LayerOpt = None, repair_run: RepairRunOpt = None,
+    ks: Annotated[str, typer.Option("--ks", help="comma-separated k grid")] = _KS,
+    seed: SeedOpt = 0, readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8, max_new_tokens: MaxTokOpt = None,
+    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+):
+    """Silence the top-k MLP units along v vs k random units: share of the block's repair."""
+    import pandas as pd
+
+    from rnr_interp.cohort import deployed_decoding
+    from rnr_interp.steering import run_units
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        return run_units(lm, t, out, layer=layer, repair_run=repair_run, ks=[int(k) for k in _floats(ks)], seed=seed,
+                         readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
+                         batch_size=batch_size, progress=not quiet)
+
+    s = execute(body)
+    _figures(out)
+    if "skipped" in s:
+        typer.echo(f"no unit analysis: {s['skipped']}")
+    else:
+        typer.echo(f"{s['model']} on {s['task']}: MLP layer {s['layer']} ({s['block_choice']}), whole-MLP repair {s['whole_block_repair']:.3f}")
+        typer.echo("  k     top    random   (fraction of the whole-MLP repair)")
+        tab = pd.DataFrame(s["table"]).pivot(index="k", columns="selection", values="recovered_fraction")
+        for k, r in tab.iterrows():
+            typer.echo(f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
+    run_folder(out)
