@@ -13,7 +13,7 @@ from .selectors import (
     select,
     self_verification,
 )
-from .spaces import SPACES, STOP, Edit, Route, RouteSpace, default_bounds, make_space, polar_decode, polar_encode
+from .spaces import SPACES, STOP, Edit, LayerPath, RouteSpace, default_bounds, make_space, polar_decode, polar_encode
 
 __all__ = [
     "SEARCHES",
@@ -23,7 +23,7 @@ __all__ = [
     "BudgetExceeded",
     "Edit",
     "Evaluator",
-    "Route",
+    "LayerPath",
     "RouteSpace",
     "SearchResult",
     "confidence",

@@ -15,13 +15,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
-Route = tuple[int, ...]
+from .spaces import LayerPath
 
 
 @dataclass
 class _Request:
     key: Hashable  # the question
-    routes: list[Route]
+    routes: list[LayerPath]
     result: list[Any] | None = None
 
 
@@ -30,13 +30,13 @@ class Lockstep:
     """`run_batch(requests: list[(key, route)]) -> list[value]` is called by the main
     thread only, with requests grouped as it likes."""
 
-    run_batch: Callable[[list[tuple[Hashable, Route]]], list[Any]]
+    run_batch: Callable[[list[tuple[Hashable, LayerPath]]], list[Any]]
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _pending: list[_Request] = field(default_factory=list)
     _live: int = 0
 
-    def evaluate_for(self, key: Hashable) -> Callable[[list[Route]], list[Any]]:
-        def evaluate(routes: list[Route]) -> list[Any]:
+    def evaluate_for(self, key: Hashable) -> Callable[[list[LayerPath]], list[Any]]:
+        def evaluate(routes: list[LayerPath]) -> list[Any]:
             req = _Request(key, [tuple(r) for r in routes])
             with self._cv:
                 self._pending.append(req)

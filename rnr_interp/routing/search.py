@@ -22,9 +22,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .spaces import STOP, Action, Route, RouteSpace
+from .spaces import STOP, Action, LayerPath, RouteSpace
 
-EvaluateFn = Callable[[list[Route]], Sequence[float]]
+EvaluateFn = Callable[[list[LayerPath]], Sequence[float]]
 
 _SAMPLE_TRIES = 64  # random draws for an unseen route before enumerating the space
 
@@ -41,17 +41,17 @@ class Evaluator:
             raise ValueError("budget must be >= 1 (the full path is always evaluated)")
         self.space, self.budget = space, budget
         self._evaluate = evaluate
-        self.scores: dict[Route, float] = {}  # insertion order is evaluation order
+        self.scores: dict[LayerPath, float] = {}  # insertion order is evaluation order
         self.n_calls = 0
 
     @property
     def remaining(self) -> int:
         return self.budget - len(self.scores)
 
-    def __contains__(self, route: Route) -> bool:
+    def __contains__(self, route: LayerPath) -> bool:
         return route in self.scores
 
-    def __call__(self, routes: Iterable[Route]) -> list[float]:
+    def __call__(self, routes: Iterable[LayerPath]) -> list[float]:
         """Scores of `routes`, evaluating (in one batch) those not seen before.
         Raises BudgetExceeded when the new ones do not fit in the budget."""
         routes = [tuple(r) for r in routes]
@@ -82,8 +82,8 @@ class SearchResult:
     Rewards are the callback's raw values (MCTS's length penalty stays inside its tree)."""
 
     method: str
-    evaluated: list[tuple[Route, float]] = field(repr=False)
-    best_route: Route
+    evaluated: list[tuple[LayerPath, float]] = field(repr=False)
+    best_route: LayerPath
     best_reward: float
     n_evaluations: int
     n_calls: int  # how many batches went to the callback
@@ -94,7 +94,7 @@ def _begin(space: RouteSpace, evaluate: EvaluateFn, budget: int) -> tuple[Evalua
     return ev, ev([space.full_path])[0]
 
 
-def _fresh(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, taken: Iterable[Route] = ()) -> Route | None:
+def _fresh(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, taken: Iterable[LayerPath] = ()) -> LayerPath | None:
     """A route neither evaluated nor in `taken`: a random sample if one of a few draws
     is new, else the first such route of the enumeration; None once the space is spent.
     This is every search's way out of a corner it has already explored."""
@@ -107,9 +107,9 @@ def _fresh(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, taken: It
     return next((r for r in space.iter_routes() if r not in ev and r not in taken), None)
 
 
-def _fresh_batch(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, n: int) -> list[Route]:
+def _fresh_batch(space: RouteSpace, ev: Evaluator, rng: np.random.Generator, n: int) -> list[LayerPath]:
     """Up to n distinct unseen routes (fewer only when the space runs out)."""
-    batch: list[Route] = []
+    batch: list[LayerPath] = []
     while len(batch) < n and (route := _fresh(space, ev, rng, batch)) is not None:
         batch.append(route)
     return batch
@@ -136,7 +136,7 @@ def random_search(
 
 @dataclass(eq=False)
 class _Node:
-    route: Route
+    route: LayerPath
     untried: list[Action]  # actions not expanded yet; a STOP child is a leaf
     children: list[_Node] = field(default_factory=list)
     visits: int = 0
@@ -148,11 +148,11 @@ class _Node:
         return self.total / self.visits + c * math.sqrt(math.log(parent_visits) / self.visits)
 
 
-def _node(space: RouteSpace, route: Route, terminal: bool = False) -> _Node:
+def _node(space: RouteSpace, route: LayerPath, terminal: bool = False) -> _Node:
     return _Node(route, [] if terminal else [*space.actions(route), STOP])
 
 
-def _rollout(space: RouteSpace, route: Route, rng: np.random.Generator, p_stop: float) -> Route:
+def _rollout(space: RouteSpace, route: LayerPath, rng: np.random.Generator, p_stop: float) -> LayerPath:
     """Random tree actions until a coin with P(stop) = p_stop says stop."""
     while rng.random() >= p_stop:
         actions = space.actions(route)
@@ -223,12 +223,12 @@ def mcts(
 def _climb_step(
     space: RouteSpace,
     ev: Evaluator,
-    route: Route,
+    route: LayerPath,
     score: float,
     rng: np.random.Generator,
     batch_size: int,
     patience: int,
-) -> tuple[Route, float] | None:
+) -> tuple[LayerPath, float] | None:
     """A neighbour scoring above `score`, or None: none of the already-known ones and
     none of `patience` batches of unseen ones (in random order) does better. Within a
     batch the best neighbour wins (first improvement at batch granularity)."""
@@ -276,7 +276,7 @@ def hill_climb(
 # -- genetic -----------------------------------------------------------------
 
 
-def _tournament(pop: list[Route], ev: Evaluator, rng: np.random.Generator, size: int) -> Route:
+def _tournament(pop: list[LayerPath], ev: Evaluator, rng: np.random.Generator, size: int) -> LayerPath:
     picks = rng.choice(len(pop), size=size, replace=len(pop) < size)
     return max((pop[i] for i in sorted(picks)), key=lambda r: ev.scores[r])
 
@@ -284,13 +284,13 @@ def _tournament(pop: list[Route], ev: Evaluator, rng: np.random.Generator, size:
 def _child(
     space: RouteSpace,
     ev: Evaluator,
-    pop: list[Route],
-    taken: list[Route],
+    pop: list[LayerPath],
+    taken: list[LayerPath],
     rng: np.random.Generator,
     tournament: int,
     p_crossover: float,
     p_mutation: float,
-) -> Route | None:
+) -> LayerPath | None:
     """One new route bred from the population; when breeding keeps giving known
     routes, a few more mutations, then a fresh sample (None when the space is spent)."""
     child = _tournament(pop, ev, rng, tournament)
@@ -323,7 +323,7 @@ def genetic(
     pop = [space.full_path, *_fresh_batch(space, ev, rng, min(population - 1, ev.remaining))]
     ev(pop)
     while ev.remaining:
-        children: list[Route] = []
+        children: list[LayerPath] = []
         while len(children) < min(population, ev.remaining):
             child = _child(space, ev, pop, children, rng, tournament, p_crossover, p_mutation)
             if child is None:

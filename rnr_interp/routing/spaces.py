@@ -41,7 +41,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-Route = tuple[int, ...]
+#: a route as data: block indices in run order (applied as the intervention `interventions.Route`)
+LayerPath = tuple[int, ...]
 Plan = tuple[int, ...]
 
 SKIP, ONCE, TWICE, TWICE_CONT = 0, 1, 2, 3
@@ -72,7 +73,7 @@ def _segment_codes(n: int, action: int) -> list[int]:
     return [action] * n
 
 
-def _route(plan: Plan) -> Route:
+def _route(plan: Plan) -> LayerPath:
     """The block order a plan runs: a repeated block's copy follows its last layer."""
     out: list[int] = []
     block: list[int] = []
@@ -90,7 +91,7 @@ def _route(plan: Plan) -> Route:
 
 
 @lru_cache(maxsize=1 << 16)
-def _parse(route: Route, n_layers: int) -> Plan | None:
+def _parse(route: LayerPath, n_layers: int) -> Plan | None:
     """The plan that runs `route`, or None when no plan does (a layer out of range,
     used three times, out of order other than by a repeat, or a repeat longer than
     MAX_SEGMENT)."""
@@ -170,7 +171,7 @@ def polar_encode(route: Sequence[int], n_layers: int) -> tuple[Segments, tuple[i
     return tuple(segments), tuple(actions)
 
 
-def polar_decode(segments: Sequence[tuple[int, int]], actions: Sequence[int]) -> Route:
+def polar_decode(segments: Sequence[tuple[int, int]], actions: Sequence[int]) -> LayerPath:
     """The route of a segmentation (contiguous half-open ranges from layer 0, each of
     1-4 layers) and one action per segment; canonical or not."""
     if len(segments) != len(actions):
@@ -345,7 +346,7 @@ class RouteSpace:
         return _KINDS[self.name]
 
     @property
-    def full_path(self) -> Route:
+    def full_path(self) -> LayerPath:
         return tuple(range(self.n_layers))
 
     @property
@@ -386,10 +387,10 @@ class RouteSpace:
                 yield edit
 
     # -- moves ---------------------------------------------------------------
-    def sample(self, rng: np.random.Generator) -> Route:
+    def sample(self, rng: np.random.Generator) -> LayerPath:
         return _route(self._kind.sample(self, rng))
 
-    def neighborhood(self, route: Sequence[int]) -> list[Route]:
+    def neighborhood(self, route: Sequence[int]) -> list[LayerPath]:
         """Every distinct route one local move away (never the route itself), in a
         fixed order."""
         plan = self._plan_of(route)
@@ -400,7 +401,7 @@ class RouteSpace:
                 found[new] = None
         return [_route(p) for p in found]
 
-    def neighbors(self, route: Sequence[int], rng: np.random.Generator) -> Route:
+    def neighbors(self, route: Sequence[int], rng: np.random.Generator) -> LayerPath:
         """One random local move; the route itself only when no move stays in bounds."""
         near = self.neighborhood(route)
         return near[int(rng.integers(len(near)))] if near else tuple(route)
@@ -414,7 +415,7 @@ class RouteSpace:
         plan = self._plan_of(route)
         return list(self._fitting(plan, self._kind.tree(plan)))
 
-    def apply(self, route: Sequence[int], action: Action) -> Route:
+    def apply(self, route: Sequence[int], action: Action) -> LayerPath:
         if action == STOP:
             return tuple(route)
         new = _route(_apply(self._plan_of(route), action))
@@ -422,7 +423,7 @@ class RouteSpace:
             raise ValueError(f"{action} takes {tuple(route)} out of {self}")
         return new
 
-    def crossover(self, a: Sequence[int], b: Sequence[int], rng: np.random.Generator) -> Route:
+    def crossover(self, a: Sequence[int], b: Sequence[int], rng: np.random.Generator) -> LayerPath:
         """Layers before a random cut from `a`, the rest from `b`; a block of `b` cut in
         two keeps its tail as a block. Falls back to `a` when out of bounds."""
         plan_a, plan_b = self._plan_of(a), self._plan_of(b)
@@ -436,7 +437,7 @@ class RouteSpace:
         return route if self.min_len <= len(route) <= self.max_len else tuple(a)
 
     # -- enumeration -----------------------------------------------------------
-    def iter_routes(self) -> Iterator[Route]:
+    def iter_routes(self) -> Iterator[LayerPath]:
         """Every route of the space, depth first with run-once layers first (so routes
         near the full path come early). Exponential in L: exhaust it only for small L;
         taking the first few items is cheap for any L."""
@@ -444,7 +445,7 @@ class RouteSpace:
         most = max(_RUNS[c] for c in codes)
         plan: list[int] = []
 
-        def extend(length: int, block: int) -> Iterator[Route]:
+        def extend(length: int, block: int) -> Iterator[LayerPath]:
             if len(plan) == L:
                 yield _route(tuple(plan))
                 return
