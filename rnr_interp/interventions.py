@@ -393,7 +393,7 @@ def capturing(lm, names: Sequence[str], keep: Callable[[Tensor], Tensor] = lambd
     """Read activations: during the block, each forward appends ``keep(act)`` of every
     hook point in `names` (from `site_hook`) to ``got[name]``; the activations pass on
     unchanged. Combines with `applied` (reads see the interventions in force)."""
-    got: dict[str, list[Tensor]] = {name: [] for name in names}
+    got: dict[str, list[Tensor]] = {name: [] for name in names}  # one reader per distinct point
 
     def reader(name: str):
         def hook(act: Tensor, hook=None):
@@ -402,7 +402,7 @@ def capturing(lm, names: Sequence[str], keep: Callable[[Tensor], Tensor] = lambd
 
         return hook
 
-    with lm.bridge.hooks(fwd_hooks=[(name, reader(name)) for name in names]):
+    with lm.bridge.hooks(fwd_hooks=[(name, reader(name)) for name in got]):
         yield got
 
 
