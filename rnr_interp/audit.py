@@ -10,34 +10,29 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores
+from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe, sample_task
+from rnr_interp.sampling import Probe, run_config, sample_task
 from rnr_interp.tasks.base import Task
 
+if TYPE_CHECKING:  # vLLM loads on first use
+    from rnr_interp.vllm_backend import VLLMModel
 
-def audit_config(lm, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int) -> dict[str, Any]:
+
+def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int) -> dict[str, Any]:
     """Everything that decides the records: two runs are comparable only when these
     agree (the checkpoint audit checks them)."""
-    return {
-        "kind": "audit",
-        "model": lm.spec,
-        "model_facts": lm.facts(),
-        "task": task.describe(),
-        "question_ids_hash": task.ids_hash(),
-        "probe": asdict(probe),
-        "deployed": asdict(deployed),
-        "interventions": dumps(interventions),
-        "batch_size": batch_size,
-    }
+    return run_config("audit", lm, task, probe=asdict(probe), deployed=asdict(deployed),
+                      interventions=dumps(interventions), batch_size=batch_size)
 
 
 def run_audit(
-    lm,
+    lm: LoadedModel | VLLMModel,
     task: Task,
     out: str | Path,
     *,

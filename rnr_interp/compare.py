@@ -29,8 +29,10 @@ import pandas as pd
 
 from rnr_interp.generate import Decoding
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores
+from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir, lookup
 from rnr_interp.sampling import Probe, chunks, sample_questions
+from rnr_interp.tasks.base import Task
 
 REALIZED = ("gained", "lost", "kept", "never")
 REACHABLE = ("entered", "left", "stayed", "never")
@@ -166,7 +168,7 @@ def budget_probe(config: dict[str, Any], factor: int = 2, seed_offset: int = 1) 
                  name=f"{p['name']}_k{k}")
 
 
-def budget_control(lm, task, question_ids: Sequence[str], probe: Probe, deployed: Decoding, *,
+def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], probe: Probe, deployed: Decoding, *,
                    batch_size: int = 8, run: RunDir | None = None) -> pd.DataFrame:
     """Re-probe `question_ids` with `lm` (the trained model) under `probe` (e.g.
     `budget_probe(config)`, 2K samples, a fresh seed). Rows go to `run` when given, and

@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from rnr_interp.generate import forward, left_pad
+from rnr_interp.models import LoadedModel
 from rnr_interp.sampling import chunks
 from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
 
@@ -41,7 +42,7 @@ class ScoredSequence:
     continuation: tuple[int, ...]
 
 
-def option_sequences(lm, task: MultipleChoiceTask, q: Question, variant: Variant) -> list[ScoredSequence]:
+def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, variant: Variant) -> list[ScoredSequence]:
     """One (context, continuation) per option of `q`, in option order."""
     if q.choices is None:
         raise ValueError(f"question {q.id!r} has no choices: recognition needs a multiple-choice task")
@@ -63,7 +64,7 @@ def option_sequences(lm, task: MultipleChoiceTask, q: Question, variant: Variant
 
 
 @torch.inference_mode()
-def continuation_logprobs(lm, seqs: Sequence[ScoredSequence], batch_size: int = 8) -> list[Float[np.ndarray, "n_cont"]]:
+def continuation_logprobs(lm: LoadedModel, seqs: Sequence[ScoredSequence], batch_size: int = 8) -> list[Float[np.ndarray, "n_cont"]]:
     """Per-token log-probs of each continuation given its context (interventions in
     force, if the caller installed any). Sequences are batched by length."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].context) + len(seqs[i].continuation))
@@ -82,7 +83,7 @@ def continuation_logprobs(lm, seqs: Sequence[ScoredSequence], batch_size: int = 
     return out  # type: ignore[return-value]
 
 
-def recognize(lm, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8) -> list[dict[str, Any]]:
+def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8) -> list[dict[str, Any]]:
     """One row per (question, variant): per-option scores, rankings (best first) and
     whether the gold option ranks first. Option variants carry both normalisations."""
     rows = []

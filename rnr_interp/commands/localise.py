@@ -48,6 +48,20 @@ def _figures(out: Path) -> None:
     write_run_figures(RunDir(out))
 
 
+def _print_curve(s: dict, what: str, headline: str, header: str, pivot: tuple[str, str, str], row) -> None:
+    """A steer/units summary: why it was skipped, or its table as one line per x."""
+    import pandas as pd
+
+    if "skipped" in s:
+        typer.echo(f"no {what}: {s['skipped']}")
+        return
+    typer.echo(f"{s['model']} on {s['task']}: {headline}")
+    typer.echo(header)
+    index, columns, values = pivot
+    for x, r in pd.DataFrame(s["table"]).pivot(index=index, columns=columns, values=values).iterrows():
+        typer.echo(row(x, r))
+
+
 def failures(
     model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
     out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = None,
@@ -106,8 +120,6 @@ def steer(
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Steer the chosen block along v: rescue the failures, induce failures in the panel."""
-    import pandas as pd
-
     from rnr_interp.cohort import deployed_decoding
     from rnr_interp.interventions import COMPONENT_SITE
     from rnr_interp.steering import run_steer
@@ -123,14 +135,9 @@ def steer(
 
     s = execute(body)
     _figures(out)
-    if "skipped" in s:
-        typer.echo(f"no steering: {s['skipped']}")
-    else:
-        typer.echo(f"{s['model']} on {s['task']}: {component} layer {s['layer']} ({s['block_choice']}), |v| = {s['v_norm']:.3f}")
-        typer.echo("  alpha  rescue  induction")
-        tab = pd.DataFrame(s["table"]).pivot(index="alpha", columns="direction", values="rate")
-        for alpha, r in tab.iterrows():
-            typer.echo(f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
+    _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
+                 "  alpha  rescue  induction", ("alpha", "direction", "rate"),
+                 lambda alpha, r: f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
     run_folder(out)
 
 
@@ -142,8 +149,6 @@ def units(
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Silence the top-k MLP units along v vs k random units: share of the block's repair."""
-    import pandas as pd
-
     from rnr_interp.cohort import deployed_decoding
     from rnr_interp.steering import run_units
 
@@ -155,12 +160,7 @@ def units(
 
     s = execute(body)
     _figures(out)
-    if "skipped" in s:
-        typer.echo(f"no unit analysis: {s['skipped']}")
-    else:
-        typer.echo(f"{s['model']} on {s['task']}: MLP layer {s['layer']} ({s['block_choice']}), whole-MLP repair {s['whole_block_repair']:.3f}")
-        typer.echo("  k     top    random   (fraction of the whole-MLP repair)")
-        tab = pd.DataFrame(s["table"]).pivot(index="k", columns="selection", values="recovered_fraction")
-        for k, r in tab.iterrows():
-            typer.echo(f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
+    _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), whole-MLP repair {s.get('whole_block_repair', 0):.3f}",
+                 "  k     top    random   (fraction of the whole-MLP repair)", ("k", "selection", "recovered_fraction"),
+                 lambda k, r: f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
     run_folder(out)
