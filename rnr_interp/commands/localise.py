@@ -1,5 +1,6 @@
 """Commands of the localisation analyses: failures, repair, steer, units. Each writes
-its run folder through the analysis, then the report's figures into ``figures/``."""
+its run folder through the analysis, then the report's figures into ``figures/``
+(`_localise`, the command skeleton they share)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,23 @@ def _figures(out: Path) -> None:
     write_run_figures(RunDir(out))
 
 
+def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
+              per_model=lambda lm: {}, **options) -> dict:
+    """The localisation commands' body: load, run `analysis` with greedy short decoding
+    (`cohort.deployed_decoding`), figures into the run folder; `per_model(lm)` gives the
+    options that depend on the loaded model."""
+    from rnr_interp.cohort import deployed_decoding
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        return analysis(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
+                        progress=not quiet, **per_model(lm), **options)
+
+    summary = execute(body)
+    _figures(out)
+    return summary
+
+
 def _print_curve(s: dict, what: str, headline: str, header: str, pivot: tuple[str, str, str], row) -> None:
     """A steer/units summary: why it was skipped, or its table as one line per x."""
     import pandas as pd
@@ -68,15 +86,9 @@ def failures(
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Failure set (recognised but answered wrong) and healthy panel of an MC task."""
-    from rnr_interp.cohort import deployed_decoding
     from rnr_interp.repair import run_failures
 
-    def body():
-        lm, t = load_inputs(model, task, data, n)
-        return run_failures(lm, t, out, readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
-                            batch_size=batch_size, progress=not quiet)
-
-    s = execute(body)
+    s = _localise(run_failures, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel)
     typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, deployed accuracy {s['deployed_accuracy']:.3f}")
     typer.echo(f"  recognition (gold first): {s.get('recognition_accuracy')}")
     typer.echo(f"  failure set: {s['n_failure']}   healthy panel: {s['n_panel']}")
@@ -91,16 +103,10 @@ def repair(
     layers: LayersOpt = None, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates."""
-    from rnr_interp.cohort import deployed_decoding
     from rnr_interp.repair import run_repair
 
-    def body():
-        lm, t = load_inputs(model, task, data, n)
-        return run_repair(lm, t, out, readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
-                          layers=parse_layers(layers, lm.n_layers), batch_size=batch_size, progress=not quiet)
-
-    s = execute(body)
-    _figures(out)
+    s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel,
+                  per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']}, panel {s['n_panel']}")
     if s["failure_empty_reason"]:
         typer.echo(f"  no repair to find: {s['failure_empty_reason']}")
@@ -120,21 +126,13 @@ def steer(
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Steer the chosen block along v: rescue the failures, induce failures in the panel."""
-    from rnr_interp.cohort import deployed_decoding
     from rnr_interp.interventions import COMPONENT_SITE
     from rnr_interp.steering import run_steer
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
-
-    def body():
-        lm, t = load_inputs(model, task, data, n)
-        return run_steer(lm, t, out, layer=layer, component=component, repair_run=repair_run, alphas=_floats(alphas),
-                         readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
-                         batch_size=batch_size, progress=not quiet)
-
-    s = execute(body)
-    _figures(out)
+    s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
+                  component=component, repair_run=repair_run, alphas=_floats(alphas), readout=readout, panel=panel)
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
                  "  alpha  rescue  induction", ("alpha", "direction", "rate"),
                  lambda alpha, r: f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
@@ -149,17 +147,10 @@ def units(
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Silence the top-k MLP units along v vs k random units: share of the block's repair."""
-    from rnr_interp.cohort import deployed_decoding
     from rnr_interp.steering import run_units
 
-    def body():
-        lm, t = load_inputs(model, task, data, n)
-        return run_units(lm, t, out, layer=layer, repair_run=repair_run, ks=[int(k) for k in _floats(ks)], seed=seed,
-                         readout=readout, panel=panel, decoding=deployed_decoding(t, max_new_tokens),
-                         batch_size=batch_size, progress=not quiet)
-
-    s = execute(body)
-    _figures(out)
+    s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
+                  repair_run=repair_run, ks=[int(k) for k in _floats(ks)], seed=seed, readout=readout, panel=panel)
     _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), whole-MLP repair {s.get('whole_block_repair', 0):.3f}",
                  "  k     top    random   (fraction of the whole-MLP repair)", ("k", "selection", "recovered_fraction"),
                  lambda k, r: f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
