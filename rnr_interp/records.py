@@ -14,21 +14,30 @@ resumed run skips them. Every file is written to a `*.tmp` in its final folder a
 moved into place with `os.replace`, which is atomic on POSIX: a kill leaves at most a
 stray `*.tmp`, which readers never look at and the next writer's open removes.
 
-One writer per run folder: `RunDir.create` removes stray temp files, which would break
-a second writer that is mid-write in the same folder. Readers may open a run that is
-still being written.
+One writer per run folder: `RunDir.create` takes an exclusive `flock` on `run/.lock`
+(which names the holder: pid, host, start time, command) and keeps it while any `RunDir`
+of this process for the folder is alive; a second process is refused with the holder's
+name. The kernel drops the lock of a killed process, so a `.lock` left behind by one is
+stale and the next writer takes it over. Readers take no lock and may open a run that is
+still being written. Unreadable files (garbage JSON, a manifest without a config,
+truncated or foreign Parquet parts) raise `RunFolderError`, one line naming the file.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
 import re
+import socket
+import sys
 import tomllib
 import warnings
+import weakref
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +53,7 @@ MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 RECORDS_DIR = "records"
 ARTEFACTS_DIR = "artefacts"
+LOCK = ".lock"
 
 RECORD_SCHEMA = pa.schema(
     [
@@ -141,16 +151,30 @@ class ProbeLabel:
         raise ValueError(f"unrecognised probe label {text!r}")
 
 
-class ConfigMismatchError(ValueError):
+class RunFolderError(ValueError):
+    """A run folder, or one of its files, that cannot be used as one; the message is one
+    line naming the path and the problem."""
+
+
+class RunLockedError(RunFolderError):
+    """Another live process holds the run folder's writer lock."""
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr clipped to `limit` characters, for one-line messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ConfigMismatchError(RunFolderError):
     """A run folder exists with a different config; `keys` are the differing keys
     (dotted paths into nested dicts)."""
 
     def __init__(self, path: Path, keys: list[str], old: dict[str, Any], new: dict[str, Any]):
-        lines = [f"  {key}: {lookup(old, key)!r} (stored) != {lookup(new, key)!r} (given)" for key in keys]
+        diffs = "; ".join(f"{key}: {short_repr(lookup(old, key))} (stored) != {short_repr(lookup(new, key))} (given)"
+                          for key in keys)
         super().__init__(
-            f"{path} holds a run with a different config; differing keys:\n"
-            + "\n".join(lines)
-            + "\nUse another folder; existing results are never overwritten."
+            f"{path} holds a run with a different config ({diffs}); use another folder, existing results are never overwritten"
         )
         self.keys = keys
 
@@ -289,6 +313,181 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+# -- reading run files -------------------------------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def read_json_file(path: Path) -> Any:
+    """A JSON file's content, or RunFolderError naming the file and what is wrong."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except OSError as exc:
+        raise RunFolderError(f"{path}: cannot be read ({exc.strerror or _first_line(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def _read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.Table:
+    """A Parquet file as a table. With `schema`, the file must hold every one of its
+    columns with its type (extra columns are ignored). Damaged or foreign files raise
+    RunFolderError naming the file."""
+    try:
+        found = pq.read_schema(path)
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise RunFolderError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    if schema is not None:
+        for field in schema:
+            i = found.get_field_index(field.name)
+            if i < 0:
+                raise RunFolderError(f"{path}: not a records part of this format (no column {field.name!r})")
+            if not found.field(i).type.equals(field.type):
+                raise RunFolderError(
+                    f"{path}: not a records part of this format (column {field.name!r} is {found.field(i).type}, "
+                    f"expected {field.type})"
+                )
+    try:
+        return pq.read_table(path, schema=schema, **kw)
+    except (pa.ArrowException, OSError) as exc:
+        raise RunFolderError(f"{path}: damaged Parquet file ({_first_line(exc)})") from None
+
+
+# -- the writer lock ----------------------------------------------------------------
+
+
+def _holder_text(raw: bytes) -> str:
+    try:
+        h = json.loads(raw.decode())
+        return f"pid {h['pid']} on {h['host']} since {h['started']} ({h['command']})"
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no details"
+
+
+class _WriterLock:
+    """An exclusive flock on `folder/.lock`, shared by every RunDir of this process for
+    the folder (see `_writer_lock`) and released, its file removed, when the last of them
+    is gone. A lock file whose flock nobody holds was left by a killed process: it is
+    taken over (`stale_holder` keeps what it said)."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / LOCK
+        self.stale_holder: str | None = None
+        for _ in range(10):  # retried only when the file is swapped under us
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _holder_text(os.pread(fd, 4096, 0))
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise RunLockedError(
+                        f"{folder} is being written by {holder}; wait for it to finish or use another folder"
+                    ) from None
+                raise RunFolderError(f"{self.path}: cannot be locked ({exc.strerror})") from None
+            # A releasing holder unlinks the file before unlocking it: if ours is no longer
+            # the file at the path, we locked a dead inode and must start again.
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            previous = os.pread(fd, 4096, 0)
+            if previous.strip():
+                self.stale_holder = _holder_text(previous)
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:200] if sys.argv else "python",
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            self._finalizer = weakref.finalize(self, _release_lock, fd, self.path)
+            return
+        raise RunFolderError(f"{self.path}: kept changing while being locked")
+
+    def release(self) -> None:
+        self._finalizer()
+
+
+def _release_lock(fd: int, path: Path) -> None:
+    try:
+        if os.path.exists(path) and os.path.samestat(os.stat(path), os.fstat(fd)):
+            os.unlink(path)
+    except OSError:
+        pass
+    os.close(fd)  # closing drops the flock
+
+
+_HELD_LOCKS: "weakref.WeakValueDictionary[str, _WriterLock]" = weakref.WeakValueDictionary()
+
+
+def _writer_lock(folder: Path) -> _WriterLock:
+    """This process's lock on `folder`, taken if not yet held."""
+    key = str(folder.resolve())
+    lock = _HELD_LOCKS.get(key)
+    if lock is None:
+        lock = _WriterLock(folder)
+        _HELD_LOCKS[key] = lock
+    return lock
+
+
+def check_out_folder(path: str | os.PathLike[str], option: str = "--out") -> None:
+    """Refuse, with one line naming the problem, a folder that cannot be a run folder:
+    an existing file, a path under a file, a folder that cannot be created or written.
+    Creates nothing, so commands call it before they start."""
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f"{option} {root} is a file, not a folder")
+    existing = root
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise RunFolderError(f"{option} {root} is under a file ({existing})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{option} {root}: {existing} is not writable")
+
+
+def _make_folder(root: Path) -> list[Path]:
+    """mkdir -p, returning the folders it created (deepest last) so a failed start can
+    remove them again; OS errors become one-line RunFolderErrors."""
+    check_out_folder(root, "run folder")
+    created = []
+    for folder in [*reversed(root.parents), root]:
+        if not folder.exists():
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                _remove_empty(created)
+                raise RunFolderError(f"run folder {root}: cannot create {folder} ({exc.strerror})") from None
+            created.append(folder)
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
 # -- run folders ----------------------------------------------------------------------
 
 _PART_RE = re.compile(r"^part-(\d+)\.parquet$")
@@ -303,54 +502,99 @@ class RunDir:
         self.path = Path(path)
         if not (self.path / MANIFEST).is_file():
             raise FileNotFoundError(f"{self.path} is not a run folder (no {MANIFEST})")
-        self._manifest: dict[str, Any] | None = None
+        self._manifest: dict[str, Any] = self._read_manifest()
         # (question_id, probe) groups stored in parts; loaded on first use
         self._stored: set[tuple[str, str]] | None = None
+        # the writer lock, for a RunDir from `create`
+        self._lock: _WriterLock | None = None
+
+    def _read_manifest(self) -> dict[str, Any]:
+        path = self.path / MANIFEST
+        manifest = read_json_file(path)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
+                or not isinstance(manifest.get("config_hash"), str):
+            raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
+        if config_hash(manifest["config"]) != manifest["config_hash"]:
+            raise RunFolderError(f"{path}: its config does not match its config_hash (edited by hand?)")
+        return manifest
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True) -> "RunDir":
+    def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True,
+               provenance: dict[str, Any] | None = None) -> "RunDir":
         """Start a run in `path`, or resume the one there.
 
         Same config (by config_hash) and resume=True: resume, after removing stray temp
         files a killed writer left. Same config and resume=False: FileExistsError.
-        Different config: ConfigMismatchError naming the differing keys. Nothing already
-        written is ever deleted or overwritten.
+        Different config: ConfigMismatchError naming the differing keys. Another process
+        writing the folder: RunLockedError naming it. Nothing already written is ever
+        deleted or overwritten, and a refused start leaves no folder behind that it made.
+
+        `provenance` (e.g. where the data was read from) is stored in the manifest but
+        is not part of the config: a run resumes from the same content at another path.
+        The returned RunDir holds the writer lock until it is released or dropped.
         """
         root = Path(path)
         config = _normalise(config)
         digest = config_hash(config)
-        if (root / MANIFEST).is_file():
-            run = cls(root)
-            if run.config_hash != digest:
-                raise ConfigMismatchError(root, _config_diff(run.config, config), run.config, config)
-            if not resume:
-                raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
-            _remove_temp_files(root, run.records_dir, run.artefacts_dir)
-            return run
-        records = root / RECORDS_DIR
-        if records.is_dir() and any(_PART_RE.match(p.name) for p in records.iterdir()):
-            raise FileExistsError(f"{root} holds records but no {MANIFEST}; refusing to mix runs")
-        records.mkdir(parents=True, exist_ok=True)
-        _remove_temp_files(root, records)
-        manifest = {
-            "config": config,
-            "config_hash": digest,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": _versions(),
-            "record_columns": list(RECORD_COLUMNS),
-        }
-        # The manifest goes last: its presence is what marks the folder as a run.
-        write_json_atomic(root / MANIFEST, manifest)
-        return cls(root)
+        created = _make_folder(root)
+        try:
+            lock = _writer_lock(root)
+            if (root / MANIFEST).is_file():
+                run = cls(root)
+                if run.config_hash != digest:
+                    raise ConfigMismatchError(root, _config_diff(run.config, config), run.config, config)
+                if not resume:
+                    raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
+                run._lock = lock
+                _remove_temp_files(root, run.records_dir, run.artefacts_dir)
+                return run
+            records = root / RECORDS_DIR
+            if records.is_dir() and any(_PART_RE.match(p.name) for p in records.iterdir()):
+                raise FileExistsError(f"{root} holds records but no {MANIFEST}; refusing to mix runs")
+            records.mkdir(exist_ok=True)
+            created.append(records)
+            _remove_temp_files(root, records)
+            manifest = {
+                "config": config,
+                "config_hash": digest,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "versions": _versions(),
+                "record_columns": list(RECORD_COLUMNS),
+                **({"provenance": _normalise(provenance)} if provenance else {}),
+            }
+            # The manifest goes last: its presence is what marks the folder as a run.
+            write_json_atomic(root / MANIFEST, manifest)
+        except BaseException:
+            # Drop our reference, not the lock: another RunDir of this process may hold
+            # it; the lock goes when the last one does.
+            # The lock of a folder made just now has no other holder: dropping it here
+            # removes its file, so the folders made can go too.
+            lock = None
+            _remove_empty(created)
+            raise
+        run = cls(root)
+        run._lock = lock
+        return run
+
+    def release(self) -> None:
+        """Give up this process's writer lock on the folder now, for every RunDir of it
+        (the lock also goes with the last such RunDir, and with the process)."""
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
     # -- metadata --------------------------------------------------------------------
     @property
     def manifest(self) -> dict[str, Any]:
-        if self._manifest is None:
-            self._manifest = json.loads((self.path / MANIFEST).read_text())
         return self._manifest
 
     @property
@@ -392,7 +636,7 @@ class RunDir:
         if self._stored is None:
             self._stored = set()
             for part in self.parts():
-                t = pq.read_table(part, columns=["question_id", "probe"])
+                t = _read_parquet(part, RECORD_SCHEMA, columns=["question_id", "probe"])
                 self._stored.update(zip(t["question_id"].to_pylist(), t["probe"].to_pylist()))
         return self._stored
 
@@ -456,7 +700,7 @@ class RunDir:
         the first (earliest part) with a warning; they should not occur, but a crash
         during `compact` can leave them.
         """
-        tables = [pq.read_table(p, schema=RECORD_SCHEMA, filters=filters) for p in self.parts()]
+        tables = [_read_parquet(p, RECORD_SCHEMA, filters=filters) for p in self.parts()]
         table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
         df = table.to_pandas()
         dup = df.duplicated(list(RECORD_KEY))
@@ -487,7 +731,10 @@ class RunDir:
         path = self.path / SUMMARY
         if not path.is_file():
             raise FileNotFoundError(f"{self.path} has no {SUMMARY} yet (run not finished?)")
-        return json.loads(path.read_text())
+        summary = read_json_file(path)
+        if not isinstance(summary, dict) or not summary:
+            raise RunFolderError(f"{path}: not a run summary (expected a non-empty JSON object)")
+        return summary
 
     def _artefact(self, name: str, suffix: str) -> Path:
         if not _NAME_RE.match(name) or name.endswith(".tmp"):
@@ -508,7 +755,7 @@ class RunDir:
         return _write_parquet_atomic(path, pa.Table.from_pandas(df))
 
     def read_table(self, name: str) -> pd.DataFrame:
-        return pq.read_table(self._existing_artefact(name, ".parquet")).to_pandas()
+        return _read_parquet(self._existing_artefact(name, ".parquet")).to_pandas()
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self._artefact(name, ".json")
@@ -516,7 +763,7 @@ class RunDir:
         return write_json_atomic(path, obj)
 
     def read_json(self, name: str) -> Any:
-        return json.loads(self._existing_artefact(name, ".json").read_text())
+        return read_json_file(self._existing_artefact(name, ".json"))
 
 
 def load_runs(path: str | os.PathLike[str]) -> list[RunDir]:
