@@ -30,7 +30,7 @@ import pandas as pd
 from rnr_interp.generate import Decoding
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import RunDir, lookup
+from rnr_interp.records import RunDir, comparable, config_diff, lookup, short_repr
 from rnr_interp.sampling import Probe, chunks, sample_questions
 from rnr_interp.tasks.base import Task
 
@@ -46,20 +46,24 @@ class RunMismatchError(ValueError):
     """Two runs that cannot be compared question by question; `keys` names what differs."""
 
     def __init__(self, keys: list[str], lines: list[str]):
-        super().__init__("runs are not comparable; they differ in " + ", ".join(keys) + ":\n" + "\n".join(lines))
+        super().__init__("runs are not comparable; they differ in " + "; ".join(line.strip() for line in lines))
         self.keys = keys
 
 
 def check_aligned(base: dict[str, Any], trained: dict[str, Any]) -> None:
-    """Raise RunMismatchError listing every aligned key (task incl. answer format and
-    grading, question ids, probe K/temperature/top_p, deployed decoding) that differs
-    between two run configs."""
+    """Raise RunMismatchError listing every aligned key (task incl. answer format,
+    grading and the questions' content hash, question ids, probe K/temperature/top_p,
+    deployed decoding) that differs between two run configs. Where the data file lived
+    does not count."""
     keys, lines = [], []
+    base, trained = comparable(base), comparable(trained)
     for key in ALIGNED_KEYS:
         a, b = lookup(base, key), lookup(trained, key)
         if a != b:
             keys.append(key)
-            lines.append(f"  {key}: {a!r} (base) != {b!r} (trained)")
+        # the message names the innermost differing entries (task.questions_hash, not all of task)
+        for sub in config_diff(a, b, key + "."):
+            lines.append(f"{sub}: {short_repr(lookup(base, sub))} (base) != {short_repr(lookup(trained, sub))} (trained)")
     if keys:
         raise RunMismatchError(keys, lines)
 
@@ -281,6 +285,8 @@ def load_aligned_task(config: dict[str, Any], data: Optional[Path] = None):
 
     described = config["task"]
     task = load_task(described["name"], data=data, n=described.get("n_questions"))
-    if task.describe() != described or task.ids_hash() != config["question_ids_hash"]:
-        raise RunMismatchError(["task"], [f"  rebuilt task {task.describe()} does not match the run's {described}; pass --data"])
+    differ = config_diff(comparable({"task": described}), comparable({"task": task.describe()}))
+    if differ or task.ids_hash() != config["question_ids_hash"]:
+        raise RunMismatchError(["task"], [f"the task rebuilt for the budget control differs from the runs' in "
+                                          f"{', '.join(differ) or 'question_ids_hash'}; pass --data with the runs' data"])
     return task

@@ -258,13 +258,34 @@ def _normalise(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(config, default=_json_default))
 
 
+#: config entries that say where something came from, not what it is (the data file's
+#: path): kept in the manifest, left out of config_hash, the resume check and the
+#: comparison of runs. What the data is, `task.questions_hash`, stays in.
+PROVENANCE_KEYS: tuple[str, ...] = ("task.source",)
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without its PROVENANCE_KEYS: what two runs must share to be the same
+    run (or, for a subset of keys, comparable runs)."""
+    out = _normalise(config)
+    for dotted in PROVENANCE_KEYS:
+        *parents, last = dotted.split(".")
+        node: Any = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
 def config_hash(config: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the config (sorted keys, no whitespace)."""
-    canonical = json.dumps(_normalise(config), sort_keys=True, separators=(",", ":"))
+    """sha256 of the canonical JSON of the comparable config (sorted keys, no
+    whitespace; provenance left out)."""
+    canonical = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         keys: list[str] = []
         for key in sorted(set(old) | set(new), key=str):
@@ -272,7 +293,7 @@ def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             if key not in old or key not in new:
                 keys.append(path)
             else:
-                keys.extend(_config_diff(old[key], new[key], path + "."))
+                keys.extend(config_diff(old[key], new[key], path + "."))
         return keys
     return [] if old == new else [prefix.rstrip(".") or "<config>"]
 
@@ -514,16 +535,13 @@ class RunDir:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
                 or not isinstance(manifest.get("config_hash"), str):
             raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
-        if config_hash(manifest["config"]) != manifest["config_hash"]:
-            raise RunFolderError(f"{path}: its config does not match its config_hash (edited by hand?)")
         return manifest
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True,
-               provenance: dict[str, Any] | None = None) -> "RunDir":
+    def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True) -> "RunDir":
         """Start a run in `path`, or resume the one there.
 
         Same config (by config_hash) and resume=True: resume, after removing stray temp
@@ -532,9 +550,8 @@ class RunDir:
         writing the folder: RunLockedError naming it. Nothing already written is ever
         deleted or overwritten, and a refused start leaves no folder behind that it made.
 
-        `provenance` (e.g. where the data was read from) is stored in the manifest but
-        is not part of the config: a run resumes from the same content at another path.
-        The returned RunDir holds the writer lock until it is released or dropped.
+        PROVENANCE_KEYS (the data file's path) do not count: the same questions read
+        from another path resume the run. The returned RunDir holds the writer lock until it is released or dropped.
         """
         root = Path(path)
         config = _normalise(config)
@@ -545,7 +562,7 @@ class RunDir:
             if (root / MANIFEST).is_file():
                 run = cls(root)
                 if run.config_hash != digest:
-                    raise ConfigMismatchError(root, _config_diff(run.config, config), run.config, config)
+                    raise ConfigMismatchError(root, config_diff(comparable(run.config), comparable(config)), run.config, config)
                 if not resume:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run._lock = lock
@@ -563,7 +580,6 @@ class RunDir:
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "versions": _versions(),
                 "record_columns": list(RECORD_COLUMNS),
-                **({"provenance": _normalise(provenance)} if provenance else {}),
             }
             # The manifest goes last: its presence is what marks the folder as a run.
             write_json_atomic(root / MANIFEST, manifest)

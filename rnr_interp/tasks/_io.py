@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .base import DataFormatError, Question
+from .base import LETTERS, DataFormatError, Question
 
 RowParser = Callable[[dict[str, Any], int], Question]
 
@@ -22,16 +22,34 @@ class RowError(ValueError):
     """A row that does not fit its format; the caller adds file and line."""
 
 
+BOM = "\ufeff"
+
+
+def _read_bytes(p: Path) -> bytes:
+    if p.suffix != ".bz2":
+        return p.read_bytes()
+    try:
+        return bz2.decompress(p.read_bytes())
+    except (OSError, ValueError, EOFError) as e:  # a damaged or truncated stream
+        raise DataFormatError(p, None, f"not a readable bzip2 file ({e})") from None
+
+
 def read_lines(path: str | Path) -> list[str]:
-    """The file's lines, read as UTF-8 (bz2 when the name ends in .bz2).
+    """The file's lines, read as UTF-8 (bz2 when the name ends in .bz2), each without
+    a leading byte-order mark (editors write one at the start; concatenated files
+    carry one in the middle).
 
     Splits on '\\n' only: `str.splitlines` would also split on characters such as
-    U+2028 that can occur inside a question and shift every later record."""
+    U+2028 that can occur inside a question and shift every later record. Bytes that
+    are not UTF-8 raise DataFormatError naming the line and column."""
     p = Path(path)
-    opener = bz2.open if p.suffix == ".bz2" else open
-    with opener(p, "rt", encoding="utf-8", newline="") as f:
-        text = f.read()
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    lines = []
+    for line_no, raw in enumerate(_read_bytes(p).split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataFormatError(p, line_no, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+        lines.append(line.removesuffix("\r").removeprefix(BOM))
     if lines and lines[-1] == "":  # the final newline ends the last line, it starts none
         lines.pop()
     return lines
@@ -73,10 +91,25 @@ def parse_all(
     out = []
     for index, (line_no, obj) in enumerate(rows):
         try:
-            out.append(parse_row(obj, index))
+            out.append(check_question(parse_row(obj, index)))
         except RowError as e:
             raise DataFormatError(path, line_no, str(e)) from None
     return out
+
+
+def check_question(q: Question) -> Question:
+    """Refuse a question whose gold answer is ambiguous: a gold option whose text (up
+    to spacing; case can matter, as in "Rr" vs "rr") is also another option's, so a
+    model choosing the twin would be graded wrong for the same answer."""
+    if q.choices is not None and q.gold_index is not None:
+        key = " ".join(q.choices[q.gold_index].split())
+        twins = [i for i, c in enumerate(q.choices) if i != q.gold_index and " ".join(c.split()) == key]
+        if twins:
+            raise RowError(
+                f"ambiguous gold: option {LETTERS[q.gold_index]} (the gold) and option {LETTERS[twins[0]]} "
+                f"have the same text {q.choices[q.gold_index]!r}"
+            )
+    return q
 
 
 # -- field access for row parsers --------------------------------------------

@@ -30,6 +30,9 @@ def parse_row(obj: dict[str, Any], index: int) -> Question:
         raise RowError("each of 'question.choices' must be an object with 'text' and 'label'")
     labels = [get_str(c, "label").strip() for c in choices]
     texts = [get_str(c, "text", allow_empty=True) for c in choices]
+    if len(set(labels)) != len(labels):
+        dup = next(label for label in labels if labels.count(label) > 1)
+        raise RowError(f"ambiguous gold: two choices have the label {dup!r}")
     key = get_str(obj, "answerKey").strip()
     if key not in labels:
         raise RowError(f"answerKey {key!r} is not one of the labels {labels}")

@@ -9,6 +9,7 @@ when they asked the same way.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -67,6 +68,16 @@ class Task:
         only when theirs agree."""
         return hashlib.sha1("\n".join(q.id for q in self.questions).encode()).hexdigest()[:16]
 
+    def content_hash(self) -> str:
+        """A short sha256 of the questions as loaded, in order: ids, texts, contexts,
+        options and gold. Two runs asked the same questions with the same gold only
+        when theirs agree, wherever the data file lived."""
+        digest = hashlib.sha256()
+        for q in self.questions:
+            fields = [q.id, q.context, q.text, list(q.choices) if q.choices is not None else None, q.answer, q.gold_index]
+            digest.update(json.dumps(fields, ensure_ascii=False).encode() + b"\n")
+        return digest.hexdigest()[:16]
+
     def head(self, n: int | None) -> "Task":
         """The same task restricted to its first n questions (None: all)."""
         if n is None:
@@ -107,6 +118,7 @@ class Task:
             "stop_strings": list(self.stop_strings),
             "source": self.source,
             "n_questions": len(self.questions),
+            "questions_hash": self.content_hash(),
         }
 
 

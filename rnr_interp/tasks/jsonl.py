@@ -26,6 +26,7 @@ Multiple choice: `answer` becomes the option's letter, graded like any MC task.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,8 @@ def parse_row(obj: dict[str, Any], index: int) -> Question:
     if "answer" not in obj:
         raise RowError("missing field 'answer'")
     answer = obj["answer"]
+    if isinstance(answer, float) and not math.isfinite(answer):  # json reads NaN and Infinity
+        raise RowError(f"field 'answer' must be a finite number, got {answer!r}")
     meta = {k: v for k, v in obj.items() if k not in _KNOWN}
     common = dict(id=str(raw_id), text=text, context=context, meta=meta)
     if "choices" in obj:
