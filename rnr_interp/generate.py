@@ -92,6 +92,7 @@ def forward(
     Positions come from the mask, so left padding does not shift them. `last_only`
     unembeds the last position alone (t_out = 1): a prefill needs nothing else, and the
     vocabulary projection of every prompt position dominates its cost."""
+    lm.check_fits(mask.shape[1], "a sequence")
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
     extra = {"logits_to_keep": 1} if last_only else {}
     if cache is None:
@@ -238,6 +239,9 @@ def generate(
         raise ValueError("sampling (temperature > 0) needs seeds")
     device = lm.device
     steps = decoding.max_new_tokens
+    longest = max((len(p) for p in prompts), default=0)
+    # Before the prefill, so a generation that would outgrow the context never starts.
+    lm.check_fits(longest + steps, f"a prompt of {longest} tokens plus {steps} new tokens")
     seeds = seeds or [[0] * n for _ in range(B)]
     u = _uniforms([s for row in seeds for s in row[:n]], steps).to(device)
     temps = torch.tensor(temps_col * B, dtype=torch.float32, device=device)

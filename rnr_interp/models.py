@@ -39,8 +39,15 @@ TINY_ARCHITECTURES = {
 }
 
 
+MAX_TINY_LAYERS = 64
+
+
 class ModelSpecError(ValueError):
     """A model spec that cannot be loaded; the message is one line naming why."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt (plus the tokens to generate after it) longer than the model's context."""
 
 
 def cache_dir() -> Path:
@@ -94,6 +101,24 @@ class LoadedModel:
             ids = [bos] + ids
         return ids
 
+    @property
+    def context_length(self) -> int | None:
+        """The most positions the model was built for (None when its config names none)."""
+        cfg = self.hf_model.config.get_text_config()
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def check_fits(self, n_tokens: int, what: str = "a prompt") -> None:
+        """The one context-length check: refuse `n_tokens` positions beyond the model's
+        context before they reach it (past it, one family fails with an index error
+        and another tries a huge allocation)."""
+        limit = self.context_length
+        if limit is not None and n_tokens > limit:
+            raise PromptTooLongError(f"{what} needs {n_tokens} positions, more than {self.spec}'s context of {limit}")
+
     def facts(self) -> dict[str, Any]:
         cfg = self.bridge.cfg
         hf_cfg = self.hf_model.config.get_text_config()
@@ -117,8 +142,12 @@ class LoadedModel:
 
 def load_model(spec: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
     """Load any supported spec (see module docstring) as a `LoadedModel`."""
-    name, _, arg = spec.partition(":")
+    name, colon, arg = spec.partition(":")
     if name in TINY_ARCHITECTURES:
+        if colon and not (arg.isdigit() and 1 <= int(arg) <= MAX_TINY_LAYERS):
+            raise ModelSpecError(
+                f"model spec {spec!r}: the layer count after ':' must be a whole number from 1 to {MAX_TINY_LAYERS}, got {arg!r}"
+            )
         n_layers = int(arg) if arg else 3
         model, tok = build_tiny(name, n_layers=n_layers, seed=seed)
         return wrap(spec, model.to(device=device, dtype=dtype), tok, prepend_bos=True)

@@ -184,3 +184,12 @@ def sample_task(
             produced.extend(rows)
             bar.update(len(todo))
     return produced
+
+
+def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> None:
+    """Refuse, before anything runs, a task with a question whose prompt plus
+    `max_new_tokens` would not fit in the model's context (the engine checks again
+    before every model call; this names the question up front)."""
+    for q in task.questions:
+        n = len(prompt_ids(lm, task, q))
+        lm.check_fits(n + max_new_tokens, f"question {q.id!r} ({n} prompt tokens + {max_new_tokens} new)")
