@@ -259,16 +259,17 @@ def _normalise(config: dict[str, Any]) -> dict[str, Any]:
 
 
 #: config entries that say where something came from, not what it is (the data file's
-#: path): kept in the manifest, left out of config_hash, the resume check and the
-#: comparison of runs. What the data is, `task.questions_hash`, stays in.
+#: path): kept in the manifest, left out of the resume check and of the comparison of
+#: runs. What the data is, `task.questions_hash`, counts.
 PROVENANCE_KEYS: tuple[str, ...] = ("task.source",)
+#: config entries left out of config_hash, and so of the records' run_id: the content
+#: hash came after run ids were published, and a run's id stays the one it had.
+UNHASHED_KEYS: tuple[str, ...] = ("task.questions_hash",)
 
 
-def comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config without its PROVENANCE_KEYS: what two runs must share to be the same
-    run (or, for a subset of keys, comparable runs)."""
+def _without(config: dict[str, Any], dotted_keys: Iterable[str]) -> dict[str, Any]:
     out = _normalise(config)
-    for dotted in PROVENANCE_KEYS:
+    for dotted in dotted_keys:
         *parents, last = dotted.split(".")
         node: Any = out
         for part in parents:
@@ -278,10 +279,16 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without its PROVENANCE_KEYS: what two runs must share to be the same
+    run (or, for a subset of keys, comparable runs)."""
+    return _without(config, PROVENANCE_KEYS)
+
+
 def config_hash(config: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the comparable config (sorted keys, no
-    whitespace; provenance left out)."""
-    canonical = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
+    """sha256 of the canonical JSON of the config (sorted keys, no whitespace), without
+    UNHASHED_KEYS. The run's id; resuming compares `comparable` configs instead."""
+    canonical = json.dumps(_without(config, UNHASHED_KEYS), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -544,14 +551,15 @@ class RunDir:
     def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True) -> "RunDir":
         """Start a run in `path`, or resume the one there.
 
-        Same config (by config_hash) and resume=True: resume, after removing stray temp
+        Same config (up to PROVENANCE_KEYS) and resume=True: resume, after removing stray temp
         files a killed writer left. Same config and resume=False: FileExistsError.
         Different config: ConfigMismatchError naming the differing keys. Another process
         writing the folder: RunLockedError naming it. Nothing already written is ever
         deleted or overwritten, and a refused start leaves no folder behind that it made.
 
-        PROVENANCE_KEYS (the data file's path) do not count: the same questions read
-        from another path resume the run. The returned RunDir holds the writer lock until it is released or dropped.
+        The data file's path does not count: the same questions read from another path
+        resume the run (under its first id). The returned RunDir holds the writer lock
+        until it is released or dropped.
         """
         root = Path(path)
         config = _normalise(config)
@@ -561,8 +569,9 @@ class RunDir:
             lock = _writer_lock(root)
             if (root / MANIFEST).is_file():
                 run = cls(root)
-                if run.config_hash != digest:
-                    raise ConfigMismatchError(root, config_diff(comparable(run.config), comparable(config)), run.config, config)
+                differ = config_diff(comparable(run.config), comparable(config))
+                if differ:
+                    raise ConfigMismatchError(root, differ, run.config, config)
                 if not resume:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run._lock = lock
