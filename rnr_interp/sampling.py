@@ -14,6 +14,7 @@ analysis's run folder config starts with.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -40,10 +41,13 @@ class Probe:
     name: str = "temperature"
 
     def __post_init__(self):
-        if self.k < 0:
-            raise ValueError(f"probe budget k must be >= 0, got {self.k}")
-        if self.k and self.temperature <= 0:
-            raise ValueError("a sampling probe needs temperature > 0 (greedy samples would all be equal)")
+        # O_K needs at least one sample; NaN fails every comparison, hence `not ... > 0`.
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"probe budget k must be a whole number >= 1, got {self.k}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"a sampling probe needs a temperature > 0 (greedy samples would all be equal), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 def candidate_seed(seed: int, question_id: str, candidate: int) -> int:
