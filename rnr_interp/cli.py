@@ -3,18 +3,68 @@
 The top of the import order (models/tasks/records/metrics -> interventions ->
 generate/sampling -> analyses -> report -> cli): nothing in the package imports this
 module or `commands` (tests/test_layering.py checks).
+
+Bad input never shows a traceback: each command checks its options and inputs before it
+creates anything (`commands.common.execute`), and whatever a user can still cause (a
+ValueError or OSError from any layer, a usage error such as `--k abc`) ends here as one
+line on stderr and exit code 2. `rnr --debug COMMAND ...` (or RNR_DEBUG=1) shows the
+traceback instead.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from rnr_interp.commands import audit, compare, localise, report, sweep
+from rnr_interp.commands.common import USER_ERRORS, one_line
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class OneLineErrors(TyperGroup):
+    """The `rnr` group: usage errors and bad input end as `error: ...` on one stderr
+    line with exit code 2, unless --debug asks for the traceback."""
+
+    debug = False
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        OneLineErrors.debug = bool(os.environ.get("RNR_DEBUG"))
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as exc:  # usage errors: bad option values, unknown options
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `rnr`: the help, as asked for
+                typer.echo(exc.ctx.get_help() if getattr(exc, "ctx", None) else str(exc))
+                code = 0
+            elif OneLineErrors.debug:
+                raise
+            else:
+                typer.secho(f"error: {one_line(exc.format_message())}", fg=typer.colors.RED, err=True)
+                code = 2
+        except USER_ERRORS as exc:
+            if OneLineErrors.debug:
+                raise
+            typer.secho(f"error: {one_line(str(exc)) or type(exc).__name__}", fg=typer.colors.RED, err=True)
+            code = 2
+        except typer.Abort:
+            typer.echo("aborted", err=True)
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Realized vs reachable: question-level audits of language models.")
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False) -> None:
+    if debug:
+        OneLineErrors.debug = True
 
 COMMANDS = {
     "model-info": audit.model_info,

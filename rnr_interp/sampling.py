@@ -43,9 +43,9 @@ class Probe:
     def __post_init__(self):
         # O_K needs at least one sample; NaN fails every comparison, hence `not ... > 0`.
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"probe budget k must be a whole number >= 1, got {self.k}")
+            raise ValueError(f"k must be a whole number >= 1 (the probe budget), got {self.k}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"a sampling probe needs a temperature > 0 (greedy samples would all be equal), got {self.temperature}")
+            raise ValueError(f"temperature must be a number > 0 for a sampling probe (greedy samples would all be equal), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

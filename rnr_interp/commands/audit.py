@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt, execute, fail,
-    fmt_ci, load_inputs, run_folder,
+    BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt, at_least, built,
+    execute, fail, fmt_ci, load_inputs, run_folder,
 )
 
 
@@ -45,10 +45,14 @@ def audit(
 
     if ci not in ("wilson", "bootstrap"):
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
+    at_least("--batch-size", batch_size)
+    probe = built(Probe, {"k": "--k", "temperature": "--temperature", "top_p": "--top-p"},
+                  k=k, temperature=temperature, top_p=top_p, seed=seed)
+    # the deployed decoding's own checks, before anything is loaded (its length comes with the task)
+    built(Decoding, {"temperature": "--deployed-temperature"}, temperature=deployed_temperature, max_new_tokens=1)
 
     def body():
-        lm, t = load_inputs(model, task, data, n)
-        probe = Probe(k=k, temperature=temperature, top_p=top_p, seed=seed)
+        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens)
         deployed = Decoding(temperature=deployed_temperature, max_new_tokens=max_new_tokens or t.max_new_tokens)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
 
@@ -71,7 +75,15 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
 
     if not (run / "manifest.json").is_file():
         fail(f"{run} is not a run folder (no manifest.json)")
-    s = execute(lambda: summarize(RunDir(run), probe))
+
+    def body():
+        found = RunDir(run)
+        probes = {p for _, p in found.stored_groups()}
+        if probe not in probes:
+            fail(f"{run} has no records of probe {probe!r} (it has: {', '.join(sorted(probes)) or 'no records'}); pass --probe")
+        return summarize(found, probe)
+
+    s = execute(body)
     typer.echo(f"D (deployed) = {s['D']:.3f}")
     typer.echo("k\tpass@k")
     for k, p in zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"]):
@@ -98,18 +110,16 @@ def route(
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
     from rnr_interp.routing.audit import RouteConfig, run_route_audit
-    from rnr_interp.routing.spaces import SPACES
 
-    bad = [s for s in space if s not in SPACES]
-    if bad:
-        fail(f"unknown --space {bad[0]!r}; known: {', '.join(SPACES)}")
+    options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
+               "temperature": "--temperature", "collapse": "--collapse", "batch_size": "--batch-size",
+               "min_len": "--min-len", "max_len": "--max-len"}
+    cfg = built(RouteConfig, options, samples=k, budget=k if budget is None else budget, spaces=tuple(space),
+                methods=tuple(m.strip() for m in methods.split(",") if m.strip()), temperature=temperature,
+                seed=seed, collapse=collapse, batch_size=batch_size, min_len=min_len, max_len=max_len)
 
     def body():
-        lm, t = load_inputs(model, task, data, n)
-        cfg = RouteConfig(samples=k, budget=k if budget is None else budget, spaces=tuple(space),
-                          methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                          temperature=temperature, seed=seed, collapse=collapse, batch_size=batch_size,
-                          min_len=min_len, max_len=max_len)
+        lm, t = load_inputs(model, task, data, n, out=out)
         return run_route_audit(lm, t, out, cfg, progress=not quiet)
 
     s = execute(body)

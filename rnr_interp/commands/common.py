@@ -4,7 +4,7 @@ command skeleton."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
@@ -27,14 +27,46 @@ TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling te
 MaxTokOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", help="generation length (default: the task's)")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
 
-#: errors that mean bad input (a message for the user, not a traceback)
-KNOWN_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
+#: errors that mean bad input (a message for the user, not a traceback); the package's
+#: own errors subclass ValueError, and OSError covers unreadable or unwritable paths
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
+KNOWN_ERRORS = USER_ERRORS
+
+
+def one_line(message: str) -> str:
+    """A message on one line (third-party messages can span several)."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def fail(message: str) -> None:
     """One line on stderr naming the problem, exit 2."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def at_least(option: str, value: Optional[int], low: int = 1) -> None:
+    """Refuse an integer option below `low` (None: not given, nothing to check)."""
+    if value is not None and value < low:
+        fail(f"{option} must be >= {low}, got {value}")
+
+
+def built(factory: Callable[..., T], options: dict[str, str], **values: Any) -> T:
+    """`factory(**values)` (a config dataclass that checks itself when made), its
+    refusal reworded to name the command-line option: the dataclasses start each
+    message with the field's name, and `options` maps fields to options."""
+    try:
+        return factory(**values)
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(" ")
+        fail(f"{options[field]} {rest}" if field in options else str(exc))
+    raise AssertionError("unreachable")  # fail() always exits
+
+
+def check_out(out: Path, option: str = "--out") -> None:
+    """Refuse an output folder that is a file, under a file or not writable; creates nothing."""
+    from rnr_interp.records import check_out_folder
+
+    check_out_folder(out, option)
 
 
 def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN_ERRORS, context: str = "") -> T:
@@ -52,15 +84,26 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
     raise AssertionError("unreachable")  # fail() always exits
 
 
-def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int]) -> tuple[LoadedModel, Task]:
-    """Model and task of a command (the task first: it is quicker to find wrong)."""
+def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
+                max_new_tokens: Optional[int] = None) -> tuple[LoadedModel, Task]:
+    """Model and task of a command, after the checks every analysis shares: --n,
+    --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
+    the model), the model, and whether every prompt plus the tokens to generate fits
+    the model's context. Nothing is created."""
     from rnr_interp.models import load_model
+    from rnr_interp.sampling import check_prompts_fit
     from rnr_interp.tasks import load_task
 
+    at_least("--n", n)
+    at_least("--max-new-tokens", max_new_tokens)
+    if out is not None:
+        check_out(out)
     t = load_task(task, data=data, n=n)
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
-    return load_model(model), t
+    lm = load_model(model)
+    check_prompts_fit(lm, t, max_new_tokens or t.max_new_tokens)
+    return lm, t
 
 
 def fmt_ci(value: float, ci) -> str:

@@ -75,12 +75,12 @@ class RouteConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.min_len is not None and self.max_len is not None and self.min_len > self.max_len:
             raise ValueError(f"min_len {self.min_len} is above max_len {self.max_len}")
-        if not self.spaces:
-            raise ValueError("no route space given")
-        unknown = [s for s in self.spaces if s not in SPACES] + [m for m in self.methods if m not in SEARCHES]
+        unknown = [s for s in self.spaces if s not in SPACES]
+        if unknown or not self.spaces:
+            raise ValueError(f"spaces must be some of {', '.join(SPACES)}, got {list(self.spaces)}")
+        unknown = [m for m in self.methods if m not in SEARCHES]
         if unknown or not self.methods:
-            raise ValueError(f"unknown space or search method {unknown[0]!r}; spaces: {', '.join(SPACES)}; "
-                             f"methods: {', '.join(SEARCHES)}" if unknown else "no search method given")
+            raise ValueError(f"methods must be some of {', '.join(SEARCHES)}, got {list(self.methods)}")
 
 
 class RouteEvaluator:

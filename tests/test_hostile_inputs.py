@@ -1,0 +1,441 @@
+"""Hostile input through the `rnr` command line: every case is generated here and checked
+the same way. A refused command exits 2 with exactly one line on stderr (`error: ...`)
+naming the problem, shows no traceback, leaves no new folder behind and changes no byte
+of a run folder that was already there.
+
+The cases: every analysis command's bad option values, bad `--out` paths, malformed
+model specs, data files with bad bytes, bad compression or ambiguous gold, damaged run
+folders (Parquet parts, manifests, summaries), a probe a run does not have, a prompt
+longer than the model's context, a second writer on a run folder (refused, naming the
+holder), a killed writer's lock (taken over), two audits racing for one folder, and data
+edited between a run and its resume or comparison (refused) or moved (accepted).
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from rnr_interp.cli import app
+from rnr_interp.records import LOCK, RunDir
+
+TINY = ["--model", "tiny-llama", "--quiet"]
+AUDIT = ["audit", *TINY, "--task", "arithmetic", "--n", "3", "--k", "2", "--max-new-tokens", "4", "--batch-size", "2"]
+JSONL_ROWS = [{"id": f"q{i}", "prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(3)]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` by relative path, with its content's sha256."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def refused(*args: str, absent: tuple[Path, ...] = (), intact: tuple[Path, ...] = (), says: tuple[str, ...] = ()) -> str:
+    """Run the command, expect the one-line refusal; `absent` paths must not exist after
+    it, `intact` folders must be byte-identical, and the line must contain `says`."""
+    before = {folder: tree(folder) for folder in intact}
+    res = invoke(*args)
+    err = res.stderr.strip()
+    assert res.exit_code == 2, f"exit {res.exit_code} for {args}: {res.output}"
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), f"not one line for {args}: {err!r}"
+    assert "Traceback" not in res.output and res.stdout == "", res.output
+    for path in absent:
+        assert not path.exists(), f"{path} left behind by {args}"
+    for folder, files in before.items():
+        assert tree(folder) == files, f"{folder} changed by {args}"
+    for text in says:
+        assert text in err, f"{text!r} not in {err!r}"
+    return err
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished tiny audit (two record parts), copied by the tests that damage it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    res = invoke(*AUDIT, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert len(RunDir(out).parts()) == 2 and not (out / LOCK).exists()
+    return out
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path) -> Path:
+    return Path(shutil.copytree(finished, tmp_path / "copy"))
+
+
+# -- option values: refused before anything is created ----------------------------------
+
+AUDIT_BAD = [
+    ("--top-p", "0"), ("--top-p", "2"), ("--top-p", "nan"), ("--batch-size", "0"), ("--batch-size", "-3"),
+    ("--k", "0"), ("--k", "-1"), ("--k", "abc"), ("--temperature", "nan"), ("--temperature", "0"),
+    ("--temperature", "-1"), ("--temperature", "inf"), ("--deployed-temperature", "-0.5"),
+    ("--deployed-temperature", "nan"), ("--max-new-tokens", "0"), ("--max-new-tokens", "-4"), ("--n", "-1"),
+    ("--n", "0"), ("--ci", "bayes"), ("--seed", "x"), ("--bogus", "1"),
+]
+
+
+@pytest.mark.parametrize("option, value", AUDIT_BAD)
+def test_audit_refuses_bad_option_before_creating_anything(tmp_path, option, value):
+    out = tmp_path / "out"
+    err = refused(*AUDIT, option, value, "--out", out, absent=(out,))
+    assert option.lstrip("-").replace("-", "_") in err.replace("-", "_") or "No such option" in err
+
+
+ROUTE = ["route", *TINY, "--task", "arithmetic", "--n", "2", "--k", "2", "--methods", "random"]
+ROUTE_BAD = [
+    ("--k", "0"), ("--batch-size", "0"), ("--min-len", "-1"), ("--max-len", "0"), ("--min-len", "5", "--max-len", "3"),
+    ("--space", "diagonal"), ("--methods", "beam"), ("--collapse", "nan"), ("--temperature", "nan"), ("--n", "-2"),
+]
+
+
+@pytest.mark.parametrize("bad", ROUTE_BAD, ids=lambda b: " ".join(b))
+def test_route_refuses_bad_option_before_creating_anything(tmp_path, bad):
+    out = tmp_path / "out"
+    refused(*ROUTE, *bad, "--out", out, absent=(out,))
+
+
+MC = ["--task", "arithmetic_mc", "--n", "4"]
+LOCALISE_BAD = [
+    ("failures", "--panel", "0"), ("failures", "--batch-size", "0"), ("failures", "--max-new-tokens", "0"),
+    ("failures", "--readout", "vibes"), ("failures", "--n", "-1"),
+    ("repair", "--layers", "-1"), ("repair", "--layers", "abc"), ("repair", "--layers", "0-99"),
+    ("repair", "--panel", "-2"), ("repair", "--batch-size", "0"),
+    ("steer", "--layer", "-1"), ("steer", "--layer", "7"), ("steer", "--alphas", "x"), ("steer", "--alphas", "nan"),
+    ("steer", "--component", "head"), ("units", "--ks", "0"), ("units", "--ks", "abc"), ("units", "--layer", "-3"),
+]
+
+
+@pytest.mark.parametrize("bad", LOCALISE_BAD, ids=lambda b: " ".join(b))
+def test_localisation_refuses_bad_option_before_creating_anything(tmp_path, bad):
+    command, *option = bad
+    out = tmp_path / "out"
+    refused(command, *TINY, *MC, *option, "--out", out, absent=(out,))
+
+
+def test_failures_refuses_a_task_without_options(tmp_path):
+    out = tmp_path / "out"
+    refused("failures", *TINY, "--task", "arithmetic", "--n", "2", "--out", out, absent=(out,), says=("multiple choice",))
+
+
+@pytest.mark.parametrize("bins", ["0,0.5,0.5,1", "abc", "1", "0.5,0.1", "nan,1", ""])
+def test_compare_refuses_bad_bins_before_creating_anything(finished, tmp_path, bins):
+    out = tmp_path / "cmp"
+    refused("compare", finished, finished, "--bins", bins, "--out", out, absent=(out,), intact=(finished,), says=("--bins",))
+
+
+@pytest.mark.parametrize("option, value", [("--factor", "0"), ("--batch-size", "0")])
+def test_compare_refuses_bad_control_options(finished, tmp_path, option, value):
+    out = tmp_path / "cmp"
+    refused("compare", finished, finished, option, value, "--out", out, absent=(out,), intact=(finished,))
+
+
+def test_sweep_refuses_a_bad_grid(tmp_path):
+    grid = tmp_path / "grid.json"
+    grid.write_text('{"models": ["tiny-llama"], "tasks": [{"name": "arithmetic", "n": 2}], "probes": [{"k": 0}]}')
+    out = tmp_path / "sweep"
+    refused("sweep", grid, "--out", out, absent=(out,))
+
+
+# -- output folders ------------------------------------------------------------------------
+
+
+def out_cases(tmp_path: Path) -> dict[str, Path]:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    return {"is a file": a_file, "under a file": a_file / "run", "cannot be created": Path("/proc/rnr-test/run")}
+
+
+@pytest.mark.parametrize("case", ["is a file", "under a file", "cannot be created"])
+def test_audit_out_that_cannot_be_a_folder(tmp_path, case):
+    out = out_cases(tmp_path)[case]
+    before = tree(tmp_path)
+    refused(*AUDIT, "--out", out, says=(str(out),))
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_audit_out_in_a_read_only_folder(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        refused(*AUDIT, "--out", locked / "run", absent=(locked / "run",), says=("not writable",))
+    finally:
+        locked.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", ["route", "failures", "compare", "report"])
+def test_every_command_refuses_an_out_that_is_a_file(finished, tmp_path, command):
+    a_file = out_cases(tmp_path)["is a file"]
+    args = {"route": ROUTE, "failures": ["failures", *TINY, *MC]}.get(command, [command, finished])
+    if command == "compare":
+        args = [*args, finished]
+    refused(*args, "--out", a_file, intact=(finished,), says=(str(a_file),))
+    assert a_file.read_text() == "not a folder"
+
+
+# -- model specs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama:abc", "tiny-llama:0", "tiny-llama:-1", "tiny-llama:", "tiny-gpt2:100000",
+                                  "tiny-llama:2:3", "missing.gguf", "./no-such-folder", "", "smollm2:3"])
+def test_malformed_model_spec(tmp_path, spec):
+    refused("model-info", spec)
+    out = tmp_path / "out"
+    refused("audit", "--model", spec, "--task", "arithmetic", "--n", "1", "--k", "1", "--out", out, absent=(out,))
+
+
+def test_checkpoint_folder_without_config(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    refused("model-info", tmp_path / "ckpt", says=("config.json",))
+
+
+# -- data files ---------------------------------------------------------------------------------
+
+
+def bad_data(tmp_path: Path) -> dict[str, tuple[str, Path, str]]:
+    """name -> (task, file, text the error must contain)."""
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "latin1.jsonl").write_bytes(b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    (d / "nan.jsonl").write_bytes(b'{"prompt": "x", "answer": NaN}\n')
+    (d / "inf.jsonl").write_bytes(b'{"prompt": "x", "answer": Infinity}\n')
+    write_jsonl(d / "twin.jsonl", [{"prompt": "x", "choices": ["a", "b", " a"], "answer": "A"}])
+    write_jsonl(d / "arc.jsonl", [{"id": "a1", "question": {"stem": "s", "choices": [
+        {"text": "x", "label": "A"}, {"text": "y", "label": "A"}]}, "answerKey": "A"}])
+    (d / "garbage.txt.bz2").write_bytes(b"this is not bzip2")
+    (d / "cut.txt.bz2").write_bytes(bz2.compress(b"ctx\n0\na\nb\nc\nd\n" * 40)[:-25])
+    (d / "empty.jsonl").write_bytes(b"")
+    (d / "binary.jsonl").write_bytes(bytes(range(256)))
+    return {
+        "latin1": ("jsonl", d / "latin1.jsonl", "latin1.jsonl:2: not UTF-8"),
+        "nan": ("jsonl", d / "nan.jsonl", "nan.jsonl:1"),
+        "inf": ("jsonl", d / "inf.jsonl", "inf.jsonl:1"),
+        "twin gold": ("jsonl", d / "twin.jsonl", "ambiguous gold"),
+        "twin label": ("arc", d / "arc.jsonl", "ambiguous gold"),
+        "garbage bz2": ("hellaswag", d / "garbage.txt.bz2", "bzip2"),
+        "truncated bz2": ("hellaswag", d / "cut.txt.bz2", "bzip2"),
+        "empty": ("jsonl", d / "empty.jsonl", "no rows"),
+        "binary": ("jsonl", d / "binary.jsonl", "binary.jsonl:2: not UTF-8"),
+        "missing": ("jsonl", d / "nowhere.jsonl", "nowhere.jsonl"),
+        "a folder": ("jsonl", d, str(d)),
+    }
+
+
+@pytest.mark.parametrize("case", ["latin1", "nan", "inf", "twin gold", "twin label", "garbage bz2", "truncated bz2",
+                                  "empty", "binary", "missing", "a folder"])
+def test_bad_data_file(tmp_path, case):
+    task, path, text = bad_data(tmp_path)[case]
+    out = tmp_path / "out"
+    refused("audit", *TINY, "--task", task, "--data", path, "--k", "1", "--out", out, absent=(out,), says=(text,))
+
+
+def test_byte_order_marks_are_stripped(tmp_path):
+    from rnr_interp.tasks import load_task
+
+    first = json.dumps({"id": "a", "prompt": "1+1=", "answer": "2"}).encode()
+    second = json.dumps({"id": "b", "prompt": "2+2=", "answer": "4"}).encode()
+    # one at the start of the file, one where a second file was appended
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + first + b"\n\xef\xbb\xbf" + second + b"\n")
+    task = load_task("jsonl", data=tmp_path / "bom.jsonl")
+    assert [q.text for q in task.questions] == ["1+1=", "2+2="]
+    (tmp_path / "q.txt").write_bytes(b"\xef\xbb\xbf\nb\nctx\nquestion?\nA. w\nB. x\nC. y\nD. z\n")
+    logiqa = load_task("logiqa", data=tmp_path / "q.txt")
+    assert logiqa.questions[0].answer == "B" and "\ufeff" not in repr(logiqa.questions[0])
+
+
+def test_prompt_longer_than_the_context(tmp_path):
+    data = write_jsonl(tmp_path / "long.jsonl", [JSONL_ROWS[0], {"id": "long", "prompt": "x" * 700, "answer": "1"}])
+    out = tmp_path / "out"
+    for spec in ("tiny-llama", "tiny-gpt2", "tiny-gemma"):
+        refused("audit", "--model", spec, "--quiet", "--task", "jsonl", "--data", data, "--k", "1", "--out", out,
+                absent=(out,), says=("'long'", "context of 512"))
+
+
+# -- damaged run folders --------------------------------------------------------------------
+
+
+def damage(run: Path, case: str) -> Path:
+    """Damage one file of a copied run folder; returns the file."""
+    part = run / "records" / "part-00001.parquet"
+    data = part.read_bytes()
+    if case == "garbage part":
+        part.write_bytes(b"PAR1 this is not parquet PAR1")
+    elif case == "truncated part":
+        part.write_bytes(data[: len(data) // 2])
+    elif case == "empty part":
+        part.write_bytes(b"")
+    elif case == "foreign part":
+        pq.write_table(pa.table({"question_id": ["q0"], "score": [1.0]}), part)
+    elif case == "mistyped part":
+        table = pq.read_table(part)
+        pq.write_table(table.set_column(table.schema.get_field_index("candidate"), "candidate",
+                                        pa.array([str(x) for x in table["candidate"].to_pylist()])), part)
+    else:
+        target, text = {
+            "garbage manifest": ("manifest.json", "{not json"),
+            "empty manifest": ("manifest.json", "{}"),
+            "list manifest": ("manifest.json", "[1, 2]"),
+            "binary manifest": ("manifest.json", "\udcff"),
+            "garbage summary": ("summary.json", "]]"),
+            "empty summary": ("summary.json", "{}"),
+        }[case]
+        path = run / target
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        return path
+    return part
+
+
+RUN_DAMAGE = ["garbage part", "truncated part", "empty part", "foreign part", "mistyped part", "garbage manifest",
+              "empty manifest", "list manifest", "binary manifest", "garbage summary", "empty summary"]
+
+
+@pytest.mark.parametrize("case", RUN_DAMAGE)
+@pytest.mark.parametrize("command", ["report", "pass-at-k"])
+def test_damaged_run_folder(run_copy, case, command):
+    path = damage(run_copy, case)
+    if command == "pass-at-k" and "summary" in case:
+        pytest.skip("pass-at-k reads the records, not the summary")
+    refused(command, run_copy, intact=(run_copy,), absent=(run_copy / "report.html",), says=(path.name,))
+
+
+@pytest.mark.parametrize("case", ["garbage part", "garbage manifest", "empty manifest"])
+def test_damaged_run_is_not_resumed(run_copy, case):
+    path = damage(run_copy, case)
+    refused(*AUDIT, "--out", run_copy, intact=(run_copy,), says=(path.name,))
+
+
+def test_missing_manifest(run_copy, tmp_path):
+    (run_copy / "manifest.json").unlink()
+    refused("pass-at-k", run_copy, intact=(run_copy,), says=("manifest.json",))
+    refused("report", run_copy, intact=(run_copy,))
+    refused(*AUDIT, "--out", run_copy, intact=(run_copy,), says=("no manifest.json",))
+    refused("compare", run_copy, run_copy, "--out", tmp_path / "cmp", absent=(tmp_path / "cmp",))
+
+
+def test_pass_at_k_of_a_probe_the_run_lacks(finished):
+    refused("pass-at-k", finished, "--probe", "random_route", intact=(finished,), says=("random_route", "temperature"))
+
+
+def test_compare_with_a_damaged_run(run_copy, finished, tmp_path):
+    damage(run_copy, "truncated part")
+    out = tmp_path / "cmp"
+    refused("compare", finished, run_copy, "--out", out, absent=(out,), intact=(finished, run_copy),
+            says=("part-00001.parquet",))
+
+
+# -- one writer per run folder ------------------------------------------------------------
+
+HOLD = ("import sys, time\nfrom rnr_interp.records import RunDir\nrun = RunDir(sys.argv[1])\n"
+        "held = RunDir.create(sys.argv[1], run.config)\nprint('holding', flush=True)\ntime.sleep(120)\n")
+
+
+def python(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def test_second_writer_refused_and_killed_writers_lock_taken_over(run_copy):
+    holder = python("-c", HOLD, str(run_copy))
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        records = tree(run_copy / "records")
+        refused(*AUDIT, "--out", run_copy, says=(f"pid {holder.pid}", "being written"))
+        assert tree(run_copy / "records") == records
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (run_copy / LOCK).exists()  # a killed writer leaves its lock file
+    res = invoke(*AUDIT, "--out", run_copy)
+    assert res.exit_code == 0, res.output
+    assert tree(run_copy / "records") == records  # resumed with nothing to redo
+    assert not (run_copy / LOCK).exists()
+
+
+def test_two_audits_racing_for_one_folder(tmp_path):
+    out = tmp_path / "race"
+    procs = [python("-m", "rnr_interp.cli", *AUDIT, "--out", str(out)) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 2]), results
+    for code, err in results:
+        if code == 2:
+            assert err.count("\n") == 1 and "being written by pid" in err, err
+    records = RunDir(out).read_records()
+    assert not records.duplicated(["question_id", "probe", "candidate", "intervention"]).any()
+    assert len(records) == 3 * (1 + 2)
+
+
+# -- data edited or moved between runs ---------------------------------------------------------
+
+
+def jsonl_audit(data: Path, out: Path, seed: str = "0") -> list[str]:
+    return ["audit", *TINY, "--task", "jsonl", "--data", str(data), "--k", "2", "--max-new-tokens", "3",
+            "--seed", seed, "--out", str(out)]
+
+
+@pytest.fixture
+def jsonl_run(tmp_path) -> tuple[Path, Path]:
+    data = write_jsonl(tmp_path / "qs.jsonl", JSONL_ROWS)
+    out = tmp_path / "run"
+    assert invoke(*jsonl_audit(data, out)).exit_code == 0
+    return data, out
+
+
+def test_edited_data_is_not_resumed(jsonl_run):
+    data, out = jsonl_run
+    write_jsonl(data, [*JSONL_ROWS[:2], {**JSONL_ROWS[2], "answer": "99"}])  # same path, same ids, new gold
+    refused(*jsonl_audit(data, out), intact=(out,), says=("task.questions_hash",))
+
+
+def test_same_data_at_another_path_resumes(jsonl_run, tmp_path):
+    data, out = jsonl_run
+    moved = Path(shutil.copy(data, tmp_path / "elsewhere.jsonl"))
+    records = tree(out / "records")
+    res = invoke(*jsonl_audit(moved, out))
+    assert res.exit_code == 0, res.output
+    assert tree(out / "records") == records
+
+
+def test_compare_uses_content_not_paths(jsonl_run, tmp_path):
+    data, base = jsonl_run
+    moved = Path(shutil.copy(data, tmp_path / "moved.jsonl"))
+    same = tmp_path / "same"
+    assert invoke(*jsonl_audit(moved, same, seed="1")).exit_code == 0
+    res = invoke("compare", base, same, "--out", tmp_path / "cmp")
+    assert res.exit_code == 0, res.output
+    edited = write_jsonl(tmp_path / "edited.jsonl", [*JSONL_ROWS[:2], {**JSONL_ROWS[2], "answer": "99"}])
+    other = tmp_path / "other"
+    assert invoke(*jsonl_audit(edited, other, seed="1")).exit_code == 0
+    out = tmp_path / "cmp2"
+    refused("compare", base, other, "--out", out, absent=(out,), intact=(base, other), says=("task.questions_hash",))
+
+
+def test_debug_shows_the_traceback():
+    res = invoke("--debug", "model-info", "tiny-llama:abc")
+    assert res.exit_code != 0 and "ModelSpecError" in repr(res.exception)
