@@ -108,13 +108,20 @@ def bin_labels(edges: Sequence[float]) -> list[str]:
     return [f"[{lo:g}, {hi:g}{']' if i == len(edges) - 2 else ')'}" for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
 
 
+def check_bin_edges(edges: Sequence[float]) -> list[float]:
+    """The edges as floats, or ValueError unless they are two or more finite, strictly
+    increasing numbers."""
+    edges = [float(e) for e in edges]
+    if len(edges) < 2 or not all(np.isfinite(edges)) or any(b <= a for a, b in zip(edges[:-1], edges[1:])):
+        raise ValueError(f"bin edges must be at least two finite, strictly increasing numbers, got {edges}")
+    return edges
+
+
 def propensity(t: pd.DataFrame, edges: Sequence[float] = DEFAULT_BIN_EDGES) -> pd.DataFrame:
     """Among questions the base model could reach but did not realize, the trained
     model's realization rate per bin of the base hit rate c/n. Bins are [lo, hi), the
     last one closed; NaN rate for an empty bin."""
-    edges = [float(e) for e in edges]
-    if len(edges) < 2 or any(b <= a for a, b in zip(edges[:-1], edges[1:])):
-        raise ValueError(f"bin edges must be at least two strictly increasing numbers, got {edges}")
+    edges = check_bin_edges(edges)
     pool = t[t["base_o"] & ~t["base_d"]]
     rate = pool["base_hit_rate"].to_numpy(dtype=float)
     idx = np.searchsorted(edges, rate, side="right") - 1
@@ -230,6 +237,10 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
     """Align, classify, bin, test; with `control_lm` (the trained model, loaded) and
     `control_task` (the runs' task) also run the budget control. Writes a compare run
     folder at `out` and returns its summary."""
+    # every refusal before the compare folder exists
+    edges = check_bin_edges(edges)
+    if control_lm is not None and (factor < 1 or batch_size < 1):
+        raise ValueError(f"the budget control needs factor and batch_size >= 1, got {factor} and {batch_size}")
     check_aligned(base.config, trained.config)
     probe_name = base.config["probe"]["name"]
     t = transitions(base.read_records(), trained.read_records(), probe_name)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import execute
+from rnr_interp.commands.common import at_least, check_out, execute, fail
 
 
 def compare(
@@ -23,11 +23,18 @@ def compare(
 ):
     """Base vs trained checkpoint, question by question: gained/lost/kept/never,
     entered/left/stayed/never, propensity bins, McNemar and paired intervals."""
-    from rnr_interp.compare import check_aligned, compare_runs, load_aligned_task
+    from rnr_interp.compare import check_aligned, check_bin_edges, compare_runs, load_aligned_task
     from rnr_interp.records import RunDir
 
+    at_least("--factor", factor)
+    at_least("--batch-size", batch_size)
+    try:
+        edges = check_bin_edges(float(x) for x in bins.split(","))
+    except ValueError:
+        fail(f"--bins must be two or more comma-separated, strictly increasing numbers, got {bins!r}")
+    check_out(out)
+
     def body():
-        edges = [float(x) for x in bins.split(",")]
         base, trained = RunDir(base_run), RunDir(trained_run)
         check_aligned(base.config, trained.config)
         lm = task = None
