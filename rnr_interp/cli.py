@@ -20,34 +20,31 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from rnr_interp.commands import audit, compare, localise, report, sweep
-from rnr_interp.commands.common import USER_ERRORS, one_line
+from rnr_interp.commands import audit, common, compare, localise, report, sweep
 
 
 class OneLineErrors(TyperGroup):
     """The `rnr` group: usage errors and bad input end as `error: ...` on one stderr
     line with exit code 2, unless --debug asks for the traceback."""
 
-    debug = False
-
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
-        OneLineErrors.debug = bool(os.environ.get("RNR_DEBUG"))
+        common.debug = bool(os.environ.get("RNR_DEBUG"))
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # usage errors: bad option values, unknown options
             if type(exc).__name__ == "NoArgsIsHelpError":  # bare `rnr`: the help, as asked for
                 typer.echo(exc.ctx.get_help() if getattr(exc, "ctx", None) else str(exc))
                 code = 0
-            elif OneLineErrors.debug:
+            elif common.debug:
                 raise
             else:
-                typer.secho(f"error: {one_line(exc.format_message())}", fg=typer.colors.RED, err=True)
+                typer.secho(f"error: {common.one_line(exc.format_message())}", fg=typer.colors.RED, err=True)
                 code = 2
-        except USER_ERRORS as exc:
-            if OneLineErrors.debug:
+        except common.USER_ERRORS as exc:
+            if common.debug:
                 raise
-            typer.secho(f"error: {one_line(str(exc)) or type(exc).__name__}", fg=typer.colors.RED, err=True)
+            typer.secho(f"error: {common.one_line(str(exc)) or type(exc).__name__}", fg=typer.colors.RED, err=True)
             code = 2
         except typer.Abort:
             typer.echo("aborted", err=True)
@@ -64,7 +61,7 @@ app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
 @app.callback()
 def _options(debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False) -> None:
     if debug:
-        OneLineErrors.debug = True
+        common.debug = True
 
 COMMANDS = {
     "model-info": audit.model_info,

@@ -149,10 +149,7 @@ def build_cohort(
 ) -> Cohort:
     """Recognition + deployed baseline for every question of `task`, the cohort from
     them; writes the `recognition` table, deployed records and the two id lists."""
-    if not isinstance(task, MultipleChoiceTask):
-        raise ValueError(f"task {task.name!r} is not multiple choice: failure localisation needs options to rank")
-    if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    check_cohort_options(task, readout, panel, batch_size)
     recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2))
     run.write_table("recognition", pd.DataFrame(recognition))
     deployed = run_rows(lm, task, [Row(q, (), DEPLOYED) for q in task.questions], decoding, run,
@@ -193,8 +190,39 @@ def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Qu
 
 
 
+def check_cohort_options(task: Task, readout: str, panel: int | None, batch_size: int) -> None:
+    """Refuse what no cohort can be built from: a task without options, an unknown
+    readout, a panel or batch below 1."""
+    if not isinstance(task, MultipleChoiceTask):
+        raise ValueError(f"task {task.name!r} is not multiple choice: failure localisation needs options to rank")
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    if panel is not None and panel < 1:
+        raise ValueError(f"panel must be >= 1 question, got {panel}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def check_localisation_options(lm: LoadedModel, *, layer: int | None = None, layers: Sequence[int] = (),
+                               alphas: Sequence[float] = (), ks: Sequence[int] = (), **_: Any) -> None:
+    """Refuse blocks the model does not have, non-finite steering strengths and unit
+    counts below 1 (a negative layer would silently index from the end)."""
+    last = lm.n_layers - 1
+    for name, value in [("layer", layer), *(("layers", l) for l in layers)]:
+        if value is not None and not 0 <= value <= last:
+            raise ValueError(f"{name} must name layers 0..{last} of {lm.spec}, got {value}")
+    if not all(np.isfinite(a) for a in alphas):
+        raise ValueError(f"alphas must be finite numbers, got {list(alphas)}")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"ks must be unit counts >= 1, got {list(ks)}")
+
+
 def localisation_config(kind: str, lm: LoadedModel, task: Task, decoding: Decoding, readout: str,
                         panel: int | None, batch_size: int, **extra: Any) -> dict[str, Any]:
-    """`run_config` with the settings every localisation run shares (the cohort's)."""
+    """`run_config` with the settings every localisation run shares (the cohort's),
+    after refusing bad settings: every localisation run builds its config before it
+    creates its folder."""
+    check_cohort_options(task, readout, panel, batch_size)
+    check_localisation_options(lm, **extra)
     return run_config(kind, lm, task, deployed=asdict(decoding), readout=readout, panel=panel,
                       batch_size=batch_size, **extra)

@@ -188,12 +188,13 @@ def test_audit_out_in_a_read_only_folder(tmp_path):
         locked.chmod(0o755)
 
 
-@pytest.mark.parametrize("command", ["route", "failures", "compare", "report"])
+@pytest.mark.parametrize("command", ["route", "failures", "repair", "steer", "units", "compare", "report", "sweep"])
 def test_every_command_refuses_an_out_that_is_a_file(finished, tmp_path, command):
     a_file = out_cases(tmp_path)["is a file"]
-    args = {"route": ROUTE, "failures": ["failures", *TINY, *MC]}.get(command, [command, finished])
-    if command == "compare":
-        args = [*args, finished]
+    grid = tmp_path / "grid.json"
+    grid.write_text('{"models": ["tiny-llama"], "tasks": [{"name": "arithmetic", "n": 2}], "probes": [{"k": 1}]}')
+    args = {"route": ROUTE, "compare": ["compare", finished, finished], "report": ["report", finished],
+            "sweep": ["sweep", grid]}.get(command, [command, *TINY, *MC])
     refused(*args, "--out", a_file, intact=(finished,), says=(str(a_file),))
     assert a_file.read_text() == "not a folder"
 

@@ -31,6 +31,8 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")
 #: own errors subclass ValueError, and OSError covers unreadable or unwritable paths
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
 KNOWN_ERRORS = USER_ERRORS
+#: set by `rnr --debug` (or RNR_DEBUG=1): errors show their traceback instead of one line
+debug = False
 
 
 def one_line(message: str) -> str:
@@ -72,15 +74,17 @@ def check_out(out: Path, option: str = "--out") -> None:
 def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN_ERRORS, context: str = "") -> T:
     """The command skeleton: run `body` (load inputs, run the analysis) and return its
     result for the command to print; a known error becomes `fail` (prefixed by
-    `context`), a run folder with another config says how to proceed."""
+    `context`) unless `debug` asks for the traceback, and a run folder with another
+    config says how to proceed."""
     from rnr_interp.records import ConfigMismatchError
 
     try:
         return body()
-    except ConfigMismatchError as exc:
-        fail(f"{context}{exc} (use another --out, or the same options as the existing run)")
     except known as exc:
-        fail(f"{context}{exc}")
+        if debug:
+            raise
+        hint = " (use another --out, or the same options as the existing run)" if isinstance(exc, ConfigMismatchError) else ""
+        fail(f"{context}{exc}{hint}")
     raise AssertionError("unreachable")  # fail() always exits
 
 

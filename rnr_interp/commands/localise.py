@@ -4,14 +4,15 @@ its run folder through the analysis, then the report's figures into ``figures/``
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, execute, fail, load_inputs,
-    run_folder,
+    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, execute, fail,
+    load_inputs, run_folder,
 )
 from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_KS
 
@@ -31,6 +32,8 @@ def parse_layers(spec: Optional[str], n_layers: int) -> list[int]:
     out: list[int] = []
     for part in spec.split(","):
         lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or not (hi.isdigit() or hi == ""):
+            raise ValueError(f"--layers takes layers and ranges such as '0-5,9', got {spec!r}")
         out.extend(range(int(lo), int(hi or lo) + 1))
     bad = [i for i in out if not 0 <= i < n_layers]
     if bad:
@@ -38,8 +41,15 @@ def parse_layers(spec: Optional[str], n_layers: int) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+def _numbers(option: str, text: str, kind: type = float) -> list:
+    """A comma-separated list of `kind` (finite), or a one-line refusal naming `option`."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        fail(f"{option} must be comma-separated {'whole ' if kind is int else ''}numbers, got {text!r}")
+    return values
 
 
 def _figures(out: Path) -> None:
@@ -56,8 +66,11 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
     options that depend on the loaded model."""
     from rnr_interp.cohort import deployed_decoding
 
+    at_least("--batch-size", batch_size)
+    at_least("--panel", options.get("panel"))
+
     def body():
-        lm, t = load_inputs(model, task, data, n)
+        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens)
         return analysis(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
                         progress=not quiet, **per_model(lm), **options)
 
@@ -132,7 +145,7 @@ def steer(
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
     s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
-                  component=component, repair_run=repair_run, alphas=_floats(alphas), readout=readout, panel=panel)
+                  component=component, repair_run=repair_run, alphas=_numbers("--alphas", alphas), readout=readout, panel=panel)
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
                  "  alpha  rescue  induction", ("alpha", "direction", "rate"),
                  lambda alpha, r: f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
@@ -150,7 +163,7 @@ def units(
     from rnr_interp.steering import run_units
 
     s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
-                  repair_run=repair_run, ks=[int(k) for k in _floats(ks)], seed=seed, readout=readout, panel=panel)
+                  repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, readout=readout, panel=panel)
     _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), whole-MLP repair {s.get('whole_block_repair', 0):.3f}",
                  "  k     top    random   (fraction of the whole-MLP repair)", ("k", "selection", "recovered_fraction"),
                  lambda k, r: f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")

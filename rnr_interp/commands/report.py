@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import execute
+from rnr_interp.commands.common import KNOWN_ERRORS, check_out, execute
 
 
 def report(
@@ -19,5 +19,7 @@ def report(
     from rnr_interp.report.export import ChromiumNotFound
     from rnr_interp.report.html import write_report
 
-    page = execute(lambda: write_report(run_dir, out, images=images), known=(FileNotFoundError, ChromiumNotFound))
+    if out is not None:
+        check_out(out)
+    page = execute(lambda: write_report(run_dir, out, images=images), known=(*KNOWN_ERRORS, ChromiumNotFound))
     typer.echo(f"report: {page}")

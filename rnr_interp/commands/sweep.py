@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rnr_interp.commands.common import execute, fail
+from rnr_interp.commands.common import check_out, execute, fail
 
 
 def sweep(
@@ -26,6 +26,7 @@ def sweep(
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if address and not use_ray:
         fail("--address needs --ray")
+    check_out(out)
     g = execute(lambda: Grid.load(grid), known=(OSError, ValueError, TypeError), context=f"grid {grid}: ")
     cells = execute(lambda: g.cells(backend), known=(OSError, ValueError, TypeError), context=f"grid {grid}: ")
     fallback = g.fallbacks(backend)
