@@ -39,12 +39,12 @@ class OneLineErrors(TyperGroup):
             elif common.debug:
                 raise
             else:
-                typer.secho(f"error: {common.one_line(exc.format_message())}", fg=typer.colors.RED, err=True)
+                common.say_error(exc.format_message())
                 code = 2
         except common.USER_ERRORS as exc:
             if common.debug:
                 raise
-            typer.secho(f"error: {common.one_line(str(exc)) or type(exc).__name__}", fg=typer.colors.RED, err=True)
+            common.say_error(str(exc) or type(exc).__name__)
             code = 2
         except typer.Abort:
             typer.echo("aborted", err=True)
@@ -62,6 +62,7 @@ app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
 def _options(debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False) -> None:
     if debug:
         common.debug = True
+
 
 COMMANDS = {
     "model-info": audit.model_info,

@@ -40,9 +40,14 @@ def one_line(message: str) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
+def say_error(message: str) -> None:
+    """The error line: `error: ...` on stderr, one line whatever the message."""
+    typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
+
+
 def fail(message: str) -> None:
     """One line on stderr naming the problem, exit 2."""
-    typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
+    say_error(message)
     raise typer.Exit(2)
 
 
