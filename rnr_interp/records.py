@@ -174,7 +174,7 @@ class ConfigMismatchError(RunFolderError):
         diffs = "; ".join(f"{key}: {short_repr(lookup(old, key))} (stored) != {short_repr(lookup(new, key))} (given)"
                           for key in keys)
         super().__init__(
-            f"{path} holds a run with a different config ({diffs}); use another folder, existing results are never overwritten"
+            f"{path} holds a run with a different config ({diffs}); existing results are never overwritten"
         )
         self.keys = keys
 
