@@ -49,6 +49,8 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             typer.echo("aborted", err=True)
             code = 1
+        finally:
+            common.debug = False  # one invocation's --debug must not outlive it (tests invoke many)
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
