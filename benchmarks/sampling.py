@@ -129,6 +129,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for every engine and the matmul (vLLM's CPU worker binds its own: one core here)")
     args = ap.parse_args()
+    if args.reps < 3:
+        ap.error("--reps must be at least 3: a median of paired rounds needs them")
     if args.quick:
         args.questions, args.max_new_tokens = 2, 16
     n_q = args.questions

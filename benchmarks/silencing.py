@@ -3,7 +3,7 @@ unablated pass over the same questions, on the demo model.
 
 The sweep is `repair.silencing_sweep` (30 x 3 = 90 ablation rows per question on
 SmolLM2, one batch row each, greedy, the multiple-choice length); the unablated pass is
-the same questions' deployed generation through the same code (`repair.run_rows` with
+the same questions' deployed generation through the same code (`cohort.run_rows` with
 no intervention). Both run interleaved, `--reps` times each; the ratio is the median of
 the per-round ratios sweep / unablated, with min-max.
 
@@ -12,7 +12,7 @@ plus generated tokens, summed over rows). Where the machine is compute-bound (a 
 that ratio is roughly the floor of the time ratio: every ablation row is a forward pass
 of its own, and only the blocks before the silenced one could be shared.
 
-    python benchmarks/silencing.py [--questions 4] [--reps 3] [--batch-size 32]
+    python benchmarks/silencing.py [--questions 2] [--reps 3] [--batch-size 32]
 
 Target: ratio <= 3.
 """
@@ -36,11 +36,13 @@ from rnr_interp.tasks import load_task
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--questions", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32, help="rows per batched generation (the repair default)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (one: the machine is shared)")
     args = ap.parse_args()
+    if args.reps < 3:
+        ap.error("--reps must be at least 3: a median of paired rounds needs them")
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2")
     task = load_task("arithmetic_mc", n=args.questions)
