@@ -37,7 +37,7 @@ def sweep(
         from rnr_interp.vllm_backend import vllm_available
 
         if not vllm_available():
-            fail("--backend vllm needs the vllm package (a CUDA machine; pip install vllm)")
+            fail("--backend vllm needs the vllm package (pip install vllm on a GPU machine; make vllm builds .venv-vllm with the CPU build)")
     typer.echo(f"{len(cells)} cells -> {out}" + (" on Ray" if use_ray else ""))
 
     def show(entry: dict[str, Any]) -> None:
