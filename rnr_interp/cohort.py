@@ -27,17 +27,6 @@ from rnr_interp.records import DEPLOYED, RunDir
 from rnr_interp.sampling import candidate_row, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
-#: MC answers come first ("A. ...", "Answer: B"): a few tokens decide the grade.
-MC_MAX_NEW_TOKENS = 8
-
-
-def deployed_decoding(task: Task, max_new_tokens: int | None = None) -> Decoding:
-    """Greedy decoding, short for multiple-choice tasks."""
-    if max_new_tokens is None:
-        max_new_tokens = MC_MAX_NEW_TOKENS if isinstance(task, MultipleChoiceTask) else task.max_new_tokens
-    return Decoding(temperature=0.0, max_new_tokens=max_new_tokens)
-
-
 # -- generation rows -----------------------------------------------------------------
 
 

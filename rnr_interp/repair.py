@@ -25,11 +25,12 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.cohort import Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, rates, run_rows
+from rnr_interp.cohort import Row, build_cohort, cohort_summary, localisation_config, rates, run_rows
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
+from rnr_interp.sampling import deployed_decoding
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
 #: the block components a sweep silences (the keys of the site table's component map)

@@ -197,3 +197,12 @@ def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> None:
     for q in task.questions:
         n = len(prompt_ids(lm, task, q))
         lm.check_fits(n + max_new_tokens, f"question {q.id!r} ({n} prompt tokens + {max_new_tokens} new)")
+
+
+def deployed_decoding(task: Task, max_new_tokens: int | None = None, temperature: float = 0.0) -> Decoding:
+    """The one deployed decoding of a task, for every command (audit, failures, repair,
+    steer, units, sweeps, routing): greedy unless told otherwise, `task.max_new_tokens`
+    new tokens unless overridden. Runs decoded differently are not comparable: the
+    decoding is recorded in every manifest ("deployed") and cross-run views refuse a
+    mismatch."""
+    return Decoding(temperature=temperature, max_new_tokens=max_new_tokens or task.max_new_tokens)

@@ -33,14 +33,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.cohort import (
-    Cohort, Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, rates, run_rows,
+    Cohort, Row, build_cohort, cohort_summary, localisation_config, rates, run_rows,
 )
 from rnr_interp.generate import Decoding, forward, left_pad
 from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, set_id, site_hook
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.repair import ablation_probe, best_blocks, silencing_sweep
-from rnr_interp.sampling import chunks, prompt_ids
+from rnr_interp.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
 DEFAULT_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)

@@ -16,7 +16,8 @@ from rnr_interp.interventions import Ablate
 from rnr_interp.models import build_tiny, load_model
 from rnr_interp.recognition import option_sequences, rank, recognize
 from rnr_interp.records import RunDir
-from rnr_interp.cohort import deployed_decoding, select_cohort
+from rnr_interp.cohort import select_cohort
+from rnr_interp.sampling import deployed_decoding
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
 from rnr_interp.repair import COMPONENTS, run_repair, silencing_sweep

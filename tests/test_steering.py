@@ -11,7 +11,7 @@ from rnr_interp.generate import generate, last_logits
 from rnr_interp.interventions import Ablate, AblateUnits
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.repair import deployed_decoding
+from rnr_interp.sampling import deployed_decoding
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.commands.localise import steer as steer_command
 from rnr_interp.commands.localise import units as units_command

@@ -43,7 +43,7 @@ def audit(
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
     from rnr_interp.audit import run_audit
     from rnr_interp.generate import Decoding
-    from rnr_interp.sampling import Probe
+    from rnr_interp.sampling import Probe, deployed_decoding
 
     if ci not in ("wilson", "bootstrap"):
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
@@ -58,7 +58,7 @@ def audit(
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens)
         lm.prompt_override = shared_format
-        deployed = Decoding(temperature=deployed_temperature, max_new_tokens=max_new_tokens or t.max_new_tokens)
+        deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
 
     print_audit_table(execute(body))

@@ -61,10 +61,10 @@ def _figures(out: Path) -> None:
 
 def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
               per_model=lambda lm: {}, **options) -> dict:
-    """The localisation commands' body: load, run `analysis` with greedy short decoding
-    (`cohort.deployed_decoding`), figures into the run folder; `per_model(lm)` gives the
-    options that depend on the loaded model."""
-    from rnr_interp.cohort import deployed_decoding
+    """The localisation commands' body: load, run `analysis` with the task's deployed
+    decoding (`sampling.deployed_decoding`, as every command), figures into the run
+    folder; `per_model(lm)` gives the options that depend on the loaded model."""
+    from rnr_interp.sampling import deployed_decoding
 
     at_least("--batch-size", batch_size)
     at_least("--panel", options.get("panel"))
