@@ -17,7 +17,7 @@ from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe, run_config, sample_task
+from rnr_interp.sampling import Probe, deployed_decoding, run_config, sample_task
 from rnr_interp.tasks.base import Task
 
 if TYPE_CHECKING:  # vLLM loads on first use
