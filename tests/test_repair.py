@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from rnr_interp.generate import generate
 from rnr_interp.interventions import Ablate
 from rnr_interp.models import build_tiny, load_model
-from rnr_interp.recognition import option_sequences, rank, recognize
+from rnr_interp.metrics import paired_diff_ci
+from rnr_interp.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
 from rnr_interp.cohort import select_cohort
 from rnr_interp.sampling import deployed_decoding
@@ -94,6 +95,29 @@ def test_select_cohort_criteria():
     assert "first 2 of 3" in c.panel_criterion and "option:mean" in c.failure_criterion
     none = select_cohort(qs, [{**r, "gold_first": False} for r in recog], deployed, readout="option:mean")
     assert none.failure == [] and "none of the 5" in none.why_empty()
+
+
+def test_cell_screen_applies_its_stated_criterion():
+    """A cell fails when recognition beats generation by the margin AND the paired
+    interval of the difference is above 0; either alone is not enough."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(4, 80))
+        rec, gen = rng.random(n) < rng.random(), rng.random(n) < rng.random()
+        crit = FailureCriterion(margin=float(rng.choice([0.0, 0.1, 0.2])))
+        cell = screen_cell(rec, gen, crit)
+        diff = rec.mean() - gen.mean()
+        lo, _ = paired_diff_ci(gen, rec)
+        assert cell["difference"] == pytest.approx(diff) and cell["difference_ci"][0] == pytest.approx(lo)
+        assert cell["n_recognised_not_generated"] == int((rec & ~gen).sum())
+        assert cell["failure"] == (diff >= crit.margin and lo > 0)
+    big_but_noisy = screen_cell([True, True, False], [False, False, False])  # +0.67, but 3 questions
+    assert big_but_noisy["difference"] > 0.1 and not big_but_noisy["failure"]
+    sure_but_small = screen_cell([True] * 1000 + [False] * 9000, [True] * 500 + [False] * 9500, FailureCriterion(margin=0.1))
+    assert sure_but_small["difference_ci"][0] > 0 and not sure_but_small["failure"]
+    assert "0.1" in FailureCriterion().describe() and "interval" in FailureCriterion().describe()
+    with pytest.raises(ValueError, match="equally many"):
+        screen_cell([True], [True, False])
 
 
 def test_sweep_rates_equal_separate_unbatched_runs(lm):
