@@ -40,6 +40,7 @@ __all__ = [
     "discordant_counts",
     "mcnemar",
     "gap_recovery",
+    "proportion",
 ]
 
 
@@ -241,6 +242,13 @@ def bootstrap_ci(
     if np.ndim(lo) == 0:
         return (float(lo), float(hi))
     return (lo, hi)
+
+
+def proportion(successes: int, n: int, level: float = 0.95) -> dict[str, Any]:
+    """A rate on its own denominator with its Wilson interval, as summaries store it:
+    {"rate", "ci", "k" (successes), "n"}; rate and interval NaN when n == 0."""
+    lo, hi = wilson_interval(successes, n, level)
+    return {"rate": successes / n if n else math.nan, "ci": [lo, hi], "k": int(successes), "n": int(n)}
 
 
 def discordant_counts(before: ArrayLike, after: ArrayLike) -> tuple[int, int]:
