@@ -184,8 +184,13 @@ def build_cohort(
     """Recognition + deployed baseline for every question of `task`, the cohort from
     them; writes the `recognition` table, deployed records and the two id lists."""
     check_cohort_options(task, readout, panel, batch_size)
-    recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2))
-    run.write_table("recognition", pd.DataFrame(recognition))
+    try:  # a resumed run (same config, so same questions) does not recompute recognition
+        recognition = run.read_table("recognition").to_dict("records")
+    except FileNotFoundError:
+        # only the readout's variant: the letter one re-reads the whole deployed prompt per option
+        recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2),
+                                variants=(readout.partition(":")[0],))
+        run.write_table("recognition", pd.DataFrame(recognition))
     deployed = run_rows(lm, task, [Row(q, (), DEPLOYED) for q in task.questions], decoding, run,
                         batch_size=batch_size, desc="deployed", progress=progress)
     cohort = select_cohort(task.questions, recognition, deployed, readout=readout, panel=panel, split=split)

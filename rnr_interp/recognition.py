@@ -88,11 +88,12 @@ def continuation_logprobs(lm: LoadedModel, seqs: Sequence[ScoredSequence], batch
     return out  # type: ignore[return-value]
 
 
-def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8) -> list[dict[str, Any]]:
+def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8,
+              variants: Sequence[Variant] = ("option", "letter")) -> list[dict[str, Any]]:
     """One row per (question, variant): per-option scores, rankings (best first) and
     whether the gold option ranks first. Option variants carry both normalisations."""
     rows = []
-    for variant in ("option", "letter"):
+    for variant in variants:
         per_q = [option_sequences(lm, task, q, variant) for q in questions]
         flat = [s for seqs in per_q for s in seqs]
         logps = continuation_logprobs(lm, flat, batch_size=batch_size)

@@ -131,14 +131,18 @@ def localisation_summary(table: pd.DataFrame) -> dict[str, Any]:
     """The paper's row for one case: the MLP block chosen on the selection part, and
     at that SAME layer the held-out repair/damage of silencing the MLP, the attention
     and the whole layer; separately, each component's own best layer (also chosen on
-    the selection part, scored held out). Rates are NaN where a part is empty."""
+    the selection part, scored held out), for the components swept at every layer the
+    MLP was. Rates are NaN where a part is empty."""
     own = best_blocks(table, on="selection")
     chosen = own.get("mlp")
     out: dict[str, Any] = {"choice_rule": CHOICE_RULE, "chosen": None, "at_chosen_layer": None, "own_best": {}}
     if chosen is not None:
         out["chosen"] = {"component": "mlp", "layer": chosen["layer"], "selection": chosen}
         out["at_chosen_layer"] = {c: heldout_rates(table, chosen["layer"], c) for c in COMPONENTS}
+    swept = table.groupby("component")["layer"].apply(set)
     for c, best in own.items():
+        if "mlp" in swept and not swept["mlp"] <= swept[c]:
+            continue  # swept at the chosen layer only: it has no "own best" layer
         out["own_best"][c] = None if best is None else {"selection": best, "heldout": heldout_rates(table, best["layer"], c)}
     return out
 
@@ -195,27 +199,43 @@ def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = Failure
             "readout": readout, "criterion": criterion.describe()}
 
 
+#: what a repair run silences: every component at every layer, or ("mlp") the MLP at
+#: every layer and then attention and the whole layer at the chosen MLP layer only (the
+#: paper's same-layer controls, a third of the cost; no own-best layer for them)
+SWEEPS = ("all", "mlp")
+
+
 def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
-               layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, batch_size: int = 32,
-               progress: bool = True) -> dict[str, Any]:
+               layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
+               batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
-    scored on the held-out part."""
+    scored on the held-out part. `sweep` is one of `SWEEPS`."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     decoding = decoding or deployed_decoding(task)
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     run = RunDir.create(out, localisation_config("repair", lm, task, decoding, readout, panel, batch_size, split,
-                                                 layers=layers, components=list(components)))
+                                                 layers=layers, components=list(components), sweep=sweep))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
-    table = silencing_sweep(lm, task, cohort.failure, cohort.panel, decoding=decoding, layers=layers,
-                            components=components, split=split, run=run, batch_size=batch_size, progress=progress)
+    common = dict(decoding=decoding, split=split, run=run, batch_size=batch_size, progress=progress)
+    if sweep == "all":
+        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=components, **common)
+    else:
+        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=("mlp",), **common)
+        chosen = best_blocks(table, on="selection").get("mlp")
+        if chosen is not None:
+            others = [c for c in components if c != "mlp"]
+            table = pd.concat([table, silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=[chosen["layer"]],
+                                                      components=others, **common)], ignore_index=True)
     run.write_table("repair", table)
     localisation = localisation_summary(table)
     controls = controls_table(localisation)
     run.write_table("controls", controls)
-    summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout,
+    summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout, "sweep": sweep,
                **cohort_summary(cohort, run.read_table("recognition")), "screen": cell_screen(run, readout),
                **localisation, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records")}

@@ -220,26 +220,23 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                                 f"(selectivity {best['selectivity']:.3f})")
 
 
-def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, **kw) -> Cohort:
-    """This run's cohort, or the one stored in `repair_run` (same questions, same
-    decoding, same split) so steering and units act on exactly the sets the sweep used."""
-    if repair_run is not None:
-        src = RunDir(repair_run)
-        for key in ("deployed", "question_ids_hash", "readout", "split"):
-            if src.config.get(key) != run.config.get(key):
-                raise ValueError(f"repair run {repair_run} differs from this run in {key!r}: "
-                                 f"{src.config.get(key)!r} != {run.config.get(key)!r} (use the same options)")
-    cohort = build_cohort(lm, task, run, **kw)
+def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, **kw: Any) -> Cohort:
+    """This run's cohort, or the one stored in `repair_run` (same questions, model,
+    prompt, decoding, readout, panel cap and split; read back, nothing recomputed) so
+    steering and units act on exactly the sets the sweep used."""
     if repair_run is None:
-        return cohort
+        return build_cohort(lm, task, run, **kw)
+    src = RunDir(repair_run)
+    for key in ("model", "question_ids_hash", "deployed", "readout", "panel", "split"):
+        if src.config.get(key) != run.config.get(key):
+            raise ValueError(f"repair run {repair_run} differs from this run in {key!r}: "
+                             f"{src.config.get(key)!r} != {run.config.get(key)!r} (use the same options)")
     by_id = {q.id: q for q in task.questions}
-    f_ids, p_ids = src.read_json("failure_set"), src.read_json("healthy_panel")
-    missing = [i for i in f_ids["question_ids"] + p_ids["question_ids"] if i not in by_id]
-    if missing:
-        raise ValueError(f"repair run {repair_run} names questions not in this task (e.g. {missing[0]}): use the same --task/--n")
-    cohort.failure = [by_id[i] for i in f_ids["question_ids"]]
-    cohort.panel = [by_id[i] for i in p_ids["question_ids"]]
-    cohort.failure_criterion, cohort.panel_criterion = f_ids["criterion"], p_ids["criterion"]
+    f_ids, p_ids, done = src.read_json("failure_set"), src.read_json("healthy_panel"), src.read_summary()
+    cohort = Cohort(failure=[by_id[i] for i in f_ids["question_ids"]], panel=[by_id[i] for i in p_ids["question_ids"]],
+                    failure_criterion=f_ids["criterion"], panel_criterion=p_ids["criterion"],
+                    n_questions=done["n_questions"], n_recognised=done["n_recognised"],
+                    n_deployed_correct=round(done["deployed_accuracy"] * done["n_questions"]), split=kw["split"])
     run.write_json("failure_set", cohort.failure_json())
     run.write_json("healthy_panel", cohort.panel_json())
     return cohort

@@ -159,6 +159,8 @@ def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
                                        "whole layer at the chosen layer 1", "attention's own best (layer 0)",
                                        "whole layer's own best (layer 2)"]
     assert list(controls["repair_heldout"]) == [0.6, 0.2, 0.5, 0.8, 0.7]
+    only_mlp = localisation_summary(table[(table["component"] == "mlp") | (table["layer"] == 1)])
+    assert only_mlp["at_chosen_layer"] == at and set(only_mlp["own_best"]) == {"mlp"}  # no own best without a full sweep
     nothing = localisation_summary(table.assign(repair_rate_selection=0.0))
     assert nothing["chosen"] is None and controls_table(nothing).empty
 
@@ -214,6 +216,25 @@ def test_sweep_rates_equal_separate_unbatched_runs(lm):
         assert row.damage_rate_heldout == pytest.approx(np.mean(damaged) if damaged else float("nan"), nan_ok=True)
         changed += row.repair_rate > 0 or row.damage_rate > 0
     assert changed, "no ablation changed any answer: the comparison would be vacuous"
+
+
+def test_mlp_sweep_adds_same_layer_controls_at_the_chosen_layer_only(tmp_path, lm):
+    task = parity_task(24)
+    d = deployed_decoding(task, max_new_tokens=3)
+    s = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, sweep="mlp", progress=False)
+    table = RunDir(tmp_path / "r").read_table("repair")
+    assert sorted(table.loc[table["component"] == "mlp", "layer"]) == list(range(lm.n_layers))
+    if s["chosen"] is None:
+        assert set(table["component"]) == {"mlp"}
+        return
+    chosen = s["chosen"]["layer"]
+    assert set(zip(table.loc[table["component"] != "mlp", "component"], table.loc[table["component"] != "mlp", "layer"])) \
+        == {("attn", chosen), ("layer", chosen)}
+    assert {c: e["layer"] for c, e in s["at_chosen_layer"].items()} == {"mlp": chosen, "attn": chosen, "layer": chosen}
+    assert set(s["own_best"]) == {"mlp"}
+    full = run_repair(lm, task, tmp_path / "full", panel=8, decoding=d, progress=False)
+    assert full["chosen"]["layer"] == chosen
+    assert json.dumps(full["at_chosen_layer"]) == json.dumps(s["at_chosen_layer"])  # NaN-tolerant equality
 
 
 def test_repair_run_folder_and_cli(tmp_path, lm):
