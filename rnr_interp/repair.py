@@ -26,6 +26,7 @@ and the report draws them (`report.registry`).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -172,7 +173,8 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
 
 
 def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
-                 panel: int | None = PANEL_CAP, decoding: Decoding | None = None, batch_size: int = 32,
+                 panel: int | None = PANEL_CAP, decoding: Decoding | None = None,
+                 criterion: FailureCriterion = FailureCriterion(), batch_size: int = 32,
                  progress: bool = True) -> dict[str, Any]:
     """Recognition, deployed baseline and the cohort, into a run folder (kind "failures"),
     with the cell's line of the failure screen (`recognition.screen_cell`)."""
@@ -182,7 +184,7 @@ def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, 
                           batch_size=batch_size, progress=progress)
     recognition = run.read_table("recognition")
     summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
-               **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout)}
+               **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion)}
     run.write_summary(summary)
     return summary
 
@@ -203,6 +205,41 @@ def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = Failure
 #: every layer and then attention and the whole layer at the chosen MLP layer only (the
 #: paper's same-layer controls, a third of the cost; no own-best layer for them)
 SWEEPS = ("all", "mlp")
+
+
+def screen_table(runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> pd.DataFrame:
+    """The cell-level failure screen (the paper's Figure 4a): one row per cell (a
+    failures or repair run: one model on one task) with its recognition score, its
+    generation score, their difference and paired interval, and whether `criterion`
+    calls it a failure cell. Cells of one task decoded differently are refused."""
+    rows, decoding = [], {}
+    for run in runs:
+        cfg = run.config
+        task = cfg["task"]["name"]
+        if decoding.setdefault(task, (cfg["deployed"], run.path))[0] != cfg["deployed"]:
+            first, where = decoding[task]
+            raise ValueError(f"cells of task {task!r} were decoded differently: {first} ({where}) != "
+                             f"{cfg['deployed']} ({run.path}); rerun them with one decoding")
+        cell = cell_screen(run, cfg["readout"], criterion)
+        rows.append({"model": cfg["model"], "task": task, "readout": cfg["readout"], "path": str(run.path),
+                     **{k: cell[k] for k in ("n_questions", "recognition_score", "generation_score", "difference",
+                                             "n_recognised_not_generated", "failure")},
+                     "difference_lo": cell["difference_ci"][0], "difference_hi": cell["difference_ci"][1]})
+    return pd.DataFrame(rows)
+
+
+def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
+    """The screen of `runs` into a run folder (kind "screen"): table `screen` and a
+    summary stating the criterion and which cells it keeps."""
+    table = screen_table(runs, criterion)
+    run = RunDir.create(out, {"kind": "screen", "cells": [{"path": str(r.path), "config_hash": r.config_hash} for r in runs],
+                              "criterion": asdict(criterion)})
+    run.write_table("screen", table)
+    summary = {"kind": "screen", "criterion": criterion.describe(), "margin": criterion.margin, "level": criterion.level,
+               "n_cells": len(table), "n_failure_cells": int(table["failure"].sum()) if len(table) else 0,
+               "cells": table.to_dict(orient="records")}
+    run.write_summary(summary)
+    return summary
 
 
 def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",

@@ -188,6 +188,39 @@ def test_cell_screen_applies_its_stated_criterion():
         screen_cell([True], [True, False])
 
 
+def test_failures_over_cells_writes_the_screen_and_its_scatter(tmp_path):
+    """`rnr failures` over models x tasks: one failures run per cell, the screen table
+    recounted from each cell's recognition table and deployed records, the criterion
+    applied, the scatter drawn; cells of one task decoded differently are refused."""
+    from rnr_interp.repair import run_failures, screen_table
+
+    app = typer.Typer()
+    app.command("failures")(failures_command)
+    app.command("noop")(lambda: None)
+    out = tmp_path / "screen"
+    res = CliRunner().invoke(app, ["failures", "--model", "tiny-llama:2", "--model", "tiny-qwen2:2", "--task", "arithmetic_mc",
+                                   "--n", "12", "--max-new-tokens", "3", "--margin", "0.05", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    screen = RunDir(out)
+    table = screen.read_table("screen")
+    assert list(table["model"]) == ["tiny-llama:2", "tiny-qwen2:2"] and (table["task"] == "arithmetic_mc").all()
+    for row in table.itertuples():
+        cell = RunDir(row.path)
+        rec = cell.read_table("recognition").query("readout == 'option:mean'").set_index("question_id")["gold_first"]
+        dep = cell.read_records().query("probe == 'deployed'").set_index("question_id")["correct"]
+        assert row.recognition_score == pytest.approx(rec.mean()) and row.generation_score == pytest.approx(dep.mean())
+        assert row.failure == (row.difference >= 0.05 and row.difference_lo > 0)
+    assert screen.read_summary()["criterion"].startswith("recognition score - generation score >= 0.05")
+    assert (out / "figures" / "screen_scatter.html").is_file() and "cells are failure cells" in res.output
+    task = parity_task(4)
+    lm = load_model("tiny-llama:2")
+    a = run_failures(lm, task, tmp_path / "a", decoding=deployed_decoding(task, 2), progress=False)
+    run_failures(lm, task, tmp_path / "b", decoding=deployed_decoding(task, 3), progress=False)
+    assert a["screen"]["n_questions"] == 4
+    with pytest.raises(ValueError, match="decoded differently"):
+        screen_table([RunDir(tmp_path / "a"), RunDir(tmp_path / "b")])
+
+
 def test_sweep_rates_equal_separate_unbatched_runs(lm):
     task = parity_task(5)
     decoding = deployed_decoding(task, max_new_tokens=3)

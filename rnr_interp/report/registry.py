@@ -35,7 +35,7 @@ class FigureSet:
 
 REGISTRY: tuple[FigureSet, ...] = (
     FigureSet("Routing", ROUTING_TABLES, routing_figures),
-    FigureSet("Repair, steering and units", ("repair", "controls", "steering", "units"), repair_figures.figures,
+    FigureSet("Failure screen, repair, steering and units", ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
               ("failure_set", "healthy_panel")),
     FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures),
 )

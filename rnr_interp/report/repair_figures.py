@@ -131,6 +131,28 @@ def units_curve(table: pd.DataFrame, title: str = "") -> go.Figure:
     return fig
 
 
+def screen_scatter(table: pd.DataFrame, margin: float, title: str = "") -> go.Figure:
+    """Generation score against recognition score per cell (the paper's Figure 4a):
+    y = x, the criterion's region (recognition - generation >= margin, shaded; a cell
+    there also needs its paired interval above 0), failure cells marked."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[margin, 1, 1, margin], y=[0, 0, 1 - margin, 0], fill="toself", mode="none",
+                             fillcolor="rgba(214,39,40,0.12)", name=f"recognition - generation >= {margin:g}"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"dash": "dot", "color": "grey"}, name="y = x"))
+    for failure, sub in table.groupby("failure"):
+        fig.add_trace(go.Scatter(
+            x=sub["recognition_score"], y=sub["generation_score"], mode="markers+text",
+            text=[f"{m} / {t}" for m, t in zip(sub["model"], sub["task"])], textposition="top center",
+            marker={"size": 10, "color": "#d62728" if failure else "#7f7f7f"},
+            name="failure cell" if failure else "not a failure cell",
+            customdata=sub[["n_questions", "difference_lo", "difference_hi"]].to_numpy(),
+            hovertemplate="%{text}<br>recognition %{x:.3f}, generation %{y:.3f}<br>n=%{customdata[0]}, "
+                          "difference CI [%{customdata[1]:.3f}, %{customdata[2]:.3f}]<extra></extra>"))
+    fig.update_layout(title=f"failure screen per cell: {title}", xaxis_title="recognition score (gold option ranked first)",
+                      yaxis_title="generation score (deployed answer right)", xaxis_range=[0, 1], yaxis_range=[0, 1])
+    return fig
+
+
 def figures(run: RunDir, label: str) -> Figures:
     """The repair, steering and units figures of the tables `run` holds with rows."""
     figs: Figures = []
@@ -138,6 +160,8 @@ def figures(run: RunDir, label: str) -> Figures:
         figs += [(name, draw(t, label)) for name, draw in (
             ("selectivity_heatmap", selectivity_heatmap), ("repair_heatmap", repair_heatmap),
             ("damage_heatmap", damage_heatmap), ("selectivity", selectivity_plot))]
+    if (t := read_table(run, "screen")) is not None and len(t):
+        figs.append(("screen_scatter", screen_scatter(t, float(run.config["criterion"]["margin"]), label)))
     if (t := read_table(run, "controls")) is not None and len(t):
         figs.append(("controls", controls_figure(t, label)))
     if (t := read_table(run, "steering")) is not None and len(t):
