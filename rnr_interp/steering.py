@@ -15,9 +15,11 @@ Held out. The block, v and the unit scores come from the selection parts of the 
 set and panel (`cohort.Split`); rescue, induction and unit repair are measured on the
 held-out parts, each rate with a Wilson interval on its own denominator.
 
-Units. Each MLP unit i of the block writes ``act_i * W_out[i]`` into the residual
-stream; its directional contribution is ``mean_failure(act_i) * (W_out[i] . v)``
-(act at ``mlp.hook_post``, last prompt position). Silencing the top-k units
+Units. Each MLP unit i of the block writes ``act_i * W_out[i]`` into the MLP output;
+its directional contribution is that write, as it reaches the residual stream, dotted
+with v and averaged over the failure set (act at ``mlp.hook_post``, last prompt
+position). Where the site table has a post-MLP norm (Gemma-2/3) the write passes
+through it first (`unit_contributions`). Silencing the top-k units
 (`AblateUnits`) is compared with silencing the whole MLP output: recovered fraction =
 repair(top-k) / repair(whole MLP); `DEFAULT_DRAWS` (20) seeded draws of k random units
 are the control, reported with their spread (`units_spread`).
@@ -41,7 +43,7 @@ from rnr_interp.cohort import (
     PANEL_CAP, Cohort, Row, Split, build_cohort, cohort_summary, localisation_config, outcome_counts, rates, run_rows,
 )
 from rnr_interp.generate import Decoding, forward, left_pad
-from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, set_id, site_hook
+from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
 from rnr_interp.metrics import proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
@@ -124,13 +126,39 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
 # -- units -----------------------------------------------------------------------------
 
 
-def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor, batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
-    """Directional contribution of each MLP unit of `layer` along v, averaged over the
-    failure set at the last prompt position."""
-    key = ("mlp.hook_post", layer)
-    acts = last_position(lm, [prompt_ids(lm, task, q) for q in failure], [key], batch_size)[key]
+@torch.inference_mode()
+def unit_contributions(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, v: Tensor,
+                       batch_size: int = 16) -> Float[Tensor, "n d_mlp"]:
+    """Per prompt (last position) and MLP unit i of `layer`: how far the unit's write
+    moves the residual stream along v, in the basis the block writes to the stream.
+    Without a post-MLP norm that is ``act_i * (W_out[i] . v)``. With one (the site
+    table's ``post_mlp_norm``, Gemma-2/3) the stream receives ``norm(m)``, m = sum_i
+    act_i W_out[i]; an RMSNorm is ``c(m) * (g * m)`` with g its gain (the norm of a
+    vector of ones, up to a constant) and c a scalar per prompt, found exactly by least
+    squares from the norm's input and output, so unit i writes ``act_i * c * (g *
+    W_out[i])``. The contributions of a prompt sum to ``(block output - bias) . v``."""
+    norm_site = "post_mlp_norm" in SITES[family(lm)]
+    keys = [("mlp.hook_post", layer)] + ([("mlp.hook_out", layer), ("hook_mlp_out", layer)] if norm_site else [])
+    acts = last_position(lm, prompts, keys, batch_size)
     w_out = lm.bridge.blocks[layer].mlp.W_out.detach().float().cpu()  # (d_mlp, d_model)
-    return acts.mean(0) * (w_out @ v.float().cpu())
+    post = acts[("mlp.hook_post", layer)]
+    v = v.float().cpu()
+    if not norm_site:
+        return post * (w_out @ v)
+    norm = lm.bridge.get_submodule(site_hook(lm, "post_mlp_norm", layer))
+    ones = torch.ones(1, 1, w_out.shape[1], dtype=next(norm.parameters()).dtype, device=lm.device)
+    gain: Float[Tensor, "d"] = norm(ones)[0, 0].float().cpu()
+    m, y = acts[("mlp.hook_out", layer)], acts[("hook_mlp_out", layer)]
+    gm = gain * m
+    c: Float[Tensor, "n"] = (y * gm).sum(-1) / (gm * gm).sum(-1).clamp_min(1e-30)
+    return (post * c[:, None]) * ((w_out * gain) @ v)
+
+
+def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor,
+                batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
+    """Directional contribution of each MLP unit of `layer` along v (`unit_contributions`),
+    averaged over the failure set at the last prompt position."""
+    return unit_contributions(lm, [prompt_ids(lm, task, q) for q in failure], layer, v, batch_size).mean(0)
 
 
 def top_units(scores: Tensor, k: int) -> tuple[int, ...]:
