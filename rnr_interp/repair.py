@@ -215,7 +215,8 @@ def screen_table(runs: Sequence[RunDir], criterion: FailureCriterion = FailureCr
     rows, decoding = [], {}
     for run in runs:
         cfg = run.config
-        task = cfg["task"]["name"]
+        # the task's name and its data file: ARC-Easy and ARC-Challenge are both "arc"
+        task = f"{cfg['task']['name']} ({Path(str(cfg['task'].get('source', ''))).name})"
         if decoding.setdefault(task, (cfg["deployed"], run.path))[0] != cfg["deployed"]:
             first, where = decoding[task]
             raise ValueError(f"cells of task {task!r} were decoded differently: {first} ({where}) != "
