@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
