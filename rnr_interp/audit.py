@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import Intervention, dumps
-from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores
+from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores, unparsed_rate
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir
 from rnr_interp.sampling import Probe, run_config, sample_task
@@ -64,6 +64,6 @@ def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson") -> di
         "task": (config.get("task") or {}).get("name"),
         "temperature": (config.get("probe") or {}).get("temperature"),
         "pass_at_k": {"k": ks, "pass": mean_pass_at_k(scores["n"].to_numpy(), scores["c"].to_numpy(), ks).tolist() if ks else []},
-        "unparsed_rate": float(records["extracted"].isna().mean()) if len(records) else 0.0,
+        "unparsed_rate": unparsed_rate(records) if len(records) else 0.0,
     })
     return summary

@@ -40,6 +40,7 @@ __all__ = [
     "discordant_counts",
     "mcnemar",
     "gap_recovery",
+    "unparsed_rate",
 ]
 
 
@@ -394,3 +395,11 @@ def gap_recovery(selector: float, greedy: float, oracle: float) -> float:
     if oracle == greedy:
         return math.nan
     return (selector - greedy) / (oracle - greedy)
+
+
+def unparsed_rate(records: pd.DataFrame) -> float:
+    """Share of candidates with no valid answer of the task's kind (`extracted` is null:
+    `Task.read_answer` keeps only a number for a numeric task, one of the question's
+    option letters for multiple choice, ...); NaN for no records."""
+    _require_columns(records, ("extracted",))
+    return float(records["extracted"].isna().mean()) if len(records) else math.nan

@@ -103,7 +103,9 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def candidate_row(task: Task, q: Question, g: Generation, /, **fields) -> dict[str, Any]:
-    extracted = task.extract(g.text)
+    # None unless the generation holds a valid answer of the task's kind for q: the
+    # records' unparsed rate (metrics.unparsed_rate) counts exactly these.
+    extracted = task.read_answer(g.text, q)
     return {
         **fields,
         "question_id": q.id,

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt, at_least, built,
-    execute, fail, fmt_ci, load_inputs, run_folder,
+    AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt,
+    at_least, built, execute, fail, fmt_ci, load_inputs, run_folder,
 )
 
 
@@ -36,6 +36,7 @@ def audit(
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 8,
     ci: Annotated[str, typer.Option("--ci", help="wilson | bootstrap")] = "wilson",
+    answer_type: AnswerTypeOpt = None,
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
@@ -52,7 +53,7 @@ def audit(
     built(Decoding, {"temperature": "--deployed-temperature"}, temperature=deployed_temperature, max_new_tokens=1)
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens)
+        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type)
         deployed = Decoding(temperature=deployed_temperature, max_new_tokens=max_new_tokens or t.max_new_tokens)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
 
@@ -106,6 +107,7 @@ def route(
     max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 16,
+    answer_type: AnswerTypeOpt = None,
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
@@ -119,7 +121,7 @@ def route(
                 seed=seed, collapse=collapse, batch_size=batch_size, min_len=min_len, max_len=max_len)
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out)
+        lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type)
         return run_route_audit(lm, t, out, cfg, progress=not quiet)
 
     s = execute(body)

@@ -26,6 +26,8 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", help="questions per batch
 TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling temperature")]
 MaxTokOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", help="generation length (default: the task's)")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+AnswerTypeOpt = Annotated[Optional[str], typer.Option(
+    "--answer-type", help="jsonl free-form answers: auto (number when every gold is one) | number | text")]
 
 #: errors that mean bad input (a message for the user, not a traceback); the package's
 #: own errors subclass ValueError, and OSError covers unreadable or unwritable paths
@@ -94,11 +96,12 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
 
 
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
-                max_new_tokens: Optional[int] = None) -> tuple[LoadedModel, Task]:
+                max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None) -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
     the model), the model, and whether every prompt plus the tokens to generate fits
-    the model's context. Nothing is created."""
+    the model's context. Nothing is created. `answer_type` (jsonl only) chooses how
+    free-form answers are graded."""
     from rnr_interp.models import load_model
     from rnr_interp.sampling import check_prompts_fit
     from rnr_interp.tasks import load_task
@@ -107,7 +110,9 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     at_least("--max-new-tokens", max_new_tokens)
     if out is not None:
         check_out(out)
-    t = load_task(task, data=data, n=n)
+    if answer_type is not None and task != "jsonl":
+        raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
+    t = load_task(task, data=data, n=n, **({"answer_type": answer_type} if answer_type else {}))
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
     lm = load_model(model)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Route, set_id
-from rnr_interp.metrics import gap_recovery, question_scores
+from rnr_interp.metrics import gap_recovery, question_scores, unparsed_rate
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
@@ -234,7 +234,7 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
     for space_name in cfg.spaces:
         cell = f"{lm.spec}/{task.name}/{space_name}"
         rand = records[records.probe == str(ProbeLabel.route(space_name, "random"))]
-        unparsed = float(rand["extracted"].isna().mean()) if len(rand) else float("nan")
+        unparsed = unparsed_rate(rand)
         excluded = bool(unparsed > cfg.collapse)
         oracle_at_k = {}
         for m in cfg.methods:

@@ -18,7 +18,7 @@ from .boolq import BoolQ, load_boolq
 from .gsm8k import GSM8K, load_gsm8k
 from .hellaswag import HellaSwag, load_hellaswag
 from .hf import HFLoadError, load_hf
-from .jsonl import JsonlMCTask, JsonlTask, load_jsonl
+from .jsonl import JsonlMCTask, JsonlNumberTask, JsonlTask, load_jsonl
 from .logiqa import LogiQA, load_logiqa
 from .piqa import PIQA, load_piqa
 from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc, parse_source
@@ -86,7 +86,7 @@ def reload_task(described: dict[str, Any]) -> Task:
 
 __all__ = [
     "ARC", "GSM8K", "LETTERS", "PIQA", "TASKS", "Arithmetic", "ArithmeticMC", "BoolQ",
-    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlTask", "LogiQA",
+    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlNumberTask", "JsonlTask", "LogiQA",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
     "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "shared_data_dirs",
