@@ -104,7 +104,7 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     free-form answers are graded."""
     from rnr_interp.models import load_model
     from rnr_interp.sampling import check_prompts_fit
-    from rnr_interp.tasks import load_task
+    from rnr_interp.tasks import HFLoadError, load_task
 
     at_least("--n", n)
     at_least("--max-new-tokens", max_new_tokens)
@@ -112,7 +112,10 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
         check_out(out)
     if answer_type is not None and task != "jsonl":
         raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
-    t = load_task(task, data=data, n=n, **({"answer_type": answer_type} if answer_type else {}))
+    try:
+        t = load_task(task, data=data, n=n, **({"answer_type": answer_type} if answer_type else {}))
+    except HFLoadError as exc:  # an unreadable dataset folder or Arrow file is bad input too
+        raise ValueError(str(exc)) from None
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
     lm = load_model(model)
