@@ -3,7 +3,9 @@
 `run_audit` samples the deployed candidate and K probe samples per question into a
 `RunDir` (resuming one that was interrupted), then scores it: per question `d_i`,
 `c_i` of `n`, `o_i(K)`; aggregates D, O_K and the gap with intervals, and the pass@k
-curve, in ``summary.json``.
+curve, in ``summary.json``; for multiple choice also what guessing reaches (`chance`:
+uniform and from the model's own deployed answer distribution, with a warning when one
+option dominates).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores, unparsed_rate
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe, run_config, sample_task
+from rnr_interp.sampling import Probe, chance_summary, run_config, sample_task
 from rnr_interp.tasks.base import Task
 
 if TYPE_CHECKING:  # vLLM loads on first use
@@ -49,6 +51,9 @@ def run_audit(
     sample_task(lm, task, probe=probe, deployed=deployed, run=run, interventions=interventions,
                 batch_size=batch_size, run_id=run.run_id, progress=progress)
     summary = summarize(run, probe.name, ci=ci)
+    chance = chance_summary(task, run.read_records(), summary["k"])
+    if chance is not None:
+        summary["chance"] = chance
     run.write_summary(summary)
     return summary
 

@@ -41,6 +41,9 @@ __all__ = [
     "mcnemar",
     "gap_recovery",
     "unparsed_rate",
+    "chance_baselines",
+    "chance_lines",
+    "answer_changes",
 ]
 
 
@@ -403,3 +406,116 @@ def unparsed_rate(records: pd.DataFrame) -> float:
     option letters for multiple choice, ...); NaN for no records."""
     _require_columns(records, ("extracted",))
     return float(records["extracted"].isna().mean()) if len(records) else math.nan
+
+
+# -- multiple choice read against chance --------------------------------------------
+
+#: a deployed answer distribution is flagged when one option takes more than this share
+DOMINANT_SHARE = 0.6
+
+
+def chance_baselines(
+    deployed: Sequence[str | None],
+    gold: Sequence[str],
+    options: Sequence[Sequence[str]],
+    k: int | None,
+) -> dict[str, Any]:
+    """D and O_K that guessing reaches on these multiple-choice questions, next to the
+    model's deployed answer distribution.
+
+    Per question i with options `options[i]` (m_i of them) and gold `gold[i]`:
+    - uniform guessing: D = mean 1/m_i, O_K = mean 1 - (1 - 1/m_i)^K (K independent
+      uniform draws);
+    - guessing from the model's own deployed distribution p (the share of each option
+      among the parsed deployed answers, restricted to question i's options and
+      renormalised; uniform where p puts nothing on them): D = mean p_i(gold_i),
+      O_K = mean 1 - (1 - p_i(gold_i))^K.
+    `k` None or 0 gives no O_K. `deployed_counts` counts each option (and None as
+    "unparsed"); `warning` names an option that takes more than DOMINANT_SHARE of the
+    parsed deployed answers (then D mostly measures how often that option is gold).
+    """
+    if not len(deployed) == len(gold) == len(options):
+        raise ValueError(f"need one deployed answer, gold and option list per question, got "
+                         f"{len(deployed)}, {len(gold)}, {len(options)}")
+    if not len(gold):
+        raise ValueError("no questions")
+    parsed = [a for a in deployed if a is not None]
+    order = list(dict.fromkeys(o for opts in options for o in opts))
+    counts = {o: sum(a == o for a in parsed) for o in order}
+    counts.update({a: parsed.count(a) for a in parsed if a not in counts})
+    total = len(parsed)
+    p_uniform, p_model = [], []
+    for opts, g in zip(options, gold):
+        if g not in opts:
+            raise ValueError(f"gold {g!r} is not one of the options {list(opts)}")
+        p_uniform.append(1 / len(opts))
+        mass = sum(counts.get(o, 0) for o in opts)
+        p_model.append(counts.get(g, 0) / mass if mass else 1 / len(opts))
+
+    def at(p: list[float]) -> dict[str, float | None]:
+        arr = np.asarray(p, dtype=float)
+        o_k = float(np.mean(1 - (1 - arr) ** k)) if k else None
+        return {"D": float(arr.mean()), "O_K": o_k}
+
+    dominant = max(counts, key=lambda o: counts[o]) if total else None
+    share = counts[dominant] / total if dominant is not None else 0.0
+    warning = None
+    if share > DOMINANT_SHARE:
+        warning = (f"option {dominant!r} is {share:.0%} of the parsed deployed answers "
+                   f"({counts[dominant]} of {total}): D largely counts the questions whose gold is {dominant!r}")
+    return {
+        "k": k,
+        "uniform": at(p_uniform),
+        "deployed_distribution": at(p_model),
+        "deployed_counts": {**counts, "unparsed": len(deployed) - total},
+        "dominant": dominant,
+        "dominant_share": share,
+        "warning": warning,
+    }
+
+
+def answer_changes(before: Sequence[str | None], after: Sequence[str | None], gold: Sequence[str]) -> dict[str, Any]:
+    """How an intervention moved deployed answers on the same questions: `to_gold`
+    (changed, now the gold option: the repairs), `to_other` (changed to another wrong
+    answer, or to none), `unchanged`, and `after_counts`, the answers the changed
+    questions moved to. Many changes onto one option mean the intervention shifted the
+    answer bias rather than fixed the questions; compare `to_gold` with
+    `to_gold_by_chance`, the repairs expected if the changed questions had drawn their
+    new answer from `after_counts` whatever their gold."""
+    if not len(before) == len(after) == len(gold):
+        raise ValueError(f"need paired answers, got {len(before)}, {len(after)}, {len(gold)}")
+    changed = [(a, g) for b, a, g in zip(before, after, gold) if a != b]
+    to_gold = sum(a == g for a, g in changed)
+    moved = [a for a, _ in changed if a is not None]
+    after_counts = {a: moved.count(a) for a in dict.fromkeys(moved)}
+    by_chance = sum(after_counts.get(g, 0) / len(moved) for _, g in changed) if moved else 0.0
+    return {
+        "n": len(gold),
+        "changed": len(changed),
+        "to_gold": to_gold,
+        "to_other": len(changed) - to_gold,
+        "unchanged": len(gold) - len(changed),
+        "after_counts": after_counts,
+        "to_gold_by_chance": float(by_chance),
+    }
+
+
+def chance_lines(chance: dict[str, Any]) -> list[str]:
+    """`chance_baselines` as the lines every summary prints (CLI and report alike)."""
+    k = chance.get("k")
+    o_label = f"O_{k}" if k else "O_K"
+
+    def pair(which: str) -> str:
+        base = chance[which]
+        o_k = f", {o_label} {base['O_K']:.3f}" if base.get("O_K") is not None else ""
+        return f"D {base['D']:.3f}{o_k}"
+
+    counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
+    lines = [
+        f"chance, uniform guessing:                  {pair('uniform')}",
+        f"chance, guessing like the deployed answers: {pair('deployed_distribution')}",
+        f"deployed answers: {counts}",
+    ]
+    if chance.get("warning"):
+        lines.append(f"warning: {chance['warning']}")
+    return lines

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, Engine, Generation, generate
 from rnr_interp.interventions import Intervention, set_id
-from rnr_interp.metrics import DEPLOYED
+from rnr_interp.metrics import DEPLOYED, chance_baselines
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
 
@@ -199,3 +199,15 @@ def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> None:
     for q in task.questions:
         n = len(prompt_ids(lm, task, q))
         lm.check_fits(n + max_new_tokens, f"question {q.id!r} ({n} prompt tokens + {max_new_tokens} new)")
+
+
+def chance_summary(task: Task, records, k: int | None) -> dict[str, Any] | None:
+    """`metrics.chance_baselines` for the deployed rows of `records` (one per question of
+    `task` present there), or None when the task's answers are not a finite option set."""
+    questions = {q.id: q for q in task.questions}
+    dep = records[records["probe"] == DEPLOYED]
+    asked = [questions[i] for i in dep["question_id"] if i in questions]
+    if not asked or any(task.options(q) is None for q in asked):
+        return None
+    answers = [None if a is None or a != a else str(a) for a, i in zip(dep["extracted"], dep["question_id"]) if i in questions]
+    return chance_baselines(answers, [q.answer for q in asked], [task.options(q) for q in asked], k)

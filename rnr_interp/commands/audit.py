@@ -66,6 +66,11 @@ def print_audit_table(s: dict) -> None:
     typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}")
     typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}")
     typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}")
+    if s.get("chance"):
+        from rnr_interp.metrics import chance_lines
+
+        for line in chance_lines(s["chance"]):
+            typer.echo(f"  {line}")
 
 
 def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],

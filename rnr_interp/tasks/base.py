@@ -116,6 +116,11 @@ class Task:
     def grade(self, extracted: str | None, q: Question) -> bool:
         return extracted is not None and extracted == q.answer
 
+    def options(self, q: Question) -> tuple[str, ...] | None:
+        """The answers `read_answer` can give for q when there are finitely many (a
+        multiple-choice question's letters), else None: what chance baselines draw from."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -143,6 +148,9 @@ class MultipleChoiceTask(Task):
 
     def extract(self, generation: str) -> str | None:
         return extract_letter(generation)
+
+    def options(self, q: Question) -> tuple[str, ...] | None:
+        return tuple(LETTERS[: len(q.choices or ())])
 
     def read_answer(self, generation: str, q: Question) -> str | None:
         return extract_letter(generation, n_options=len(q.choices or LETTERS))

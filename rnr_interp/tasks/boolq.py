@@ -32,6 +32,9 @@ class BoolQ(MultipleChoiceTask):
     def extract(self, generation: str) -> str | None:
         return extract_yes_no(generation)
 
+    def options(self, q: Question) -> tuple[str, ...] | None:
+        return CHOICES
+
     def read_answer(self, generation: str, q: Question) -> str | None:
         # The options are the words themselves, so any word read is one of them.
         return self.extract(generation)

@@ -1,0 +1,86 @@
+"""Multiple-choice results read against chance: the baselines and answer-change counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rnr_interp.metrics import answer_changes, chance_baselines, chance_lines
+
+ABCD = ("A", "B", "C", "D")
+
+
+def test_uniform_chance_per_question_option_count() -> None:
+    # The issue's case: four options, K = 8, guessing reaches 1 - 0.75^8 = 0.90.
+    c = chance_baselines(["B"] * 4, ["A", "B", "C", "D"], [ABCD] * 4, k=8)
+    assert c["uniform"]["D"] == pytest.approx(0.25)
+    assert c["uniform"]["O_K"] == pytest.approx(1 - 0.75**8)
+    # Three- and five-option questions mixed: the mean of the per-question values.
+    mixed = chance_baselines([None, None], ["A", "E"], [ABCD[:3], ABCD + ("E",)], k=2)
+    assert mixed["uniform"]["D"] == pytest.approx((1 / 3 + 1 / 5) / 2)
+    assert mixed["uniform"]["O_K"] == pytest.approx(((1 - (2 / 3) ** 2) + (1 - 0.8**2)) / 2)
+    assert mixed["deployed_counts"]["unparsed"] == 2 and mixed["warning"] is None
+
+
+def test_guessing_like_the_model_and_the_dominance_warning() -> None:
+    # 39 of 40 deployed answers are "A"; 10 questions have gold A.
+    gold = ["A"] * 10 + ["B"] * 10 + ["C"] * 10 + ["D"] * 10
+    deployed = ["A"] * 39 + ["B"]
+    c = chance_baselines(deployed, gold, [ABCD] * 40, k=8)
+    p_a, p_b = 39 / 40, 1 / 40
+    assert c["deployed_distribution"]["D"] == pytest.approx((10 * p_a + 10 * p_b) / 40)
+    expected_o = (10 * (1 - (1 - p_a) ** 8) + 10 * (1 - (1 - p_b) ** 8)) / 40
+    assert c["deployed_distribution"]["O_K"] == pytest.approx(expected_o)
+    assert c["deployed_counts"] == {"A": 39, "B": 1, "C": 0, "D": 0, "unparsed": 0}
+    assert c["dominant"] == "A" and c["dominant_share"] == pytest.approx(0.975)
+    assert "'A' is 98% of the parsed deployed answers (39 of 40)" in c["warning"]
+    lines = chance_lines(c)
+    assert any("O_8 0.900" in line for line in lines) and lines[-1].startswith("warning:")
+    # Renormalised to each question's own options: a 2-option question never draws "C".
+    two = chance_baselines(["C", "C", "A"], ["A", "B", "C"], [("A", "B"), ("A", "B"), ABCD[:3]], k=None)
+    assert two["deployed_distribution"]["D"] == pytest.approx((1.0 + 0.0 + 2 / 3) / 3)
+    assert two["uniform"]["O_K"] is None
+
+
+def test_chance_rejects_gold_outside_options() -> None:
+    with pytest.raises(ValueError, match="gold 'E' is not one of the options"):
+        chance_baselines(["A"], ["E"], [ABCD], k=4)
+    with pytest.raises(ValueError, match="one deployed answer, gold and option list"):
+        chance_baselines(["A"], ["A", "B"], [ABCD], k=4)
+
+
+def test_answer_changes_separate_repairs_from_bias_shifts() -> None:
+    # Ten failures answered "A"; an intervention moves all to "D"; three have gold D.
+    gold = ["D", "D", "D", "B", "B", "C", "C", "C", "B", "C"]
+    moved = answer_changes(["A"] * 10, ["D"] * 10, gold)
+    assert (moved["changed"], moved["to_gold"], moved["to_other"], moved["unchanged"]) == (10, 3, 7, 0)
+    assert moved["after_counts"] == {"D": 10}
+    assert moved["to_gold_by_chance"] == pytest.approx(3.0)  # all three repairs are the shift itself
+    # A targeted repair: only the gold-D questions move, each to its gold.
+    fixed = answer_changes(["A"] * 10, ["D", "D", "D"] + ["A"] * 7, gold)
+    assert (fixed["changed"], fixed["to_gold"], fixed["to_other"]) == (3, 3, 0)
+    lost = answer_changes(["A", "B"], [None, "B"], ["C", "B"])
+    assert (lost["to_other"], lost["unchanged"], lost["after_counts"]) == (1, 1, {})
+    assert not math.isnan(lost["to_gold_by_chance"])
+
+
+def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None:
+    from rnr_interp.audit import run_audit
+    from rnr_interp.generate import Decoding
+    from rnr_interp.models import load_model
+    from rnr_interp.records import RunDir
+    from rnr_interp.sampling import Probe
+    from rnr_interp.tasks import load_task
+
+    lm = load_model("tiny-llama")
+    task = load_task("arithmetic_mc", n=5, n_choices=3)
+    s = run_audit(lm, task, tmp_path / "mc", probe=Probe(k=3, temperature=1.0), deployed=Decoding(max_new_tokens=4),
+                  progress=False)
+    dep = RunDir(tmp_path / "mc").read_records().query("probe == 'deployed'")
+    assert s["chance"]["uniform"] == {"D": pytest.approx(1 / 3), "O_K": pytest.approx(1 - (2 / 3) ** 3)}
+    assert sum(s["chance"]["deployed_counts"].values()) == len(dep) == 5
+    assert s["chance"]["deployed_counts"]["unparsed"] == int(dep["extracted"].isna().sum())
+    numeric = run_audit(lm, load_task("arithmetic", n=2), tmp_path / "num", probe=Probe(k=2, temperature=1.0),
+                        deployed=Decoding(max_new_tokens=4), progress=False)
+    assert "chance" not in numeric
