@@ -62,9 +62,14 @@ _PUNCT = dict.fromkeys(i for i in range(sys.maxunicode) if unicodedata.category(
 
 
 def multi_choice(resp: str, choices: list[str], group_select: int = 0) -> str:
-    """lm_eval MultiChoiceRegexFilter.apply for one response: "(A)".. or "[invalid]".
-    Step 0: the regex "(X)"; step 1: an option's text (case and punctuation ignored);
-    step 2: ":" then a letter."""
+    """lm_eval MultiChoiceRegexFilter.apply for one response: "(A)".. or "[invalid]"."""
+    return multi_choice_step(resp, choices, group_select)[0]
+
+
+def multi_choice_step(resp: str, choices: list[str], group_select: int = 0) -> tuple[str, str | None]:
+    """`multi_choice` and which of its steps answered: "(X)" (the regex "(X)"), "option
+    text" (an option's text anywhere, case and punctuation ignored), ": X" (a colon, then
+    a letter), or None (the fallback)."""
 
     def find_match(regex, text, convert=None):
         match = regex.findall(text)
@@ -93,9 +98,10 @@ def multi_choice(resp: str, choices: list[str], group_select: int = 0) -> str:
         letter_to_target[alpha] = f"({alpha})"
     fallback_regex = re.compile("|".join(sorted(fallback, key=len, reverse=True)))
     letter_regex = re.compile(rf":[\s]*({'|'.join(letters)})")
-    match = find_match(re.compile(MC_REGEX), resp)
-    if not match:
-        match = find_match(fallback_regex, ignores(resp), choice_to_alpha)
-        if not match:
-            match = find_match(letter_regex, resp, letter_to_target)
-    return match or FALLBACK
+    for step, regex, text, convert in [("(X)", re.compile(MC_REGEX), resp, None),
+                                       ("option text", fallback_regex, ignores(resp), choice_to_alpha),
+                                       (": X", letter_regex, resp, letter_to_target)]:
+        match = find_match(regex, text, convert)
+        if match:
+            return match, step
+    return FALLBACK, None

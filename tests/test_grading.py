@@ -80,6 +80,9 @@ LETTER_CASES = [
     ("B. Planetary years will become longer.", 4, "B"),
     ("(D)", 4, "D"),
     ("'B'", 4, "B"),
+    ("Choose D. stormy.", 4, "D"),
+    ("I'd suggest: B. minerals.", 4, "B"),  # a letter alone after a colon
+    ("Note: A plant needs light.", 4, None),  # ... but not an article after one
     ("To answer this, A is a mammal.", 4, None),  # "answer this" is no marker; "A is" no lead
     ("A dog is running.", 4, None),  # an article, not an option
     ("The answer is a bit unclear.", 4, None),

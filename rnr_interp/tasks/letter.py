@@ -6,8 +6,11 @@ Letter rule (README, "Grading"), for a question with options A.. up to its m-th 
    after the word "option", "choice" or "letter" ("The right answer is 'A'.", "Answer:
    **(C)**", "The answer is option B"). A lower-case letter counts only after ':' or
    inside quotes or brackets, so "the answer is a bit..." is no "A".
-2. Else the first "option X" / "choice X" with a capital letter ("Option B is right").
+2. Else the first "option X", "choice X", "choose X", "select X" or "pick X" with a
+   capital letter ("Option B is right", "Choose D.").
 3. Else a letter alone at the start: "B", "B.", "(C)", "**D**", "A) ..." but not "A dog".
+4. Else a letter standing alone after any colon ("I'd suggest: B. minerals"; lm-eval's
+   last fallback), with the same ending as in 3, so "Note: A plant..." is no "A".
 A letter beyond the question's m options is not an answer and is skipped.
 
 Word rule (BoolQ): the first marked yes/no/true/false, else the first such word anywhere;
@@ -29,8 +32,13 @@ _MARKED_RE = re.compile(
     ANSWER_MARKER + _WRAP + r"(?:(?:option|choice|letter)\b" + _WRAP + r")?(?P<letter>[A-Za-z])" + _LETTER_END,
     re.IGNORECASE,
 )
-_MENTION_RE = re.compile(r"\b(?i:option|choice)\b(?:\s+(?i:is))?" + _WRAP + r"(?P<letter>[A-J])" + _LETTER_END)
-_LEAD_RE = re.compile(r"^[\s*(\[\"'`\u201c\u2018]*([A-J])(?:[).:\]*,\"'`\u201d\u2019]|\s*$|\s+[-\u2013\u2014])")
+_MENTION_RE = re.compile(
+    r"\b(?i:option|choice|choose|select|pick)\b(?:\s+(?i:is))?" + _WRAP + r"(?P<letter>[A-J])" + _LETTER_END
+)
+# A letter standing alone: followed by ")", ".", ":", "]", "*", ",", a quote, a dash or the end.
+_ALONE = r"([A-J])(?:[).:\]*,\"'`\u201d\u2019]|\s*$|\s+[-\u2013\u2014])"
+_LEAD_RE = re.compile(r"^[\s*(\[\"'`\u201c\u2018]*" + _ALONE)
+_AFTER_COLON_RE = re.compile(r":[\s*(\[\"'`\u201c\u2018]*" + _ALONE, re.MULTILINE)
 _WORD_MARKED_RE = re.compile(ANSWER_MARKER + _WRAP + r"(yes|no|true|false)\b", re.IGNORECASE)
 _WORD_RE = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
 
@@ -53,7 +61,9 @@ def extract_letter(generation: str, n_options: int = len(LETTERS)) -> str | None
         if m.group("letter") in valid:
             return m.group("letter")
     m = _LEAD_RE.match(generation.strip())
-    return m.group(1) if m and m.group(1) in valid else None
+    if m and m.group(1) in valid:
+        return m.group(1)
+    return next((m.group(1) for m in _AFTER_COLON_RE.finditer(generation) if m.group(1) in valid), None)
 
 
 def extract_yes_no(generation: str) -> str | None:
