@@ -84,3 +84,9 @@ def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None
     numeric = run_audit(lm, load_task("arithmetic", n=2), tmp_path / "num", probe=Probe(k=2, temperature=1.0),
                         deployed=Decoding(max_new_tokens=4), progress=False)
     assert "chance" not in numeric
+    # The report shows the baselines on the multiple-choice page only.
+    from rnr_interp.report.html import build_page
+
+    mc_page, _ = build_page(RunDir(tmp_path / "mc"))
+    assert "chance baseline" in mc_page and "O_K (K=3)" in mc_page and f"{1 - (2 / 3) ** 3:.3f}" in mc_page
+    assert "chance baseline" not in build_page(RunDir(tmp_path / "num"))[0]

@@ -114,8 +114,25 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body += _table_html(["selector", "accuracy", "median gap recovery"], sel)
     if s.get("excluded_cells"):
         body += f'<p class="facts">excluded cells: {_e(", ".join(map(str, s["excluded_cells"])))}</p>'
+    if isinstance(s.get("chance"), dict):
+        body += chance_html(s["chance"])
     if body:
         page.section(f"Summary ({s.get('kind', page.run.config.get('kind', 'run'))})", body)
+
+
+def chance_html(chance: dict[str, Any]) -> str:
+    """A multiple-choice summary's chance baselines (metrics.chance_baselines) as a table,
+    the deployed answer counts, and the dominant-option warning: on every MC page."""
+    k = chance.get("k")
+    rows = [(f"guessing, {label}", _num(chance[key]["D"]), _num(chance[key].get("O_K")))
+            for label, key in (("uniform over each question's options", "uniform"),
+                               ("like the model's deployed answers", "deployed_distribution"))]
+    counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
+    html = _table_html(["chance baseline", "D", f"O_K (K={k})"], rows)
+    html += f'<p class="facts">deployed answers: {_e(counts)}</p>'
+    if chance.get("warning"):
+        html += f'<p class="warning">warning: {_e(chance["warning"])}</p>'
+    return html
 
 
 def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
@@ -328,7 +345,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;m
 h1{font-size:1.5rem}h2{font-size:1.2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}td,th{border-bottom:1px solid #eee;padding:.25rem .6rem;text-align:left;vertical-align:top}
 th{background:#f6f6f6}pre{white-space:pre-wrap;background:#f8f8f8;padding:.3rem;margin:.2rem 0;font-size:.8rem;max-width:40rem}
-.note,.facts{color:#555;font-size:.9rem}.ok{color:#2ca02c;font-weight:bold}.bad{color:#d62728;font-weight:bold}
+.note,.facts{color:#555;font-size:.9rem}.warning{color:#d62728;font-weight:bold}.ok{color:#2ca02c;font-weight:bold}.bad{color:#d62728;font-weight:bold}
 figure{margin:1rem 0}details summary{cursor:pointer;color:#1f77b4}ol{margin:.2rem 0}
 """
 
