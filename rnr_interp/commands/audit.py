@@ -81,15 +81,21 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
 
     if not (run / "manifest.json").is_file():
         fail(f"{run} is not a run folder (no manifest.json)")
+    folder = RunDir(run)
+    total, done = (folder.config.get("task") or {}).get("n_questions"), len(folder.done_question_ids())
+    if not done:
+        fail(f"{run} is unfinished: no question sampled yet")
 
     def body():
-        found = RunDir(run)
-        probes = {p for _, p in found.stored_groups()}
+        probes = {p for _, p in folder.stored_groups()}
         if probe not in probes:
             fail(f"{run} has no records of probe {probe!r} (it has: {', '.join(sorted(probes)) or 'no records'}); pass --probe")
-        return summarize(found, probe)
+        return summarize(folder, probe)
 
-    s = execute(body)
+    s = execute(body, context=f"{run}: ")
+    if total is not None and done < total:
+        typer.echo(f"unfinished run: {done} of {total} questions sampled; pass@k below is over those {done} "
+                   f"(rerun the same command to finish it)", err=True)
     typer.echo(f"D (deployed) = {s['D']:.3f}")
     typer.echo("k\tpass@k")
     for k, p in zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"]):

@@ -25,7 +25,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="base seed of every random 
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="questions per batched forward")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling temperature")]
 MaxTokOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", help="generation length (default: the task's)")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar (model loading included)",
+                                        callback=lambda quiet: silence_loading_bars(quiet))]
 AnswerTypeOpt = Annotated[Optional[str], typer.Option(
     "--answer-type", help="jsonl free-form answers: auto (number when every gold is one) | number | text")]
 
@@ -45,6 +46,19 @@ def one_line(message: str) -> str:
 def say_error(message: str) -> None:
     """The error line: `error: ...` on stderr, one line whatever the message."""
     typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
+
+
+def silence_loading_bars(quiet: bool) -> bool:
+    """With --quiet, no progress bars from transformers and huggingface_hub either
+    (model loading, downloads). The option's callback, so every command taking
+    QuietOpt honours it before it loads anything."""
+    if quiet:
+        import huggingface_hub.utils
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+    return quiet
 
 
 def fail(message: str) -> None:
