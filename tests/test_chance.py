@@ -90,3 +90,4 @@ def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None
     mc_page, _ = build_page(RunDir(tmp_path / "mc"))
     assert "chance baseline" in mc_page and "O_K (K=3)" in mc_page and f"{1 - (2 / 3) ** 3:.3f}" in mc_page
     assert "chance baseline" not in build_page(RunDir(tmp_path / "num"))[0]
+    assert "questions (reachable, not realized: " in mc_page  # counts read apart from the names

@@ -162,7 +162,8 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
     head = ["question", "gold", "deployed answer", f"correct of K ({probe})", "category", "samples"]
     rows = [_question_row(qid, row, by_q[qid], probe, questions) for qid, row in shown.iterrows()]
     counts = order["category"].value_counts()
-    notes = [f"{len(order)} questions: " + ", ".join(f"{counts.get(c, 0)} {c}" for c in CATEGORY_ORDER)]
+    # "category: count" joined by " · ": the category names hold commas themselves.
+    notes = [f"{len(order)} questions (" + " · ".join(f"{c}: {counts.get(c, 0)}" for c in CATEGORY_ORDER) + ")"]
     if len(order) > len(shown):
         notes.append(f"the first {len(shown)} are shown, reachable-not-realized first")
     if questions is None:
