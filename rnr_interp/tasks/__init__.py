@@ -89,7 +89,10 @@ def reload_task(described: dict[str, Any]) -> Task:
     if (synthetic := parse_source(source)) is not None:
         return load_task(name, **synthetic[1])
     if source and Path(source).is_file():
-        return load_task(name, data=source)
+        # A JSONL task is graded as the kind it was run as, whatever detection says now.
+        kind = described.get("answer_kind")
+        graded_as = {"answer_type": kind} if name == "jsonl" and kind in ("number", "text") else {}
+        return load_task(name, data=source, **graded_as)
     raise FileNotFoundError(f"task source {source or '?'} is not a file here")
 
 
