@@ -21,10 +21,11 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, generate
 from rnr_interp.interventions import Intervention, set_id
+from rnr_interp.metrics import answer_changes
 from rnr_interp.models import LoadedModel
 from rnr_interp.recognition import READOUTS, gold_first, recognize
 from rnr_interp.records import DEPLOYED, RunDir
-from rnr_interp.sampling import candidate_row, chunks, prompt_ids, run_config
+from rnr_interp.sampling import candidate_row, chance_summary, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
 #: MC answers come first ("A. ...", "Answer: B"): a few tokens decide the grade.
@@ -188,6 +189,34 @@ def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Qu
     damage = float(np.mean([not correct[q.id] for q in panel])) if panel else float("nan")
     return repair, damage
 
+
+def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequence[Question],
+                             probes: Sequence[str] = ()) -> dict[str, Any]:
+    """What a localisation summary adds so a multiple-choice result can be read against
+    chance (issue 17): `chance`, the baselines of the deployed greedy answers
+    (`sampling.chance_summary`; no K, these runs draw no samples), and `answer_changes`,
+    for each probe in `probes`, how its answers on the failure set moved from the
+    deployed ones (`metrics.answer_changes`: to the gold option, the repairs, or merely
+    to another option)."""
+    out: dict[str, Any] = {}
+    deployed = records[records["probe"] == DEPLOYED]
+    if (chance := chance_summary(task, deployed, None)) is not None:
+        out["chance"] = chance
+    if probes:
+        before = dict(zip(deployed["question_id"], deployed["extracted"]))
+        out["answer_changes"] = {}
+        for probe in probes:
+            mine = records[records["probe"] == probe]
+            after = dict(zip(mine["question_id"], mine["extracted"]))
+            out["answer_changes"][probe] = answer_changes(
+                [_answer(before.get(q.id)) for q in failure], [_answer(after.get(q.id)) for q in failure],
+                [q.answer for q in failure])
+    return out
+
+
+def _answer(value: Any) -> str | None:
+    """A stored `extracted` value as an answer: None for null or NaN."""
+    return None if value is None or value != value else str(value)
 
 
 def check_cohort_options(task: Task, readout: str, panel: int | None, batch_size: int) -> None:

@@ -263,6 +263,11 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         "propensity": table.replace({np.nan: None}).to_dict("records"),
         "budget_control": None,
     }
+    # Multiple-choice runs carry their chance baselines (audit summaries): shown side by side.
+    chance = {label: run_.read_summary().get("chance") for label, run_ in (("base", base), ("trained", trained))
+              if (run_.path / "summary.json").is_file()}
+    if any(chance.values()):
+        summary["chance"] = chance
     if control_lm is not None:
         if control_task is None:
             raise ValueError("the budget control needs the runs' task")

@@ -43,6 +43,8 @@ __all__ = [
     "unparsed_rate",
     "chance_baselines",
     "chance_lines",
+    "chance_blocks",
+    "answer_change_line",
     "answer_changes",
 ]
 
@@ -519,3 +521,22 @@ def chance_lines(chance: dict[str, Any]) -> list[str]:
     if chance.get("warning"):
         lines.append(f"warning: {chance['warning']}")
     return lines
+
+
+def answer_change_line(label: str, changes: dict[str, Any]) -> str:
+    """`answer_changes` as one line (CLI and report alike)."""
+    moved = ", ".join(f"{a} {n}" for a, n in changes["after_counts"].items())
+    return (f"{label}: {changes['changed']} of {changes['n']} answers changed: {changes['to_gold']} to the gold "
+            f"option, {changes['to_other']} to another or none (new answers: {moved or 'none'}; "
+            f"{changes['to_gold_by_chance']:.1f} to gold expected if they fell on the gold as often as these land)")
+
+
+def chance_blocks(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The chance baselines a summary carries, by label: {"": block} for one run,
+    {"base": ..., "trained": ...} for a comparison; {} when it has none."""
+    chance = summary.get("chance")
+    if not isinstance(chance, dict):
+        return {}
+    if "uniform" in chance:
+        return {"": chance}
+    return {str(label): block for label, block in chance.items() if isinstance(block, dict)}

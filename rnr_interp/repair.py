@@ -25,7 +25,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.cohort import Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, rates, run_rows
+from rnr_interp.cohort import (
+    Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, multiple_choice_readings, rates, run_rows,
+)
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
 from rnr_interp.models import LoadedModel
@@ -93,7 +95,8 @@ def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, 
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding,
                           batch_size=batch_size, progress=progress)
     summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
-               **cohort_summary(cohort, run.read_table("recognition"))}
+               **cohort_summary(cohort, run.read_table("recognition")),
+               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
     run.write_summary(summary)
     return summary
 
@@ -112,8 +115,11 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     table = silencing_sweep(lm, task, cohort.failure, cohort.panel, decoding=decoding, layers=layers,
                             components=components, run=run, batch_size=batch_size, progress=progress)
     run.write_table("repair", table)
+    best = best_blocks(table)
+    best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
     summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout,
                **cohort_summary(cohort, run.read_table("recognition")),
-               "best": best_blocks(table), "table": table.to_dict(orient="records")}
+               "best": best, "table": table.to_dict(orient="records"),
+               **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes)}
     run.write_summary(summary)
     return summary

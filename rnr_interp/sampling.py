@@ -209,5 +209,6 @@ def chance_summary(task: Task, records, k: int | None) -> dict[str, Any] | None:
     asked = [questions[i] for i in dep["question_id"] if i in questions]
     if not asked or any(task.options(q) is None for q in asked):
         return None
-    answers = [None if a is None or a != a else str(a) for a, i in zip(dep["extracted"], dep["question_id"]) if i in questions]
+    answers = [None if a is None or a != a else str(a)  # null and NaN alike: no answer
+               for a, i in zip(dep["extracted"], dep["question_id"]) if i in questions]
     return chance_baselines(answers, [q.answer for q in asked], [task.options(q) for q in asked], k)

@@ -33,7 +33,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.cohort import (
-    Cohort, Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, rates, run_rows,
+    Cohort, Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, multiple_choice_readings, rates,
+    run_rows,
 )
 from rnr_interp.generate import Decoding, forward, left_pad
 from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, set_id, site_hook
@@ -211,7 +212,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                            alphas=[float(a) for a in alphas]))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, decoding=decoding,
                           batch_size=batch_size, progress=progress)
-    summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort)}
+    summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
+               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
     if not cohort.failure or not cohort.panel:
         summary["skipped"] = cohort.why_empty() or "the healthy panel is empty (no question answered right)"
         run.write_table("steering", pd.DataFrame(columns=["alpha", "direction", "rate", "n"]))
@@ -227,6 +229,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     run.write_table("steering", table)
     summary.update({"layer": chosen, "component": component, "block_choice": why, "v_norm": float(v.norm()),
                     "table": table.to_dict(orient="records")})
+    rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
+    summary.update(multiple_choice_readings(task, run.read_records(), cohort.failure, rescues))
     run.write_summary(summary)
     return summary
 
@@ -241,7 +245,8 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                            ks=[int(k) for k in ks], seed=seed))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, decoding=decoding,
                           batch_size=batch_size, progress=progress)
-    summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort)}
+    summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
+               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
     if not cohort.failure or not cohort.panel:
         summary["skipped"] = cohort.why_empty() or "the healthy panel is empty (no question answered right)"
         run.write_table("units", pd.DataFrame(columns=["k", "selection", "recovered_fraction"]))

@@ -91,3 +91,53 @@ def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None
     assert "chance baseline" in mc_page and "O_K (K=3)" in mc_page and f"{1 - (2 / 3) ** 3:.3f}" in mc_page
     assert "chance baseline" not in build_page(RunDir(tmp_path / "num"))[0]
     assert "questions (reachable, not realized: " in mc_page  # counts read apart from the names
+
+
+def test_localisation_summaries_carry_chance_and_answer_changes(tmp_path) -> None:
+    """failures, repair and steer summaries (and their pages) read MC results against
+    chance; the answer changes of each best block recount from the records."""
+    from rnr_interp.metrics import answer_changes
+    from rnr_interp.models import load_model
+    from rnr_interp.records import RunDir
+    from rnr_interp.repair import ablation_probe, run_failures, run_repair
+    from rnr_interp.report.html import build_page
+    from rnr_interp.steering import run_steer
+    from rnr_interp.tasks import load_task
+
+    lm, task = load_model("tiny-llama"), load_task("arithmetic_mc", n=8)
+    failures = run_failures(lm, task, tmp_path / "f", panel=3, progress=False)
+    repair = run_repair(lm, task, tmp_path / "r", panel=3, layers=[0, 1], batch_size=8, progress=False)
+    for s in (failures, repair):
+        assert s["chance"]["uniform"]["D"] == pytest.approx(0.25) and s["chance"]["uniform"]["O_K"] is None
+        assert sum(s["chance"]["deployed_counts"].values()) == 8
+    best_probes = [ablation_probe(c, b["layer"]) for c, b in repair["best"].items() if b is not None]
+    assert list(repair.get("answer_changes", {})) == best_probes
+    page, _ = build_page(RunDir(tmp_path / "r"))
+    assert page.index("best block") < page.index("chance baseline") < page.index("Other artefacts")
+    failures_page, _ = build_page(RunDir(tmp_path / "f"))
+    assert failures_page.index("failure set (recognised, answered wrong)") < failures_page.index("recognition</h3>")
+    # The random tiny model answers nothing right: steering is skipped, the baselines stay.
+    steer = run_steer(lm, task, tmp_path / "s", layer=1, repair_run=tmp_path / "r", alphas=(1.0,), panel=3,
+                      progress=False)
+    assert steer["chance"] == repair["chance"]
+
+
+def test_multiple_choice_readings_recount_answer_moves() -> None:
+    """An ablation that moves every failure from "A" to "D": three repairs, all of them
+    the shift itself, counted from the records as stored."""
+    import pandas as pd
+
+    from rnr_interp.cohort import multiple_choice_readings
+    from rnr_interp.tasks import load_task
+
+    task = load_task("arithmetic_mc", n=6)
+    failure = task.questions[:5]
+    rows = [{"question_id": q.id, "probe": "deployed", "extracted": "A" if i < 5 else None}
+            for i, q in enumerate(task.questions)]
+    rows += [{"question_id": q.id, "probe": "ablate:mlp:1", "extracted": "D"} for q in failure]
+    out = multiple_choice_readings(task, pd.DataFrame(rows), failure, ["ablate:mlp:1"])
+    changes = out["answer_changes"]["ablate:mlp:1"]
+    n_gold_d = sum(q.answer == "D" for q in failure)
+    assert (changes["changed"], changes["to_gold"], changes["to_other"]) == (5, n_gold_d, 5 - n_gold_d)
+    assert changes["to_gold_by_chance"] == pytest.approx(n_gold_d)
+    assert out["chance"]["deployed_counts"] == {"A": 5, "B": 0, "C": 0, "D": 0, "unparsed": 1}

@@ -10,7 +10,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt,
-    at_least, built, execute, fail, fmt_ci, load_inputs, run_folder,
+    at_least, built, execute, fail, fmt_ci, load_inputs, print_multiple_choice, run_folder,
 )
 
 
@@ -66,11 +66,7 @@ def print_audit_table(s: dict) -> None:
     typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}")
     typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}")
     typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}")
-    if s.get("chance"):
-        from rnr_interp.metrics import chance_lines
-
-        for line in chance_lines(s["chance"]):
-            typer.echo(f"  {line}")
+    print_multiple_choice(s)
 
 
 def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],

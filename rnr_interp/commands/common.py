@@ -143,3 +143,15 @@ def fmt_ci(value: float, ci) -> str:
 
 def run_folder(out: Path) -> None:
     typer.echo(f"run folder: {out}")
+
+
+def print_multiple_choice(summary: dict) -> None:
+    """What a multiple-choice summary carries to read it against chance: the baselines,
+    the deployed answer counts and warning, and how interventions moved answers."""
+    from rnr_interp.metrics import answer_change_line, chance_blocks, chance_lines
+
+    for label, block in chance_blocks(summary).items():
+        for line in chance_lines(block):
+            typer.echo(f"  {label + ': ' if label else ''}{line}")
+    for probe, changes in (summary.get("answer_changes") or {}).items():
+        typer.echo(f"  {answer_change_line(probe, changes)}")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import at_least, check_out, execute, fail
+from rnr_interp.commands.common import at_least, check_out, execute, fail, print_multiple_choice
 
 
 def compare(
@@ -59,4 +59,5 @@ def compare(
     if s["budget_control"]:
         bc = s["budget_control"]
         typer.echo(f"  budget control: {bc['n_back']} of {bc['n_left']} left questions come back at K={bc['k_control']}")
+    print_multiple_choice(s)
     typer.echo(f"compare folder: {out}")

@@ -12,7 +12,7 @@ import typer
 
 from rnr_interp.commands.common import (
     BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, execute, fail,
-    load_inputs, run_folder,
+    load_inputs, print_multiple_choice, run_folder,
 )
 from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_KS
 
@@ -107,6 +107,7 @@ def failures(
     typer.echo(f"  failure set: {s['n_failure']}   healthy panel: {s['n_panel']}")
     if s["failure_empty_reason"]:
         typer.echo(f"  failure set is empty: {s['failure_empty_reason']}")
+    print_multiple_choice(s)
     run_folder(out)
 
 
@@ -126,6 +127,7 @@ def repair(
     for c, b in s["best"].items():
         typer.echo(f"  best {c:5s}: " + ("nothing repaired" if b is None else
                    f"layer {b['layer']}  repair {b['repair_rate']:.3f}  damage {b['damage_rate']:.3f}"))
+    print_multiple_choice(s)
     run_folder(out)
 
 
@@ -149,6 +151,7 @@ def steer(
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
                  "  alpha  rescue  induction", ("alpha", "direction", "rate"),
                  lambda alpha, r: f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
+    print_multiple_choice(s)
     run_folder(out)
 
 
@@ -167,4 +170,5 @@ def units(
     _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), whole-MLP repair {s.get('whole_block_repair', 0):.3f}",
                  "  k     top    random   (fraction of the whole-MLP repair)", ("k", "selection", "recovered_fraction"),
                  lambda k, r: f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
+    print_multiple_choice(s)
     run_folder(out)

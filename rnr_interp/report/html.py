@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from rnr_interp.metrics import answer_change_line, chance_blocks
 from rnr_interp.records import DEPLOYED, RunDir, load_runs
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
@@ -100,6 +101,7 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body = _table_html(["quantity", f"value [{level}]"], rows) + f'<p class="facts">{_e(" · ".join(facts))}</p>'
     else:
         body = ""
+    body += _localisation_html(s)
     if isinstance(s.get("oracle_at_k"), dict):
         oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
         body += _table_html(["route search", "accuracy (cells kept)"], oracle)
@@ -114,24 +116,47 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body += _table_html(["selector", "accuracy", "median gap recovery"], sel)
     if s.get("excluded_cells"):
         body += f'<p class="facts">excluded cells: {_e(", ".join(map(str, s["excluded_cells"])))}</p>'
-    if isinstance(s.get("chance"), dict):
-        body += chance_html(s["chance"])
+    for label, block in chance_blocks(s).items():
+        body += chance_html(block, label)
+    if s.get("answer_changes"):
+        body += "".join(f'<p class="facts">{_e(answer_change_line(p, c))}</p>' for p, c in s["answer_changes"].items())
     if body:
         page.section(f"Summary ({s.get('kind', page.run.config.get('kind', 'run'))})", body)
 
 
-def chance_html(chance: dict[str, Any]) -> str:
+def _localisation_html(s: dict[str, Any]) -> str:
+    """A failures/repair/steer/units summary's opening: the cohort's sizes and
+    recognition by readout, then (repair) the best block per component."""
+    if "n_failure" not in s:
+        return ""
+    rows = [("questions", _e(s.get("n_questions"))), ("deployed accuracy", _num(s.get("deployed_accuracy"))),
+            *((f"recognition, gold first ({readout})", _num(v)) for readout, v in (s.get("recognition_accuracy") or {}).items()),
+            ("failure set (recognised, answered wrong)", _e(s.get("n_failure"))),
+            ("healthy panel (answered right)", _e(s.get("n_panel")))]
+    html = _table_html(["cohort", "value"], rows)
+    if s.get("failure_empty_reason"):
+        html += f'<p class="facts">failure set empty: {_e(s["failure_empty_reason"])}</p>'
+    if isinstance(s.get("best"), dict):
+        best = [(c, *(("nothing repaired", "", "", "") if b is None else
+                      (_e(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))
+                for c, b in s["best"].items()]
+        html += _table_html(["best block", "layer", "repair", "damage", "selectivity"], best)
+    return html
+
+
+def chance_html(chance: dict[str, Any], label: str = "") -> str:
     """A multiple-choice summary's chance baselines (metrics.chance_baselines) as a table,
     the deployed answer counts, and the dominant-option warning: on every MC page."""
     k = chance.get("k")
-    rows = [(f"guessing, {label}", _num(chance[key]["D"]), _num(chance[key].get("O_K")))
-            for label, key in (("uniform over each question's options", "uniform"),
-                               ("like the model's deployed answers", "deployed_distribution"))]
+    prefix = f"{label}: " if label else ""
+    rows = [(f"{prefix}guessing, {how}", _num(chance[key]["D"]), _num(chance[key].get("O_K")))
+            for how, key in (("uniform over each question's options", "uniform"),
+                             ("like the model's deployed answers", "deployed_distribution"))]
     counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
-    html = _table_html(["chance baseline", "D", f"O_K (K={k})"], rows)
-    html += f'<p class="facts">deployed answers: {_e(counts)}</p>'
+    html = _table_html(["chance baseline", "D", f"O_K (K={k})" if k else "O_K (no samples)"], rows)
+    html += f'<p class="facts">{_e(prefix)}deployed answers: {_e(counts)}</p>'
     if chance.get("warning"):
-        html += f'<p class="warning">warning: {_e(chance["warning"])}</p>'
+        html += f'<p class="warning">{_e(prefix)}warning: {_e(chance["warning"])}</p>'
     return html
 
 
