@@ -141,3 +141,20 @@ def test_multiple_choice_readings_recount_answer_moves() -> None:
     assert (changes["changed"], changes["to_gold"], changes["to_other"]) == (5, n_gold_d, 5 - n_gold_d)
     assert changes["to_gold_by_chance"] == pytest.approx(n_gold_d)
     assert out["chance"]["deployed_counts"] == {"A": 5, "B": 0, "C": 0, "D": 0, "unparsed": 1}
+
+
+def test_compare_shows_each_runs_chance(tmp_path) -> None:
+    from test_compare import hand_run
+
+    from rnr_interp.compare import compare_runs
+    from rnr_interp.records import RunDir
+    from rnr_interp.report.html import build_page
+
+    outcomes = {f"q{i}": (i % 2 == 0, i % 3) for i in range(8)}
+    base, trained = hand_run(tmp_path / "base", outcomes), hand_run(tmp_path / "trained", outcomes, model="trained")
+    base_chance = chance_baselines(["A"] * 8, list("ABCDABCD"), [ABCD] * 8, k=8)
+    base.write_summary({"kind": "audit", "chance": base_chance})
+    s = compare_runs(base, trained, tmp_path / "cmp")
+    assert s["chance"] == {"base": base_chance}  # the trained run has no summary to read one from
+    page, _ = build_page(RunDir(tmp_path / "cmp"))
+    assert "base: guessing, uniform over each question&#x27;s options" in page and "base: warning" in page
