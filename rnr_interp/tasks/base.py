@@ -153,6 +153,8 @@ class MultipleChoiceTask(Task):
         return tuple(LETTERS[: len(q.choices or ())])
 
     def read_answer(self, generation: str, q: Question) -> str | None:
+        if type(self).extract is not MultipleChoiceTask.extract:
+            return self.extract(generation)  # a subclass that reads its own kind of answer (BoolQ's words)
         return extract_letter(generation, n_options=len(q.choices or LETTERS))
 
     def recognition_prompt(self, q: Question) -> str:

@@ -35,9 +35,6 @@ class BoolQ(MultipleChoiceTask):
     def options(self, q: Question) -> tuple[str, ...] | None:
         return CHOICES
 
-    def read_answer(self, generation: str, q: Question) -> str | None:
-        # The options are the words themselves, so any word read is one of them.
-        return self.extract(generation)
 
     def user_message(self, q: Question) -> str:
         # The options are the answer words themselves; lettering them would invite "A".
