@@ -36,6 +36,9 @@ NUMBER_CASES = [
     ("Answer: 55\n\nQuestion: What is 2 + 2?\nAnswer: 4", "55"),  # several marked: the first
     ("The answer is unclear. 3 + 4 = 7", "7"),  # a marker without a number in its sentence
     ("#### 42", "42"),
+    ("So, the answer is N = 2 * 2 * 2 = 8.", "8"),  # a calculation after the marker: its result
+    ("The final answer: 1520 + 540 = 7040", "7040"),
+    ("The answer is 3 - 1 and more", "3"),  # no "=": the marked number itself
     ("The final answer = -3", "-3"),
     ("The answer is \u22125.", "-5"),  # Unicode minus
     ("First 3 + 4 = 7, then 7 * 2 = 14", "14"),  # no marker: the last number

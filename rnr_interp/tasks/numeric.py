@@ -6,7 +6,9 @@ numeric JSONL data), so that "$1,000." and "1000.0" grade the same everywhere.
 Rule (README, "Grading"):
 1. The first marked answer: an answer marker (`ANSWER_MARKER`: "answer is", "answer:",
    "final answer =", "####", ...) followed, in the same sentence and within 40
-   characters of words without digits, by a number ("The answer is approximately $20").
+   characters of words without digits, by a number ("The answer is approximately $20");
+   when that number starts a calculation, the calculation's result ("The answer is
+   2 * 3 = 6" reads 6).
 2. Else the last number in the text.
 A number is an optional minus, digits with thousands separators only in groups of
 three ("1,000" is one thousand; "9,26" is the two numbers 9 and 26), an optional decimal
@@ -60,13 +62,22 @@ def numbers_equal(a: str | None, b: str | None, rel_tol: float = 1e-6) -> bool:
     return math.isclose(float(ca), float(cb), rel_tol=rel_tol, abs_tol=1e-9)
 
 
+# After a marked number, a calculation that ends in a result: "is 2 * 2 * 2 = 8".
+_CHAIN_RE = re.compile(r"(?:\s*[-+*/\u00d7\u00f7=]\s*[$(]*" + _NUM + r"\)*)+")
+
+
 def extract_number(generation: str) -> str | None:
     """The first marked answer's number, else the last number in the text, canonical.
+    When the marked number starts a calculation ("The answer is 2 * 3 = 6"), its
+    result: the number after the calculation's last "=".
 
     The first marked answer, not the last: small models often go on to invent a
     further question and answer it, and the first commitment is the answer given."""
     m = MARKED_RE.search(generation)
     if m:
+        chain = _CHAIN_RE.match(generation, m.end())
+        if chain and "=" in chain.group(0):
+            return canonical_number(NUMBER_RE.findall(chain.group(0).rsplit("=", 1)[1])[0])
         return canonical_number(m.group(1))
     found = NUMBER_RE.findall(generation)
     return canonical_number(found[-1]) if found else None
