@@ -3,21 +3,28 @@ answer-blind selectors, on one model and task.
 
 For every question and route space (a *cell* is model x task x space):
 - `deployed`: greedy on the full path; `temperature`: K temperature samples (same prefill);
-- `random_route`: the full path + K-1 distinct uniform routes (one shared seed, so every
+- `random`: the full path + K-1 distinct uniform routes (one shared seed, so every
   question gets the same routes and each route is one batch over all questions);
 - `mcts`, `hill_climb`, `genetic`: oracle searches with the gold answer as reward, K
   distinct route evaluations each (the full path first, as for random);
-- selectors over the random-route candidates: majority vote, majority with confidence
-  tie-break, confidence, self-verification, and the three searches re-run with the
-  answer-blind reward "agrees with the majority answer" (`*_vote`).
-Every evaluated route is a record (probe = method, intervention = the route's id).
+- `mcts_blind`, `hill_climb_blind`, `genetic_blind`: the same searches, K evaluations
+  each, rewarded answer-blind by the model's per-token probability of its own output
+  (`selectors.search_reward`); each answers with the best route it found.
+Every evaluated route is a record (probe = "space:method", intervention = the route).
+
+Six answer-blind selectors, each spending K route evaluations: majority vote (ties to
+the answer seen first; the full path is seen first), confidence and self-verification
+over the K random-route candidates, and the three blind searches. The
+confidence-weighted vote is reported as a second line beside majority. Along the budget
+curve, the deployable vote at each k (majority, and weighted) is drawn beside each
+oracle curve (`metrics.vote_curve`: expectation over random (k-1)-subsets of the random
+routes with the full path always in).
 A cell whose random routes mostly fail to parse (``unparsed_rate > collapse``,
 default 0.5) is flagged as format collapse and excluded from comparisons.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,27 +36,28 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Route, set_id
-from rnr_interp.metrics import gap_recovery, question_scores
-from rnr_interp.models import LoadedModel
-from rnr_interp.records import ProbeLabel, RunDir
+from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, vote_curve, wilson_interval
+from rnr_interp.records import RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
-from rnr_interp.routing.selectors import majority_agreement_reward, majority_answer, select
-from rnr_interp.routing.spaces import SPACES, make_space
-from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
+from rnr_interp.routing.selectors import search_reward, select
+from rnr_interp.routing.spaces import make_space
+from rnr_interp.sampling import Probe, candidate_row, prompt_ids, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
-BLIND_SELECTORS = ("majority", "majority_confidence", "confidence", "self_verification")
+#: selectors over a probe's K candidates (weighted_majority is majority's second line)
+CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_verification")
+#: answer-blind search selectors: name -> the search run with `search_reward`
+SEARCH_SELECTORS = {f"{m}_blind": m for m in STRUCTURED}
+SIX_SELECTORS = ("majority", "confidence", "self_verification", *SEARCH_SELECTORS)
+VOTES = {"majority": None, "weighted_majority": "confidence"}  # deployable lines: vote weights
 VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
 @dataclass(frozen=True)
 class RouteConfig:
-    #: K temperature samples per question (the `temperature` probe)
-    samples: int = 16
-    #: route evaluations per search and question (the matched budget of every method)
-    budget: int = 16
+    k: int = 32
     spaces: tuple[str, ...] = ("native",)
     methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
     temperature: float = 1.0
@@ -61,27 +69,6 @@ class RouteConfig:
     min_len: int | None = None
     max_len: int | None = None
 
-    def __post_init__(self):
-        """Refuse bad settings when the config is made, before any run folder is."""
-        for name in ("samples", "budget", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be a number > 0, got {self.temperature}")
-        if not math.isfinite(self.collapse):  # a threshold on the unparsed rate (< 0: exclude every cell)
-            raise ValueError(f"collapse must be a number, got {self.collapse}")
-        for name in ("min_len", "max_len"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.min_len is not None and self.max_len is not None and self.min_len > self.max_len:
-            raise ValueError(f"min_len {self.min_len} is above max_len {self.max_len}")
-        unknown = [s for s in self.spaces if s not in SPACES]
-        if unknown or not self.spaces:
-            raise ValueError(f"spaces must be some of {', '.join(SPACES)}, got {list(self.spaces)}")
-        unknown = [m for m in self.methods if m not in SEARCHES]
-        if unknown or not self.methods:
-            raise ValueError(f"methods must be some of {', '.join(SEARCHES)}, got {list(self.methods)}")
-
 
 class RouteEvaluator:
     """Greedy generation of (question, route) pairs, batched by route and cached, so a
@@ -89,7 +76,7 @@ class RouteEvaluator:
     `reuse_prefix`, each prompt's full-path prefill is kept and a route that starts
     with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
 
-    def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
+    def __init__(self, lm, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
@@ -152,7 +139,7 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space
 
 
 @torch.inference_mode()
-def verify_scores(lm: LoadedModel, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
+def verify_scores(lm, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
     """Self-verification: log P(yes) - log P(no) for the model's next token after asking
     whether each proposed answer is correct (None answers get -inf)."""
     yes = [lm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("yes", "Yes")]
@@ -171,20 +158,18 @@ def _rows(pairs, probe: str, common: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**row, **common, "probe": probe, "candidate": i, "seed": 0} for i, (_, row) in enumerate(pairs)]
 
 
-def _oracle_curve(pairs_by_q: dict[str, list], budget: int) -> list[float]:
-    hits = np.zeros((len(pairs_by_q), budget))
-    for i, pairs in enumerate(pairs_by_q.values()):
-        correct = [row["correct"] for _, row in pairs][:budget]
-        running = np.maximum.accumulate(np.array(correct, dtype=float)) if correct else np.zeros(0)
-        hits[i, :len(running)] = running
-        if len(running) < budget and len(running):
-            hits[i, len(running):] = running[-1]
-    return hits.mean(0).tolist()
+def blind_reward(q: Question, row: dict[str, Any]) -> float:
+    """The search selectors' reward: no gold answer, only the model's own confidence."""
+    return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
 
 
-def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+    unknown = [m for m in cfg.methods if m not in SEARCHES]
+    if unknown:
+        raise ValueError(f"unknown search method(s) {unknown}; known: {sorted(SEARCHES)}")
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    run = RunDir.create(out, run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding)))
+    run = RunDir.create(out, {"kind": "route", "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
+                              "route": asdict(cfg), "deployed": asdict(decoding)})
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
@@ -195,23 +180,15 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
     for start in range(0, len(questions), cfg.batch_size):
         chunk = questions[start:start + cfg.batch_size]
-        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
+        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.k, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
         for space_name in cfg.spaces:
             space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
-            found = {m: run_searches(evaluator, chunk, space, m, cfg.budget, cfg.seed, gold) for m in cfg.methods}
-            for m, by_q in found.items():
-                for pairs in by_q.values():
-                    rows += _rows(pairs, str(ProbeLabel.route(space_name, m)), common)
-            # Answer-blind search: the same searches rewarded by agreement with the
-            # majority answer of the random-route candidates.
-            random_pairs = found.get("random") or run_searches(evaluator, chunk, space, "random", cfg.budget, cfg.seed, gold)
-            for m in STRUCTURED:
-                majority = {q.id: majority_agreement_reward(majority_answer([r["extracted"] for _, r in random_pairs[q.id]])) for q in chunk}
-                voted = run_searches(evaluator, chunk, space, m, cfg.budget, cfg.seed, lambda q, row: majority[q.id](row["extracted"]))
-                for q in chunk:
-                    best = max(range(len(voted[q.id])), key=lambda i: (majority[q.id](voted[q.id][i][1]["extracted"]), -i))
-                    rows += _rows([voted[q.id][best]], str(ProbeLabel.route(space_name, m, vote=True)), common)
+            runs = [(m, m, gold) for m in dict.fromkeys(("random", *cfg.methods))]
+            runs += [(name, m, blind_reward) for name, m in SEARCH_SELECTORS.items()]
+            for name, method, reward in runs:
+                for pairs in run_searches(evaluator, chunk, space, method, cfg.k, cfg.seed, reward).values():
+                    rows += _rows(pairs, f"{space_name}:{name}", common)
         run.write_question_batch(rows)
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
@@ -221,41 +198,105 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     return summary
 
 
-def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+def _candidates(records: pd.DataFrame, probe: str, qids: Sequence[str]) -> list[pd.DataFrame]:
+    """Each question's candidates of one probe, in evaluation order."""
+    by_q = {qid: g.sort_values("candidate").reset_index(drop=True) for qid, g in records[records.probe == probe].groupby("question_id", sort=False)}
+    missing = [q for q in qids if q not in by_q]
+    if missing:
+        raise ValueError(f"questions without {probe!r} candidates: {missing[:5]}")
+    return [by_q[q] for q in qids]
+
+
+def _prefix_oracle(cands: list[pd.DataFrame], budget: int, exchangeable: bool) -> np.ndarray:
+    """(questions, budget): o_i after b evaluations. Random routes after the full path are
+    exchangeable, so their curve is the unbiased pass@k with the full path always in;
+    an adaptive search's curve is the running best in its own evaluation order."""
+    out = np.zeros((len(cands), budget))
+    ks = np.arange(1, budget + 1)
+    for i, g in enumerate(cands):
+        correct = g["correct"].astype(bool).to_numpy()
+        if exchangeable:
+            out[i] = oracle_curve_after_first(bool(correct[0]), len(correct) - 1, int(correct[1:].sum()), ks)
+        else:
+            running = np.maximum.accumulate(correct[:budget].astype(float))
+            out[i, :len(running)] = running
+            out[i, len(running):] = running[-1] if len(running) else 0.0
+    return out
+
+
+def _vote_matrix(cands: list[pd.DataFrame], budget: int, weighted: bool, seed: int) -> np.ndarray:
+    """(questions, budget): the deployable vote's expected correctness at each k."""
+    ks = np.arange(1, budget + 1)
+    return np.stack([
+        vote_curve(g["extracted"].tolist(), g["correct"].astype(bool).tolist(), ks,
+                   weights=np.exp(g["logprob"] / g["n_tokens"].clip(lower=1)).tolist() if weighted else None,
+                   fixed_first=1, seed=seed)
+        for g in cands
+    ])
+
+
+def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int) -> list[dict[str, Any]]:
+    lo, hi = bootstrap_ci(values, seed=seed)
+    return [{"cell": cell, "method": method, "kind": kind, "budget": b + 1, "accuracy": float(v), "lo": float(l), "hi": float(h)}
+            for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
+
+
+def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+    """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
+    per method, random - structured at K (Newcombe paired), and each selector's
+    accuracy, selection gap and gap recovery (paired). Tables: route_curves,
+    route_cells, selectors."""
     records = run.read_records()
     scores = question_scores(records, "temperature")
-    greedy, t_oracle = float(scores["d"].mean()), float(scores["o"].mean())
+    qids = list(scores.index)
+    d = scores["d"].to_numpy()
+    greedy = float(d.mean())
     curves, cells, selectors = [], [], []
-    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.samples, "budget": cfg.budget,
-                               "n_questions": len(scores), "deployed": greedy, "cells": {}}
-    # The temperature candidates are the same for every cell: pick over them (a model
-    # forward per question for self-verification) once.
-    temperature_acc = _selector_accuracies(lm, task, records[records.probe == "temperature"], records, None)
+    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.k,
+                               "n_questions": len(scores), "deployed": greedy,
+                               "deployed_ci": list(wilson_interval(d.sum(), len(d))), "cells": {}}
+    # Plain sampling's selection gap, the same for every cell: computed (with one
+    # self-verification forward per question) once.
+    temperature = _selector_picks(lm, task, _candidates(records, "temperature", qids), {})
+    t_oracle = scores["o"].to_numpy()
+    summary["temperature"] = {"oracle": float(t_oracle.mean()),
+                              "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
     for space_name in cfg.spaces:
         cell = f"{lm.spec}/{task.name}/{space_name}"
-        rand = records[records.probe == str(ProbeLabel.route(space_name, "random"))]
-        unparsed = float(rand["extracted"].isna().mean()) if len(rand) else float("nan")
+        rand = _candidates(records, f"{space_name}:random", qids)
+        unparsed = float(np.mean([g["extracted"].isna().mean() for g in rand]))
         excluded = bool(unparsed > cfg.collapse)
-        oracle_at_k = {}
-        for m in cfg.methods:
-            sub = records[records.probe == str(ProbeLabel.route(space_name, m))]
-            pairs = {qid: [(None, r) for r in g.sort_values("candidate").to_dict("records")] for qid, g in sub.groupby("question_id", sort=False)}
-            curve = _oracle_curve(pairs, cfg.budget)
-            curves += [{"cell": cell, "method": m, "budget": b + 1, "oracle": v} for b, v in enumerate(curve)]
-            oracle_at_k[m] = curve[-1] if curve else float("nan")
-            cells.append({"cell": cell, "method": m, "oracle": oracle_at_k[m], "excluded": excluded, "unparsed_rate": unparsed})
-        oracle = oracle_at_k.get("random", float("nan"))
+        at_k: dict[str, np.ndarray] = {}
+        for m in dict.fromkeys(("random", *cfg.methods)):
+            curve = _prefix_oracle(rand if m == "random" else _candidates(records, f"{space_name}:{m}", qids), cfg.k, m == "random")
+            curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
+            at_k[m] = curve[:, -1].astype(bool)
+        for vote, weights in VOTES.items():
+            curves += _curve_rows(cell, vote, "vote", _vote_matrix(rand, cfg.k, weights is not None, cfg.seed), cfg.seed)
+        blind = {name: _candidates(records, f"{space_name}:{name}", qids) for name in SEARCH_SELECTORS}
+        picks = _selector_picks(lm, task, rand, blind)
+        oracle = at_k["random"]
+        oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
+        diffs = {m: {"value": oracle_at_k["random"] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], oracle)]}
+                 for m in STRUCTURED if m in at_k}
+        for m, v in at_k.items():
+            cells.append({"cell": cell, "model": lm.spec, "task": task.name, "space": space_name, "method": m,
+                          "oracle": float(v.mean()), "oracle_lo": wilson_interval(v.sum(), len(v))[0],
+                          "oracle_hi": wilson_interval(v.sum(), len(v))[1],
+                          "random_minus": diffs.get(m, {}).get("value", 0.0),
+                          "random_minus_lo": diffs.get(m, {}).get("ci", [0.0, 0.0])[0],
+                          "random_minus_hi": diffs.get(m, {}).get("ci", [0.0, 0.0])[1],
+                          "deployed": greedy, "n_questions": len(qids), "k": cfg.k,
+                          "excluded": excluded, "unparsed_rate": unparsed})
         cell_sel = {}
-        for name, acc in _selector_accuracies(lm, task, rand, records, space_name).items():
-            rec = gap_recovery(acc, greedy, oracle)
-            selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": rec, "source": "routes"})
-            cell_sel[name] = {"accuracy": acc, "gap_recovery": rec}
-        for name, acc in temperature_acc.items():
-            selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": gap_recovery(acc, greedy, t_oracle), "source": "temperature"})
+        for name, hit in picks.items():
+            cell_sel[name] = selection_summary(d, oracle, hit)
+            selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "routes", **_flat(cell_sel[name])})
+        for name, sel in summary["temperature"]["selectors"].items():
+            selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "temperature", **_flat(sel)})
         summary["cells"][cell] = {
             "space": space_name, "oracle_at_k": oracle_at_k, "excluded": excluded, "unparsed_rate": unparsed,
-            "random_minus_structured": {m: oracle_at_k["random"] - oracle_at_k[m] for m in STRUCTURED if m in oracle_at_k and "random" in oracle_at_k},
-            "selectors": cell_sel, "temperature_oracle": t_oracle,
+            "random_minus_structured": diffs, "selectors": cell_sel,
         }
     run.write_table("route_curves", pd.DataFrame(curves))
     run.write_table("route_cells", pd.DataFrame(cells))
@@ -263,29 +304,37 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
     run.write_table("selectors", sel)
     kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
     summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
-    summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in cfg.methods}
+    methods = dict.fromkeys(("random", *cfg.methods))
+    summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in methods}
     routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
     summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
-                            for name, g in routes_sel.groupby("selector")} if len(routes_sel) else {}
+                            for name, g in routes_sel.groupby("selector", sort=False)} if len(routes_sel) else {}
     return summary
 
 
-def _selector_accuracies(lm: LoadedModel, task: Task, cands: pd.DataFrame, records: pd.DataFrame, space_name: str | None) -> dict[str, float]:
-    """Accuracy of each answer-blind pick over the candidates of one probe."""
-    if cands.empty:
-        return {}
+def _flat(sel: dict[str, Any]) -> dict[str, Any]:
+    """A selection summary as table columns (intervals as _lo/_hi)."""
+    out: dict[str, Any] = {}
+    for key, value in sel.items():
+        if key.endswith("_ci"):
+            out[f"{key[:-3]}_lo"], out[f"{key[:-3]}_hi"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _selector_picks(lm, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+    """Per selector, whether its pick is correct for each question (an abstention is
+    wrong): the candidate selectors over `cands`, each search selector over its own
+    search's candidates (its best-rewarded route)."""
     by_id = {q.id: q for q in task.questions}
-    picks: dict[str, list[bool]] = {}
-    for qid, g in cands.groupby("question_id", sort=False):
-        g = g.sort_values("candidate").reset_index(drop=True)
-        table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[qid], [a if isinstance(a, str) else None for a in g["extracted"]]))
-        for name in BLIND_SELECTORS:
+    picks: dict[str, list[bool]] = {name: [] for name in CANDIDATE_SELECTORS}
+    for g in cands:
+        answers = [a if isinstance(a, str) else None for a in g["extracted"]]
+        table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[g["question_id"].iloc[0]], answers))
+        for name in CANDIDATE_SELECTORS:
             i = select(table, name)
-            picks.setdefault(name, []).append(bool(g.loc[i, "correct"]) if i is not None else False)
-    acc = {name: float(np.mean(v)) for name, v in picks.items()}
-    if space_name is not None:
-        for m in STRUCTURED:
-            voted = records[records.probe == str(ProbeLabel.route(space_name, m, vote=True))]
-            if len(voted):
-                acc[f"{m}_vote"] = float(voted["correct"].mean())
-    return acc
+            picks[name].append(bool(g.loc[i, "correct"]) if i is not None else False)
+    for name, per_q in blind.items():
+        picks[name] = [bool(g.loc[i, "correct"]) if (i := select(g, "confidence")) is not None else False for g in per_q]
+    return {name: np.asarray(v, dtype=bool) for name, v in picks.items()}
