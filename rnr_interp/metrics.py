@@ -44,6 +44,7 @@ __all__ = [
     "oracle_curve_after_first",
     "selection_summary",
     "vote_curve",
+    "vote_matrix",
 ]
 
 
@@ -491,6 +492,19 @@ def _prefix_votes(codes: np.ndarray, weights: np.ndarray, n_answers: int) -> np.
     seen = np.where(tied, first[:, None, :], n + 1)
     winner = seen.argmin(axis=2)
     return np.where(top[..., 0] > 0, winner, -1)
+
+
+def vote_matrix(candidates: Sequence[pd.DataFrame], ks: ArrayLike, weighted: bool = False, fixed_first: int = 0,
+                seed: int = 0) -> np.ndarray:
+    """(questions, len(ks)): `vote_curve` for each question's candidate table (columns
+    extracted, correct, and logprob, n_tokens when `weighted`: each vote then counts the
+    candidate's per-token probability exp(logprob / n_tokens))."""
+    return np.stack([
+        vote_curve(g["extracted"].tolist(), g["correct"].astype(bool).tolist(), ks,
+                   weights=np.exp(g["logprob"] / g["n_tokens"].clip(lower=1)).tolist() if weighted else None,
+                   fixed_first=fixed_first, seed=seed)
+        for g in candidates
+    ])
 
 
 def gap_recovery_ci(

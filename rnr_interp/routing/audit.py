@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Route, set_id
-from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, vote_curve, wilson_interval
+from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, vote_matrix, wilson_interval
 from rnr_interp.records import RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
@@ -51,7 +51,7 @@ CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_veri
 #: answer-blind search selectors: name -> the search run with `search_reward`
 SEARCH_SELECTORS = {f"{m}_blind": m for m in STRUCTURED}
 SIX_SELECTORS = ("majority", "confidence", "self_verification", *SEARCH_SELECTORS)
-VOTES = {"majority": None, "weighted_majority": "confidence"}  # deployable lines: vote weights
+VOTES = {"majority": False, "weighted_majority": True}  # deployable lines: confidence-weighted?
 VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
@@ -224,17 +224,6 @@ def _prefix_oracle(cands: list[pd.DataFrame], budget: int, exchangeable: bool) -
     return out
 
 
-def _vote_matrix(cands: list[pd.DataFrame], budget: int, weighted: bool, seed: int) -> np.ndarray:
-    """(questions, budget): the deployable vote's expected correctness at each k."""
-    ks = np.arange(1, budget + 1)
-    return np.stack([
-        vote_curve(g["extracted"].tolist(), g["correct"].astype(bool).tolist(), ks,
-                   weights=np.exp(g["logprob"] / g["n_tokens"].clip(lower=1)).tolist() if weighted else None,
-                   fixed_first=1, seed=seed)
-        for g in cands
-    ])
-
-
 def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int) -> list[dict[str, Any]]:
     lo, hi = bootstrap_ci(values, seed=seed)
     return [{"cell": cell, "method": method, "kind": kind, "budget": b + 1, "accuracy": float(v), "lo": float(l), "hi": float(h)}
@@ -271,8 +260,8 @@ def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str,
             curve = _prefix_oracle(rand if m == "random" else _candidates(records, f"{space_name}:{m}", qids), cfg.k, m == "random")
             curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
             at_k[m] = curve[:, -1].astype(bool)
-        for vote, weights in VOTES.items():
-            curves += _curve_rows(cell, vote, "vote", _vote_matrix(rand, cfg.k, weights is not None, cfg.seed), cfg.seed)
+        for vote, weighted in VOTES.items():
+            curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.k + 1), weighted, 1, cfg.seed), cfg.seed)
         blind = {name: _candidates(records, f"{space_name}:{name}", qids) for name in SEARCH_SELECTORS}
         picks = _selector_picks(lm, task, rand, blind)
         oracle = at_k["random"]
