@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
-from rnr_interp.interventions import Route, set_id
+from rnr_interp.interventions import Ablate, Route, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, vote_matrix, wilson_interval
 from rnr_interp.records import RunDir
 from rnr_interp.routing.batching import Lockstep
@@ -105,16 +105,44 @@ class RouteEvaluator:
                 todo.setdefault(route, [])
                 if qid not in todo[route]:
                     todo[route].append(qid)
-        for route, qids in todo.items():
-            for start in range(0, len(qids), self.batch_size):
-                chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
-                gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                                interventions=[Route(route)], stop_strings=self.task.stop_strings,
-                                reuse=self._states(chunk))
-                self.n_generated += len(chunk)
-                for q, [g] in zip(chunk, gens):
-                    self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
+        if all(_skips_only(route) for route in todo):
+            self._mixed_skip_batches([(qid, route) for route, qids in todo.items() for qid in qids])
+        else:
+            for route, qids in todo.items():
+                self._one_route(route, qids)
         return [self.cache[req] for req in requests]
+
+    def _store(self, chunk: list[Question], routes: list[tuple[int, ...]], gens) -> None:
+        self.n_generated += len(chunk)
+        for q, route, [g] in zip(chunk, routes, gens):
+            self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
+
+    def _one_route(self, route: tuple[int, ...], qids: list[str]) -> None:
+        """One route for many questions: the layer list swapped once per batch."""
+        for start in range(0, len(qids), self.batch_size):
+            chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
+            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
+                            interventions=[Route(route)], stop_strings=self.task.stop_strings,
+                            reuse=self._states(chunk))
+            self._store(chunk, [route] * len(chunk), gens)
+
+    def _mixed_skip_batches(self, pairs: list[tuple[str, tuple[int, ...]]]) -> None:
+        """Different skip-only routes in one batch: row r skips its layers by passing the
+        residual stream through them (`Ablate("layer", l)`, which is what skipping a
+        block is), so the adaptive searches' many one-question routes share forwards
+        instead of running one batch of one row each (the cost that dominated)."""
+        full = range(self.lm.n_layers)
+        for start in range(0, len(pairs), self.batch_size):
+            part = pairs[start:start + self.batch_size]
+            chunk = [self.by_id[qid] for qid, _ in part]
+            rows = [[Ablate("layer", layer) for layer in full if layer not in set(route)] for _, route in part]
+            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
+                            interventions=rows, stop_strings=self.task.stop_strings)
+            self._store(chunk, [route for _, route in part], gens)
+
+
+def _skips_only(route: tuple[int, ...]) -> bool:
+    return all(a < b for a, b in zip(route, route[1:]))
 
 
 def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space, method: str, budget: int,
