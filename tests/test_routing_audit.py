@@ -250,3 +250,22 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
     sel = RunDir(tmp_path).read_table("selectors")
     assert ("selector_recovery" in names) == bool(sel.gap_recovery.notna().any())
     assert write_report(tmp_path).is_file()
+
+
+def test_mixed_skip_batches_equal_one_route_per_batch():
+    """Different skip-only routes in one batch (per-row layer skips) generate exactly
+    what each route generates in a batch of its own."""
+    lm = load_model("tiny-llama:6")
+    task = load_task("arithmetic", n=3)
+    routes = [tuple(range(6)), (0, 1, 3, 4, 5), (0, 2, 3, 5), (1, 2, 3, 4, 5)]
+    requests = [(q.id, r) for q in task.questions for r in routes]
+    per_route = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8)
+    for r in routes:
+        per_route._one_route(r, [q.id for q in task.questions])
+    mixed = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8)
+    rows = mixed(requests)
+    assert mixed.n_generated == len(requests)
+    for req, row in zip(requests, rows):
+        ref = per_route.cache[req]
+        assert (row["text"], row["intervention"]) == (ref["text"], ref["intervention"])
+        assert row["logprob"] == pytest.approx(ref["logprob"], abs=1e-4)
