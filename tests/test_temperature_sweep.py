@@ -5,7 +5,7 @@ import pytest
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.tasks import load_task
-from rnr_interp.temperature_sweep import run_temperature_sweep
+from rnr_interp.sweep import run_temperature_sweep
 
 
 def test_temperature_sweep_rows_are_the_audits_gaps(tmp_path):
@@ -21,3 +21,6 @@ def test_temperature_sweep_rows_are_the_audits_gaps(tmp_path):
     assert RunDir(tmp_path).read_table("temperature_sweep").equals(table)
     with pytest.raises(ValueError, match="temperatures"):
         run_temperature_sweep(lm, task, tmp_path / "bad", [0.0], k=4, progress=False)
+    from rnr_interp.report.registry import write_run_figures
+
+    assert [p.stem for p in write_run_figures(RunDir(tmp_path))] == ["temperature_sweep"]

@@ -259,6 +259,17 @@ def routing_figures(run: RunDir, label: str) -> Figures:
 ROUTING_TABLES = ("route_curves", "route_cells", "selectors")
 
 
+def cross_cell_figures(run: RunDir, label: str) -> Figures:
+    """The sorted random − structured differences of a `rnr route-cells` folder."""
+    advantage = read_table(run, "advantage")
+    return [("route_advantage", advantage_figure(advantage, label))] if advantage is not None and len(advantage) else []
+
+
+def temperature_figures(run: RunDir, label: str) -> Figures:
+    table = read_table(run, "temperature_sweep")
+    return [("temperature_sweep", temperature_sweep_figure(table, label))] if table is not None and len(table) else []
+
+
 def summary_of(run: RunDir) -> dict[str, Any]:
     """The run's summary.json, or {} while the run has not finished."""
     try:

@@ -37,12 +37,13 @@ from tqdm.auto import tqdm
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Ablate, Route, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, vote_matrix, wilson_interval
-from rnr_interp.records import RunDir
+from rnr_interp.models import LoadedModel
+from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import search_reward, select
 from rnr_interp.routing.spaces import make_space
-from rnr_interp.sampling import Probe, candidate_row, prompt_ids, sample_questions
+from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
@@ -57,7 +58,10 @@ VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answ
 
 @dataclass(frozen=True)
 class RouteConfig:
-    k: int = 32
+    #: K temperature samples per question (the `temperature` probe)
+    samples: int = 32
+    #: route evaluations per search and question: the matched budget K of every method and selector
+    budget: int = 32
     spaces: tuple[str, ...] = ("native",)
     methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
     temperature: float = 1.0
@@ -76,7 +80,7 @@ class RouteEvaluator:
     `reuse_prefix`, each prompt's full-path prefill is kept and a route that starts
     with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
 
-    def __init__(self, lm, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
+    def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
@@ -167,7 +171,7 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space
 
 
 @torch.inference_mode()
-def verify_scores(lm, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
+def verify_scores(lm: LoadedModel, task: Task, q: Question, answers: Sequence[str | None]) -> list[float]:
     """Self-verification: log P(yes) - log P(no) for the model's next token after asking
     whether each proposed answer is correct (None answers get -inf)."""
     yes = [lm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("yes", "Yes")]
@@ -191,13 +195,12 @@ def blind_reward(q: Question, row: dict[str, Any]) -> float:
     return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
 
 
-def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
     unknown = [m for m in cfg.methods if m not in SEARCHES]
     if unknown:
         raise ValueError(f"unknown search method(s) {unknown}; known: {sorted(SEARCHES)}")
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    run = RunDir.create(out, {"kind": "route", "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
-                              "route": asdict(cfg), "deployed": asdict(decoding)})
+    run = RunDir.create(out, run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding)))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
@@ -208,15 +211,15 @@ def run_route_audit(lm, task: Task, out: str | Path, cfg: RouteConfig = RouteCon
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
     for start in range(0, len(questions), cfg.batch_size):
         chunk = questions[start:start + cfg.batch_size]
-        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.k, temperature=cfg.temperature, seed=cfg.seed),
+        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
         for space_name in cfg.spaces:
             space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
             runs = [(m, m, gold) for m in dict.fromkeys(("random", *cfg.methods))]
             runs += [(name, m, blind_reward) for name, m in SEARCH_SELECTORS.items()]
             for name, method, reward in runs:
-                for pairs in run_searches(evaluator, chunk, space, method, cfg.k, cfg.seed, reward).values():
-                    rows += _rows(pairs, f"{space_name}:{name}", common)
+                for pairs in run_searches(evaluator, chunk, space, method, cfg.budget, cfg.seed, reward).values():
+                    rows += _rows(pairs, str(ProbeLabel.route(space_name, name)), common)
         run.write_question_batch(rows)
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
@@ -258,7 +261,7 @@ def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int
             for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
 
 
-def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
     """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
     per method, random - structured at K (Newcombe paired), and each selector's
     accuracy, selection gap and gap recovery (paired). Tables: route_curves,
@@ -269,7 +272,7 @@ def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str,
     d = scores["d"].to_numpy()
     greedy = float(d.mean())
     curves, cells, selectors = [], [], []
-    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.k,
+    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy,
                                "deployed_ci": list(wilson_interval(d.sum(), len(d))), "cells": {}}
     # Plain sampling's selection gap, the same for every cell: computed (with one
@@ -280,17 +283,17 @@ def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str,
                               "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
     for space_name in cfg.spaces:
         cell = f"{lm.spec}/{task.name}/{space_name}"
-        rand = _candidates(records, f"{space_name}:random", qids)
+        rand = _candidates(records, str(ProbeLabel.route(space_name, "random")), qids)
         unparsed = float(np.mean([g["extracted"].isna().mean() for g in rand]))
         excluded = bool(unparsed > cfg.collapse)
         at_k: dict[str, np.ndarray] = {}
         for m in dict.fromkeys(("random", *cfg.methods)):
-            curve = _prefix_oracle(rand if m == "random" else _candidates(records, f"{space_name}:{m}", qids), cfg.k, m == "random")
+            curve = _prefix_oracle(rand if m == "random" else _candidates(records, str(ProbeLabel.route(space_name, m)), qids), cfg.budget, m == "random")
             curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
             at_k[m] = curve[:, -1].astype(bool)
         for vote, weighted in VOTES.items():
-            curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.k + 1), weighted, 1, cfg.seed), cfg.seed)
-        blind = {name: _candidates(records, f"{space_name}:{name}", qids) for name in SEARCH_SELECTORS}
+            curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.budget + 1), weighted, 1, cfg.seed), cfg.seed)
+        blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in SEARCH_SELECTORS}
         picks = _selector_picks(lm, task, rand, blind)
         oracle = at_k["random"]
         oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
@@ -303,7 +306,7 @@ def summarize_routes(run: RunDir, lm, task: Task, cfg: RouteConfig) -> dict[str,
                           "random_minus": diffs.get(m, {}).get("value", 0.0),
                           "random_minus_lo": diffs.get(m, {}).get("ci", [0.0, 0.0])[0],
                           "random_minus_hi": diffs.get(m, {}).get("ci", [0.0, 0.0])[1],
-                          "deployed": greedy, "n_questions": len(qids), "k": cfg.k,
+                          "deployed": greedy, "n_questions": len(qids), "k": cfg.budget,
                           "excluded": excluded, "unparsed_rate": unparsed})
         cell_sel = {}
         for name, hit in picks.items():
@@ -340,7 +343,7 @@ def _flat(sel: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _selector_picks(lm, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+def _selector_picks(lm: LoadedModel, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
     """Per selector, whether its pick is correct for each question (an abstention is
     wrong): the candidate selectors over `cands`, each search selector over its own
     search's candidates (its best-rewarded route)."""

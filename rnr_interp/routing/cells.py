@@ -11,6 +11,7 @@ recovery with a paired bootstrap interval (`selectors`). This module gathers the
   (and, per space, random >= every search), and the median advantage;
 - `selector_distribution`: per selector, the distribution of gap recovery over clean
   cells (median, quartiles, range, cells with no gap to recover);
+- `selectors`: the per-cell rows behind that distribution (the report's box plot);
 - `collapsed`: the format-collapse cells, listed apart and left out of all the above.
 """
 
@@ -51,6 +52,7 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
         "advantage": advantage,
         "counts": _counts(advantage),
         "selector_distribution": _distribution(kept),
+        "selectors": kept.reset_index(drop=True),  # per clean cell: the distribution figure's points
         "collapsed": collapsed,
     }
 
