@@ -109,10 +109,9 @@ class RouteEvaluator:
                 todo.setdefault(route, [])
                 if qid not in todo[route]:
                     todo[route].append(qid)
-        if all(_skips_only(route) for route in todo):
-            self._mixed_skip_batches([(qid, route) for route, qids in todo.items() for qid in qids])
-        else:
-            for route, qids in todo.items():
+        self._mixed_skip_batches([(qid, route) for route, qids in todo.items() if _skips_only(route) for qid in qids])
+        for route, qids in todo.items():
+            if not _skips_only(route):  # a repeat changes depth: one layer list per batch
                 self._one_route(route, qids)
         return [self.cache[req] for req in requests]
 
