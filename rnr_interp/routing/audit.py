@@ -25,6 +25,7 @@ default 0.5) is flagged as format collapse and excluded from comparisons.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,7 +43,7 @@ from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import search_reward, select
-from rnr_interp.routing.spaces import make_space
+from rnr_interp.routing.spaces import SPACES, make_space
 from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
@@ -72,6 +73,28 @@ class RouteConfig:
     #: route length bounds (None: the space's defaults, L -/+ L//3)
     min_len: int | None = None
     max_len: int | None = None
+
+    def __post_init__(self):
+        """Refuse bad settings when the config is made, before any run folder is."""
+        for name in ("samples", "budget", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be a number > 0, got {self.temperature}")
+        if not math.isfinite(self.collapse):  # a threshold on the unparsed rate (< 0: exclude every cell)
+            raise ValueError(f"collapse must be a number, got {self.collapse}")
+        for name in ("min_len", "max_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_len is not None and self.max_len is not None and self.min_len > self.max_len:
+            raise ValueError(f"min_len {self.min_len} is above max_len {self.max_len}")
+        unknown = [s for s in self.spaces if s not in SPACES]
+        if unknown or not self.spaces:
+            raise ValueError(f"spaces must be some of {', '.join(SPACES)}, got {list(self.spaces)}")
+        unknown = [m for m in self.methods if m not in SEARCHES]
+        if unknown or not self.methods:
+            raise ValueError(f"methods must be some of {', '.join(SEARCHES)}, got {list(self.methods)}")
+
 
 
 class RouteEvaluator:
@@ -195,9 +218,6 @@ def blind_reward(q: Question, row: dict[str, Any]) -> float:
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
-    unknown = [m for m in cfg.methods if m not in SEARCHES]
-    if unknown:
-        raise ValueError(f"unknown search method(s) {unknown}; known: {sorted(SEARCHES)}")
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
     run = RunDir.create(out, run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding)))
     run_id = run.run_id
