@@ -512,8 +512,11 @@ def gap_recovery_ci(
 ) -> tuple[float, float]:
     """Paired percentile bootstrap interval (questions resampled, the three columns
     together) for gap recovery (S - D) / (O - D); resamples with O == D have no gap to
-    recover and are left out. (nan, nan) when fewer than half of them have one."""
+    recover and are left out. (nan, nan) when the sample itself has no gap (the point
+    estimate is undefined) or fewer than half of the resamples have one."""
     values = np.column_stack([np.asarray(x, dtype=float).ravel() for x in (deployed, oracle, selector)])
+    if values[:, 1].mean() == values[:, 0].mean():
+        return (math.nan, math.nan)
     means = _bootstrap_stats(values, None, n_boot, seed)  # (n_boot, 3) column means
     gap = means[:, 1] - means[:, 0]
     ok = gap != 0
