@@ -99,8 +99,9 @@ class ProbeLabel:
     - ``ablate:COMPONENT:LAYER``: the deployed decoding with one block silenced;
     - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
     - ``units:top|random:K``: the deployed decoding with K MLP units silenced;
-    - ``SPACE:METHOD`` / ``SPACE:METHOD_vote``: routes a search evaluated (oracle reward)
-      and the route a search picked with the answer-blind majority reward.
+    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random, mcts,
+      hill_climb, genetic (oracle reward) or mcts_blind, hill_climb_blind,
+      genetic_blind (the answer-blind confidence reward).
     """
 
     kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route"
@@ -134,8 +135,8 @@ class ProbeLabel:
         return cls("units", (selection, str(k)))
 
     @classmethod
-    def route(cls, space: str, method: str, vote: bool = False) -> "ProbeLabel":
-        return cls("route", (space, f"{method}_vote" if vote else method))
+    def route(cls, space: str, method: str) -> "ProbeLabel":
+        return cls("route", (space, method))
 
     @classmethod
     def parse(cls, text: str) -> "ProbeLabel":

@@ -56,7 +56,7 @@ def test_probe_labels_are_the_strings_records_hold():
         ProbeLabel.steer("induction", 2.0): "steer:induction:2",
         ProbeLabel.units("top", 16): "units:top:16",
         ProbeLabel.route("native", "mcts"): "native:mcts",
-        ProbeLabel.route("skiponly", "genetic", vote=True): "skiponly:genetic_vote",
+        ProbeLabel.route("skiponly", "genetic_blind"): "skiponly:genetic_blind",
     }
     for label, text in cases.items():
         assert str(label) == text
