@@ -24,10 +24,11 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, generate
 from rnr_interp.interventions import Intervention, set_id
+from rnr_interp.metrics import answer_changes
 from rnr_interp.models import LoadedModel
 from rnr_interp.recognition import READOUTS, gold_first, recognize
 from rnr_interp.records import DEPLOYED, RunDir
-from rnr_interp.sampling import candidate_row, candidate_seed, chunks, prompt_ids, run_config
+from rnr_interp.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
 # -- generation rows -----------------------------------------------------------------
@@ -237,6 +238,34 @@ def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Qu
     fixed, n_f = outcome_counts(records, failure, probe)
     right, n_p = outcome_counts(records, panel, probe)
     return (fixed / n_f if n_f else float("nan")), ((n_p - right) / n_p if n_p else float("nan"))
+
+def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequence[Question],
+                             probes: Sequence[str] = ()) -> dict[str, Any]:
+    """What a localisation summary adds so a multiple-choice result can be read against
+    chance (issue 17): `chance`, the baselines of the deployed greedy answers
+    (`sampling.chance_summary`; no K, these runs draw no samples), and `answer_changes`,
+    for each probe in `probes`, how its answers on the failure set moved from the
+    deployed ones (`metrics.answer_changes`: to the gold option, the repairs, or merely
+    to another option)."""
+    out: dict[str, Any] = {}
+    deployed = records[records["probe"] == DEPLOYED]
+    if (chance := chance_summary(task, deployed, None)) is not None:
+        out["chance"] = chance
+    if probes:
+        before = dict(zip(deployed["question_id"], deployed["extracted"]))
+        out["answer_changes"] = {}
+        for probe in probes:
+            mine = records[records["probe"] == probe]
+            after = dict(zip(mine["question_id"], mine["extracted"]))
+            out["answer_changes"][probe] = answer_changes(
+                [_answer(before.get(q.id)) for q in failure], [_answer(after.get(q.id)) for q in failure],
+                [q.answer for q in failure])
+    return out
+
+
+def _answer(value: Any) -> str | None:
+    """A stored `extracted` value as an answer: None for null or NaN."""
+    return None if value is None or value != value else str(value)
 
 
 def check_cohort_options(task: Task, readout: str, panel: int | None, batch_size: int) -> None:

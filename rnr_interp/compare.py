@@ -392,6 +392,11 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         "shared_prompt": None if shared_prompt is None else shared_prompt_retention(base, trained, shared_prompt, t, level),
         "budget_control": None,
     }
+    # Multiple-choice runs carry their chance baselines (audit summaries): shown side by side.
+    chance = {label: run_.read_summary().get("chance") for label, run_ in (("base", base), ("trained", trained))
+              if (run_.path / "summary.json").is_file()}
+    if any(chance.values()):
+        summary["chance"] = chance
     if control_models is not None:
         summary["budget_control"] = run_budget_control(base, trained, t, control_models, control_task, run,
                                                        factor=factor, batch_size=batch_size, level=level)

@@ -41,6 +41,17 @@ __all__ = [
     "mcnemar",
     "gap_recovery",
     "proportion",
+    "unparsed_rate",
+    "chance_baselines",
+    "chance_lines",
+    "chance_blocks",
+    "answer_change_line",
+    "answer_changes",
+    "gap_recovery_ci",
+    "oracle_curve_after_first",
+    "selection_summary",
+    "vote_curve",
+    "vote_matrix",
 ]
 
 
@@ -404,3 +415,293 @@ def gap_recovery(selector: float, greedy: float, oracle: float) -> float:
     if oracle == greedy:
         return math.nan
     return (selector - greedy) / (oracle - greedy)
+
+
+def unparsed_rate(records: pd.DataFrame) -> float:
+    """Share of candidates with no valid answer of the task's kind (`extracted` is null:
+    `Task.read_answer` keeps only a number for a numeric task, one of the question's
+    option letters for multiple choice, ...); NaN for no records."""
+    _require_columns(records, ("extracted",))
+    return float(records["extracted"].isna().mean()) if len(records) else math.nan
+
+
+# -- multiple choice read against chance --------------------------------------------
+
+#: a deployed answer distribution is flagged when one option takes more than this share
+DOMINANT_SHARE = 0.6
+
+
+def chance_baselines(
+    deployed: Sequence[str | None],
+    gold: Sequence[str],
+    options: Sequence[Sequence[str]],
+    k: int | None,
+) -> dict[str, Any]:
+    """D and O_K that guessing reaches on these multiple-choice questions, next to the
+    model's deployed answer distribution.
+
+    Per question i with options `options[i]` (m_i of them) and gold `gold[i]`:
+    - uniform guessing: D = mean 1/m_i, O_K = mean 1 - (1 - 1/m_i)^K (K independent
+      uniform draws);
+    - guessing from the model's own deployed distribution p (the share of each option
+      among the parsed deployed answers, restricted to question i's options and
+      renormalised; uniform where p puts nothing on them): D = mean p_i(gold_i),
+      O_K = mean 1 - (1 - p_i(gold_i))^K.
+    `k` None or 0 gives no O_K. `deployed_counts` counts each option (and None as
+    "unparsed"); `warning` names an option that takes more than DOMINANT_SHARE of the
+    parsed deployed answers (then D mostly measures how often that option is gold).
+    """
+    if not len(deployed) == len(gold) == len(options):
+        raise ValueError(f"need one deployed answer, gold and option list per question, got "
+                         f"{len(deployed)}, {len(gold)}, {len(options)}")
+    if not len(gold):
+        raise ValueError("no questions")
+    parsed = [a for a in deployed if a is not None]
+    order = list(dict.fromkeys(o for opts in options for o in opts))
+    counts = {o: sum(a == o for a in parsed) for o in order}
+    counts.update({a: parsed.count(a) for a in parsed if a not in counts})
+    total = len(parsed)
+    p_uniform, p_model = [], []
+    for opts, g in zip(options, gold):
+        if g not in opts:
+            raise ValueError(f"gold {g!r} is not one of the options {list(opts)}")
+        p_uniform.append(1 / len(opts))
+        mass = sum(counts.get(o, 0) for o in opts)
+        p_model.append(counts.get(g, 0) / mass if mass else 1 / len(opts))
+
+    def at(p: list[float]) -> dict[str, float | None]:
+        arr = np.asarray(p, dtype=float)
+        o_k = float(np.mean(1 - (1 - arr) ** k)) if k else None
+        return {"D": float(arr.mean()), "O_K": o_k}
+
+    dominant = max(counts, key=lambda o: counts[o]) if total else None
+    share = counts[dominant] / total if dominant is not None else 0.0
+    warning = None
+    if share > DOMINANT_SHARE:
+        warning = (f"option {dominant!r} is {share:.0%} of the parsed deployed answers "
+                   f"({counts[dominant]} of {total}): D largely counts the questions whose gold is {dominant!r}")
+    return {
+        "k": k,
+        "uniform": at(p_uniform),
+        "deployed_distribution": at(p_model),
+        "deployed_counts": {**counts, "unparsed": len(deployed) - total},
+        "dominant": dominant,
+        "dominant_share": share,
+        "warning": warning,
+    }
+
+
+def answer_changes(before: Sequence[str | None], after: Sequence[str | None], gold: Sequence[str]) -> dict[str, Any]:
+    """How an intervention moved deployed answers on the same questions: `to_gold`
+    (changed, now the gold option: the repairs), `to_other` (changed to another wrong
+    answer, or to none), `unchanged`, and `after_counts`, the answers the changed
+    questions moved to. Many changes onto one option mean the intervention shifted the
+    answer bias rather than fixed the questions; compare `to_gold` with
+    `to_gold_by_chance`, the repairs expected if the changed questions had drawn their
+    new answer from `after_counts` whatever their gold."""
+    if not len(before) == len(after) == len(gold):
+        raise ValueError(f"need paired answers, got {len(before)}, {len(after)}, {len(gold)}")
+    changed = [(a, g) for b, a, g in zip(before, after, gold) if a != b]
+    to_gold = sum(a == g for a, g in changed)
+    moved = [a for a, _ in changed if a is not None]
+    after_counts = {a: moved.count(a) for a in dict.fromkeys(moved)}
+    by_chance = sum(after_counts.get(g, 0) / len(moved) for _, g in changed) if moved else 0.0
+    return {
+        "n": len(gold),
+        "changed": len(changed),
+        "to_gold": to_gold,
+        "to_other": len(changed) - to_gold,
+        "unchanged": len(gold) - len(changed),
+        "after_counts": after_counts,
+        "to_gold_by_chance": float(by_chance),
+    }
+
+
+def chance_lines(chance: dict[str, Any]) -> list[str]:
+    """`chance_baselines` as the lines every summary prints (CLI and report alike)."""
+    k = chance.get("k")
+    o_label = f"O_{k}" if k else "O_K"
+
+    def pair(which: str) -> str:
+        base = chance[which]
+        o_k = f", {o_label} {base['O_K']:.3f}" if base.get("O_K") is not None else ""
+        return f"D {base['D']:.3f}{o_k}"
+
+    counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
+    lines = [
+        f"chance, uniform guessing:                  {pair('uniform')}",
+        f"chance, guessing like the deployed answers: {pair('deployed_distribution')}",
+        f"deployed answers: {counts}",
+    ]
+    if chance.get("warning"):
+        lines.append(f"warning: {chance['warning']}")
+    return lines
+
+
+def answer_change_line(label: str, changes: dict[str, Any]) -> str:
+    """`answer_changes` as one line (CLI and report alike)."""
+    moved = ", ".join(f"{a} {n}" for a, n in changes["after_counts"].items())
+    return (f"{label}: {changes['changed']} of {changes['n']} answers changed: {changes['to_gold']} to the gold "
+            f"option, {changes['to_other']} to another or none (new answers: {moved or 'none'}; "
+            f"{changes['to_gold_by_chance']:.1f} to gold expected if they fell on the gold as often as these land)")
+
+
+def chance_blocks(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The chance baselines a summary carries, by label: {"": block} for one run,
+    {"base": ..., "trained": ...} for a comparison; {} when it has none."""
+    chance = summary.get("chance")
+    if not isinstance(chance, dict):
+        return {}
+    if "uniform" in chance:
+        return {"": chance}
+    return {str(label): block for label, block in chance.items() if isinstance(block, dict)}
+
+
+# -- deployable votes and the selection gap ----------------------------------------
+
+
+def oracle_curve_after_first(first_correct: bool, n_rest: int, c_rest: int, ks: ArrayLike) -> np.ndarray:
+    """o(k) for a probe whose first candidate is fixed (the full path of a routing
+    probe) and whose other n_rest candidates are exchangeable draws, c_rest of them
+    correct: 1 when the first is correct, else the unbiased pass@(k-1) of the rest
+    (0 at k = 1). Every method's curve then starts from the same K=1 point."""
+    ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
+    if first_correct:
+        return np.ones(ks_arr.shape)
+    out = np.zeros(ks_arr.shape)
+    later = ks_arr > 1
+    if later.any():
+        out[later] = pass_at_k_curve(n_rest, c_rest, ks_arr[later] - 1)
+    return out
+
+
+def vote_curve(
+    answers: Sequence[Any],
+    correct: Sequence[bool],
+    ks: ArrayLike,
+    weights: Sequence[float] | None = None,
+    fixed_first: int = 0,
+    n_orderings: int = 200,
+    seed: int = 0,
+) -> np.ndarray:
+    """Expected correctness of the answer-blind vote over k of a question's n candidates,
+    for each k in `ks` (the deployable line beside the oracle curve).
+
+    The vote: the answer with the most votes (a candidate's vote counts `weights[i]`,
+    1 when None; candidates without an answer, None or NaN, do not vote; no votes is an
+    abstention, graded wrong); a tie goes to the tied answer seen first.
+    The subsets: the first `fixed_first` candidates are always in (a routing probe's
+    full path), the other k - fixed_first are a uniformly random subset of the rest.
+    Estimator: for k < n, the mean over `n_orderings` seeded random orderings of the
+    free candidates of the vote over each ordering's first k (every prefix of a uniform
+    random ordering is a uniform random subset, and "seen first" is then in that random
+    order); for k = n, the vote over all candidates in record order, which is exactly
+    what the deployed selector picks.
+    """
+    n = len(answers)
+    if len(correct) != n or (weights is not None and len(weights) != n):
+        raise ValueError("answers, correct and weights must be equally long")
+    ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
+    if n == 0 or ks_arr.size == 0:
+        return np.zeros(ks_arr.shape)
+    if ks_arr.min() < max(1, fixed_first) or ks_arr.max() > n:
+        raise ValueError(f"vote@k needs {max(1, fixed_first)} <= k <= n={n}, got {ks_arr.tolist()}")
+    codes, right = _answer_codes(answers, correct)
+    w = np.ones(n) if weights is None else np.nan_to_num(np.asarray(weights, dtype=float), nan=0.0)
+    rng = np.random.default_rng(seed)
+    free = np.arange(fixed_first, n)
+    orders = [np.arange(n)] + [np.concatenate([np.arange(fixed_first), rng.permutation(free)]) for _ in range(n_orderings)]
+    picks = _prefix_votes(codes[np.stack(orders)], w[np.stack(orders)], len(right))  # (orderings, n)
+    hit = np.where(picks >= 0, right[np.maximum(picks, 0)], False).astype(float) if len(right) else np.zeros(picks.shape)
+    out = hit[1:, ks_arr - 1].mean(axis=0) if n_orderings else hit[0, ks_arr - 1]
+    return np.where(ks_arr == n, hit[0, ks_arr - 1], out)
+
+
+def _answer_codes(answers: Sequence[Any], correct: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """Answers as integer codes (-1: no answer) and, per code, whether it is correct."""
+    index: dict[Any, int] = {}
+    right: list[bool] = []
+    codes = np.full(len(answers), -1, dtype=np.int64)
+    for i, (a, ok) in enumerate(zip(answers, correct)):
+        if a is None or (isinstance(a, float) and math.isnan(a)):
+            continue
+        if a not in index:
+            index[a] = len(right)
+            right.append(bool(ok))
+        codes[i] = index[a]
+    return codes, np.asarray(right, dtype=bool)
+
+
+def _prefix_votes(codes: np.ndarray, weights: np.ndarray, n_answers: int) -> np.ndarray:
+    """For each row (an ordering) and each prefix length, the winning answer code of the
+    weighted vote over the prefix (-1 when nothing in it voted); ties to the answer whose
+    first vote comes first."""
+    rows, n = codes.shape
+    if n_answers == 0:
+        return np.full((rows, n), -1)
+    onehot = (codes[..., None] == np.arange(n_answers)) * weights[..., None]  # (rows, n, A)
+    tally = onehot.cumsum(axis=1)
+    voted = (codes[..., None] == np.arange(n_answers))
+    first = np.where(voted.any(axis=1), voted.argmax(axis=1), n)  # (rows, A) first position
+    top = tally.max(axis=2, keepdims=True)
+    tied = (tally >= top - 1e-12) & (top > 0)
+    seen = np.where(tied, first[:, None, :], n + 1)
+    winner = seen.argmin(axis=2)
+    return np.where(top[..., 0] > 0, winner, -1)
+
+
+def vote_matrix(candidates: Sequence[pd.DataFrame], ks: ArrayLike, weighted: bool = False, fixed_first: int = 0,
+                seed: int = 0) -> np.ndarray:
+    """(questions, len(ks)): `vote_curve` for each question's candidate table (columns
+    extracted, correct, and logprob, n_tokens when `weighted`: each vote then counts the
+    candidate's per-token probability exp(logprob / n_tokens))."""
+    return np.stack([
+        vote_curve(g["extracted"].tolist(), g["correct"].astype(bool).tolist(), ks,
+                   weights=np.exp(g["logprob"] / g["n_tokens"].clip(lower=1)).tolist() if weighted else None,
+                   fixed_first=fixed_first, seed=seed)
+        for g in candidates
+    ])
+
+
+def gap_recovery_ci(
+    deployed: ArrayLike, oracle: ArrayLike, selector: ArrayLike, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Paired percentile bootstrap interval (questions resampled, the three columns
+    together) for gap recovery (S - D) / (O - D); resamples with O == D have no gap to
+    recover and are left out. (nan, nan) when the sample itself has no gap (the point
+    estimate is undefined) or fewer than half of the resamples have one."""
+    values = np.column_stack([np.asarray(x, dtype=float).ravel() for x in (deployed, oracle, selector)])
+    if values[:, 1].mean() == values[:, 0].mean():
+        return (math.nan, math.nan)
+    means = _bootstrap_stats(values, None, n_boot, seed)  # (n_boot, 3) column means
+    gap = means[:, 1] - means[:, 0]
+    ok = gap != 0
+    if ok.sum() < n_boot / 2:
+        return (math.nan, math.nan)
+    ratios = (means[ok, 2] - means[ok, 0]) / gap[ok]
+    alpha = 1 - level
+    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return (float(lo), float(hi))
+
+
+def selection_summary(
+    deployed: ArrayLike, oracle: ArrayLike, selector: ArrayLike, *, level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """One answer-blind selector against the greedy-to-oracle gap, per-question paired:
+    its accuracy S (Wilson), the selection gap O - S (Newcombe paired), S - D (Newcombe
+    paired) and gap recovery (S - D) / (O - D) (paired bootstrap). Binary inputs."""
+    d, o, s = (_as_binary(x, name).astype(float) for x, name in ((deployed, "deployed"), (oracle, "oracle"), (selector, "selector")))
+    if not d.size == o.size == s.size:
+        raise ValueError("deployed, oracle and selector must cover the same questions")
+    n = d.size
+    D, O, S = float(d.mean()), float(o.mean()), float(s.mean())
+    return {
+        "accuracy": S,
+        "accuracy_ci": [float(x) for x in wilson_interval(s.sum(), n, level)],
+        "selection_gap": O - S,
+        "selection_gap_ci": [float(x) for x in paired_diff_ci(s, o, level=level)],
+        "minus_deployed": S - D,
+        "minus_deployed_ci": [float(x) for x in paired_diff_ci(d, s, level=level)],
+        "gap_recovery": gap_recovery(S, D, O),
+        "gap_recovery_ci": list(gap_recovery_ci(d, o, s, level=level, n_boot=n_boot, seed=seed)),
+    }

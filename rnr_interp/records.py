@@ -100,8 +100,9 @@ class ProbeLabel:
     - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
     - ``units:top:K`` / ``units:random:K:DRAW``: the deployed decoding with K MLP units
       silenced (the top K, or random draw DRAW of K);
-    - ``SPACE:METHOD`` / ``SPACE:METHOD_vote``: routes a search evaluated (oracle reward)
-      and the route a search picked with the answer-blind majority reward.
+    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random, mcts,
+      hill_climb, genetic (oracle reward) or mcts_blind, hill_climb_blind,
+      genetic_blind (the answer-blind confidence reward).
     """
 
     kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route"
@@ -135,8 +136,8 @@ class ProbeLabel:
         return cls("units", (selection, str(k)) if draw is None else (selection, str(k), str(draw)))
 
     @classmethod
-    def route(cls, space: str, method: str, vote: bool = False) -> "ProbeLabel":
-        return cls("route", (space, f"{method}_vote" if vote else method))
+    def route(cls, space: str, method: str) -> "ProbeLabel":
+        return cls("route", (space, method))
 
     @classmethod
     def parse(cls, text: str) -> "ProbeLabel":

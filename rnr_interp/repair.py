@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from rnr_interp.cohort import (
-    PANEL_CAP, Row, Split, build_cohort, cohort_summary, localisation_config, outcome_counts, run_rows,
+    PANEL_CAP, Row, Split, build_cohort, cohort_summary, localisation_config, multiple_choice_readings, outcome_counts,
+    run_rows,
 )
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
@@ -184,7 +185,8 @@ def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, 
                           batch_size=batch_size, progress=progress)
     recognition = run.read_table("recognition")
     summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
-               **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion)}
+               **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion),
+               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
     run.write_summary(summary)
     return summary
 
@@ -273,9 +275,13 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     localisation = localisation_summary(table)
     controls = controls_table(localisation)
     run.write_table("controls", controls)
+    # each component's own best block (chosen on the selection part): how its answers moved (issue 17)
+    best = best_blocks(table, on="selection")
+    best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
     summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout, "sweep": sweep,
                **cohort_summary(cohort, run.read_table("recognition")), "screen": cell_screen(run, readout),
-               **localisation, "best_all_questions": best_blocks(table, on="all"),
-               "table": table.to_dict(orient="records")}
+               **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
+               "table": table.to_dict(orient="records"),
+               **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes)}
     run.write_summary(summary)
     return summary

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, Engine, Generation, generate
 from rnr_interp.interventions import Intervention, set_id
-from rnr_interp.metrics import DEPLOYED
+from rnr_interp.metrics import DEPLOYED, chance_baselines
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
 
@@ -103,7 +103,9 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def candidate_row(task: Task, q: Question, g: Generation, /, **fields) -> dict[str, Any]:
-    extracted = task.extract(g.text)
+    # None unless the generation holds a valid answer of the task's kind for q: the
+    # records' unparsed rate (metrics.unparsed_rate) counts exactly these.
+    extracted = task.read_answer(g.text, q)
     return {
         **fields,
         "question_id": q.id,
@@ -206,3 +208,16 @@ def deployed_decoding(task: Task, max_new_tokens: int | None = None, temperature
     decoding is recorded in every manifest ("deployed") and cross-run views refuse a
     mismatch."""
     return Decoding(temperature=temperature, max_new_tokens=max_new_tokens or task.max_new_tokens)
+
+
+def chance_summary(task: Task, records, k: int | None) -> dict[str, Any] | None:
+    """`metrics.chance_baselines` for the deployed rows of `records` (one per question of
+    `task` present there), or None when the task's answers are not a finite option set."""
+    questions = {q.id: q for q in task.questions}
+    dep = records[records["probe"] == DEPLOYED]
+    asked = [questions[i] for i in dep["question_id"] if i in questions]
+    if not asked or any(task.options(q) is None for q in asked):
+        return None
+    answers = [None if a is None or a != a else str(a)  # null and NaN alike: no answer
+               for a, i in zip(dep["extracted"], dep["question_id"]) if i in questions]
+    return chance_baselines(answers, [q.answer for q in asked], [task.options(q) for q in asked], k)

@@ -40,11 +40,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.cohort import (
-    PANEL_CAP, Cohort, Row, Split, build_cohort, cohort_summary, localisation_config, outcome_counts, rates, run_rows,
+    PANEL_CAP, Cohort, Row, Split, build_cohort, cohort_summary, localisation_config, multiple_choice_readings,
+    outcome_counts, rates, run_rows,
 )
 from rnr_interp.generate import Decoding, forward, left_pad
 from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
-from rnr_interp.metrics import proportion
+from rnr_interp.metrics import DEPLOYED, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.repair import ablation_probe, best_blocks, silencing_sweep
@@ -270,6 +271,18 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedMod
     return cohort
 
 
+def _records_for_readings(run: RunDir, repair_run: Path | None) -> pd.DataFrame:
+    """This run's records for `cohort.multiple_choice_readings`; with `repair_run` the
+    cohort (and its deployed answers) is read back, not recomputed, so the deployed rows
+    come from the repair run."""
+    records = run.read_records()
+    if repair_run is None:
+        return records
+    deployed = RunDir(repair_run).read_records(filters=[("probe", "=", DEPLOYED)])
+    mine = records[records["probe"] != DEPLOYED]
+    return deployed if mine.empty else pd.concat([deployed, mine], ignore_index=True)
+
+
 def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, columns: list[str]) -> dict[str, Any] | None:
     """Write an empty result and say why when a part the analysis needs is empty."""
     f_sel, f_out = cohort.parts("failure")
@@ -297,7 +310,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                            alphas=[float(a) for a in alphas]))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
-    summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort)}
+    summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
+               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
@@ -313,6 +327,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     summary.update({"layer": chosen, "component": component, "block_choice": why, "v_norm": float(v.norm()),
                     "scored_on": "held-out parts (v from the selection parts)",
                     "table": table.to_dict(orient="records")})
+    rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
+    summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues))
     run.write_summary(summary)
     return summary
 
@@ -329,7 +345,8 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                            ks=[int(k) for k in ks], seed=seed, draws=draws))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
-    summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort)}
+    summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
+               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
     if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
         return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rnr_interp.audit import run_audit
@@ -80,3 +81,34 @@ def test_smollm2_arithmetic_shows_a_real_gap(smollm2, tmp_path):
     assert s["D"] == pytest.approx(scores["d"].mean()) and s["O_K"] == pytest.approx(scores["o"].mean())
     assert 0 < s["D"] < 1
     assert s["O_K"] >= s["D"] + 0.15 and s["gap_ci"][0] > 0
+
+
+def test_audit_reports_majority_at_k_from_the_records():
+    """majority@K in the summary is the plain vote over each question's K samples (ties
+    to the answer sampled first), and its gaps are the paired differences."""
+    import pandas as pd
+
+    from rnr_interp.audit import deployable_votes
+
+    # question: (deployed right?, samples as (answer, right?)); gold is "7" throughout.
+    cases = {
+        "q1": (False, ["3", "7", "7", "3", None]),  # 2-2 tie, "3" first: majority wrong, reachable
+        "q2": (False, ["7", "7", "5", None, None]),  # majority right, deployed wrong
+        "q3": (True, ["5", "5", "7", "1", "2"]),  # majority wrong, deployed right
+        "q4": (False, ["1", "2", "3", "4", "5"]),  # unreachable
+    }
+    rows = []
+    for qid, (dep, samples) in cases.items():
+        rows.append({"question_id": qid, "probe": "deployed", "candidate": 0, "extracted": "7" if dep else "0",
+                     "correct": dep, "logprob": -1.0, "n_tokens": 2})
+        rows += [{"question_id": qid, "probe": "temperature", "candidate": i, "extracted": a, "correct": a == "7",
+                  "logprob": -1.0, "n_tokens": 2} for i, a in enumerate(samples)]
+    records = pd.DataFrame(rows)
+    out = deployable_votes(records, "temperature", question_scores(records, "temperature"))
+    m = out["majority"]
+    assert m["k"] == 5 and m["accuracy"] == 0.25  # q2 only
+    assert m["selection_gap"] == pytest.approx(0.75 - 0.25)  # O_K: q1, q2, q3
+    assert m["minus_deployed"] == 0.0 and m["gap_recovery"] == 0.0  # one gained (q2), one lost (q3)
+    assert out["vote_at_k"]["majority"][-1] == 0.25 and len(out["vote_at_k"]["k"]) == 5
+    # k = 1: the chance that one random sample is right, averaged over questions.
+    assert out["vote_at_k"]["majority"][0] == pytest.approx(np.mean([2 / 5, 2 / 5, 1 / 5, 0]), abs=0.05)

@@ -244,3 +244,65 @@ def test_question_scores_refuses_incomplete_records() -> None:
     with pytest.raises(ValueError, match="without 'temperature' rows: q8"):
         extra = pd.DataFrame([{"question_id": "q8", "probe": "deployed", "candidate": 0, "correct": True}])
         question_scores(pd.concat([recs, extra]), "temperature")
+
+
+# -- deployable votes ----------------------------------------------------------------
+
+from collections import Counter  # noqa: E402
+from itertools import combinations, permutations  # noqa: E402
+
+from rnr_interp.metrics import gap_recovery_ci, oracle_curve_after_first, selection_summary, vote_curve  # noqa: E402
+
+
+def _vote(order, answers, right):
+    """Majority over `order` (indices), ties to the answer seen first; None: abstain."""
+    seen = [answers[i] for i in order if answers[i] is not None]
+    if not seen:
+        return False
+    counts = Counter(seen)
+    top = max(counts.values())
+    return right[next(a for a in seen if counts[a] == top)]
+
+
+def test_vote_curve_matches_exhaustive_expectation_over_subsets_and_orders():
+    answers = ["A", "B", "B", None, "A", "C"]
+    correct = [False, True, True, False, False, False]
+    right = {"A": False, "B": True, "C": False}
+    est = vote_curve(answers, correct, range(1, 7), n_orderings=4000, seed=1)
+    for k in range(1, 6):
+        exact = np.mean([_vote(p, answers, right) for s in combinations(range(6), k) for p in permutations(s)])
+        assert est[k - 1] == pytest.approx(exact, abs=0.03), k
+    # k = n: the vote over all candidates in record order (A and B tie 2-2, A first).
+    assert est[-1] == 0.0
+    assert vote_curve(["B", "A", "A", "B"], [True, False, False, True], [4])[0] == 1.0
+
+
+def test_vote_curve_keeps_the_fixed_first_candidate_and_weights_votes():
+    # The full path answers A; with it always in, a single other vote ties and A wins.
+    assert vote_curve(["A", "B", "B", "B"], [False, True, True, True], [1, 2, 3], fixed_first=1, seed=0).tolist() == [0.0, 0.0, 1.0]
+    # One confident vote outweighs two unsure ones; unweighted it loses.
+    answers, correct = ["A", "B", "B"], [True, False, False]
+    assert vote_curve(answers, correct, [3], weights=[0.9, 0.2, 0.2])[0] == 1.0
+    assert vote_curve(answers, correct, [3])[0] == 0.0
+    # No candidate answers: an abstention, graded wrong.
+    assert vote_curve([None, None], [False, False], [1, 2]).tolist() == [0.0, 0.0]
+
+
+def test_oracle_curve_after_first_is_pass_at_k_of_the_rest():
+    assert oracle_curve_after_first(True, 5, 0, [1, 3]).tolist() == [1.0, 1.0]
+    curve = oracle_curve_after_first(False, 4, 1, [1, 2, 3, 5])
+    assert curve.tolist() == pytest.approx([0.0, 0.25, 0.5, 1.0])
+
+
+def test_selection_summary_is_paired_and_consistent():
+    d = np.array([0, 1, 0, 0, 1, 0, 0, 0] * 5)
+    o = np.array([1, 1, 1, 0, 1, 1, 0, 1] * 5)
+    s = np.array([1, 1, 0, 0, 1, 0, 0, 0] * 5)
+    out = selection_summary(d, o, s)
+    assert out["selection_gap"] == pytest.approx(o.mean() - s.mean())
+    assert out["gap_recovery"] == pytest.approx((s.mean() - d.mean()) / (o.mean() - d.mean()))
+    for key in ("accuracy", "selection_gap", "minus_deployed", "gap_recovery"):
+        lo, hi = out[f"{key}_ci"]
+        assert lo <= out[key] <= hi, key
+    # Nothing to recover: no interval rather than a made-up one.
+    assert np.isnan(gap_recovery_ci(d, d, s)).all()

@@ -26,6 +26,10 @@ from rnr_interp.sampling import Probe
 from rnr_interp.tasks import load_task
 
 #: sha256 of the records' values, computed by `content_hash` (without run_id) at e992296.
+#: History: main once updated these hashes (with run_id) when the task description
+#: gained `answer_kind` (grading by answer kind, issue 17): that changed `run_id` (a
+#: hash of the config) and nothing else; without the run_id column the hashes stay
+#: those of 15fe5fa / e992296 below.
 BEFORE = {
     "audit": "95a12e8c77a86f1f1a211e4fce96460145997a803c7d5ecf380e04d6d95a74c9",
     "repair": "71105c9c440b19dfb2289258bf086f2831b2181a59fe960f7cde68dd953a2673",

@@ -7,7 +7,16 @@ import pytest
 from rnr_interp.generate import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.routing.audit import RouteConfig, RouteEvaluator, run_route_audit, run_searches
+from rnr_interp.routing.audit import (
+    SEARCH_SELECTORS,
+    RouteConfig,
+    RouteEvaluator,
+    _selector_picks,
+    blind_reward,
+    run_route_audit,
+    run_searches,
+)
+from rnr_interp.routing.selectors import select
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.spaces import make_space
 from rnr_interp.tasks import load_task
@@ -20,7 +29,9 @@ def routed_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("route")
     cfg = RouteConfig(samples=6, budget=6, spaces=("native", "skiponly"), batch_size=4)
     summary = run_route_audit(lm, task, out, cfg, progress=False)
-    return lm, task, cfg, summary, RunDir(out).read_records()
+    records = RunDir(out).read_records()
+    records.attrs["run"] = str(out)
+    return lm, task, cfg, summary, records
 
 
 def route_of(intervention: str) -> tuple[int, ...]:
@@ -32,8 +43,9 @@ def test_each_search_spends_exactly_its_budget_inside_its_space(routed_run):
     lm, task, cfg, _, records = routed_run
     for space_name in cfg.spaces:
         space = make_space(space_name, lm.n_layers)
-        for method in cfg.methods:
+        for method in (*cfg.methods, *SEARCH_SELECTORS):
             sub = records[records.probe == f"{space_name}:{method}"]
+            assert sub.question_id.nunique() == len(task), (space_name, method)
             for qid, g in sub.groupby("question_id"):
                 routes = [route_of(i) for i in g.sort_values("candidate").intervention]
                 assert len(routes) == cfg.budget == len(set(routes)), (space_name, method, qid)
@@ -58,12 +70,83 @@ def test_deployed_and_temperature_candidates_recorded(routed_run):
     assert (records.probe == "temperature").sum() == cfg.samples * len(task)
 
 
-def test_vote_selectors_recorded_once_per_question(routed_run):
+def test_six_selectors_and_the_vote_line_are_reported(routed_run):
     _, task, cfg, summary, records = routed_run
-    for m in ("mcts_vote", "hill_climb_vote", "genetic_vote"):
-        assert (records.probe == f"native:{m}").sum() == len(task)
-    sel = summary["cells"][next(iter(summary["cells"]))]["selectors"]
-    assert {"majority", "confidence", "self_verification", "mcts_vote"} <= set(sel)
+    for cell in summary["cells"].values():
+        sel = cell["selectors"]
+        assert {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS} == set(sel)
+        for v in sel.values():
+            assert v["accuracy_ci"][0] <= v["accuracy"] <= v["accuracy_ci"][1]
+            assert v["selection_gap"] == pytest.approx(cell["oracle_at_k"]["random"] - v["accuracy"])
+
+
+def test_deployable_vote_starts_at_greedy_and_ends_at_the_majority_pick(routed_run):
+    lm, task, cfg, summary, records = routed_run
+    curves = RunDir(records.attrs["run"]).read_table("route_curves")
+    for cell, info in summary["cells"].items():
+        c = curves[curves.cell == cell]
+        for vote, selector in (("majority", "majority"), ("weighted_majority", "weighted_majority")):
+            line = c[(c.kind == "vote") & (c.method == vote)].sort_values("budget")
+            assert list(line.budget) == list(range(1, cfg.budget + 1))
+            # k = 1 is the full path alone, greedy: the deployed answer.
+            full_path = records[(records.probe == f"{info['space']}:random") & (records.candidate == 0)]
+            assert line.accuracy.iloc[0] == pytest.approx(full_path.correct.mean())
+            assert line.accuracy.iloc[-1] == pytest.approx(info["selectors"][selector]["accuracy"])
+            assert (line.lo <= line.accuracy + 1e-9).all() and (line.accuracy <= line.hi + 1e-9).all()
+        oracle = c[(c.kind == "oracle") & (c.method == "random")].sort_values("budget")
+        assert oracle.accuracy.is_monotonic_increasing
+        assert oracle.accuracy.iloc[0] == pytest.approx(line.accuracy.iloc[0])  # the same K=1 point
+
+
+class FakeRoutes:
+    """A route evaluator without a model: question "q" answers "B" with per-token
+    probability 0.9 on any route that repeats one of layers 0-3, and "A" with
+    probability 0.2 otherwise (the full path included). Counts evaluations."""
+
+    def __init__(self):
+        self.cache, self.n_evaluated = {}, 0
+
+    def __call__(self, requests):
+        for key in requests:
+            if key not in self.cache:
+                self.n_evaluated += 1
+                route = key[1]
+                b = any(route.count(layer) > 1 for layer in range(4))
+                self.cache[key] = {"question_id": key[0], "extracted": "B" if b else "A", "correct": b,
+                                   "logprob": float(np.log(0.9 if b else 0.2)) * 3, "n_tokens": 3}
+        return [self.cache[key] for key in requests]
+
+
+def test_search_selectors_pick_their_best_route_against_the_majority():
+    """Random routes mostly answer "A", so majority picks "A"; every blind search, with
+    the same budget, climbs the confidence reward to a "B" route and answers "B"."""
+    import pandas as pd
+    from types import SimpleNamespace
+
+    space, k = make_space("native", 8), 24
+    q = SimpleNamespace(id="q")
+    fake = FakeRoutes()
+    rand = run_searches(fake, [q], space, "random", k, 0, blind_reward)["q"]
+    table = pd.DataFrame([row for _, row in rand])
+    assert table.extracted.iloc[select(table, "majority")] == "A"
+    for name, method in SEARCH_SELECTORS.items():
+        before = fake.n_evaluated
+        found = run_searches(fake, [q], space, method, k, 0, blind_reward)["q"]
+        assert len(found) == len({r for r, _ in found}) == k, name  # exactly K distinct route evaluations
+        assert fake.n_evaluated - before <= k  # routes another method tried cost nothing again
+        pick = pd.DataFrame([row for _, row in found])
+        assert pick.extracted.iloc[select(pick, "confidence")] == "B", name
+
+
+def test_selector_picks_grade_abstentions_wrong():
+    import pandas as pd
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(questions=[SimpleNamespace(id="q")])
+    g = pd.DataFrame({"question_id": ["q"] * 2, "extracted": [None, None], "correct": [False, False],
+                      "logprob": [-1.0, -2.0], "n_tokens": [2, 2]})
+    picks = _selector_picks(None, task, [], {name: [g] for name in SEARCH_SELECTORS})
+    assert all(not v.any() for v in picks.values())
 
 
 def test_lockstep_batching_equals_one_question_at_a_time():
@@ -159,11 +242,30 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
         assert (records.probe == f"skiponly:{m}").sum() == 4 * len(task)
     [cell] = s["cells"].values()
     assert set(cell["oracle_at_k"]) == {"random", "mcts", "hill_climb", "genetic"}
-    assert {"majority", "majority_confidence", "confidence", "self_verification",
-            "mcts_vote", "hill_climb_vote", "genetic_vote"} <= set(cell["selectors"])
+    assert {"majority", "weighted_majority", "confidence", "self_verification",
+            "mcts_blind", "hill_climb_blind", "genetic_blind"} == set(cell["selectors"])
     names = [name for name, _ in routing_figures(RunDir(tmp_path), "smollm2")]
     assert names[:2] == ["route_curves", "route_cell_difference"]
     # Gap recovery is undefined (NaN) when the oracle equals greedy; then no selector figure.
     sel = RunDir(tmp_path).read_table("selectors")
     assert ("selector_recovery" in names) == bool(sel.gap_recovery.notna().any())
     assert write_report(tmp_path).is_file()
+
+
+def test_mixed_skip_batches_equal_one_route_per_batch():
+    """Different skip-only routes in one batch (per-row layer skips) generate exactly
+    what each route generates in a batch of its own."""
+    lm = load_model("tiny-llama:6")
+    task = load_task("arithmetic", n=3)
+    routes = [tuple(range(6)), (0, 1, 3, 4, 5), (0, 2, 3, 5), (1, 2, 3, 4, 5)]
+    requests = [(q.id, r) for q in task.questions for r in routes]
+    per_route = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8)
+    for r in routes:
+        per_route._one_route(r, [q.id for q in task.questions])
+    mixed = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8)
+    rows = mixed(requests)
+    assert mixed.n_generated == len(requests)
+    for req, row in zip(requests, rows):
+        ref = per_route.cache[req]
+        assert (row["text"], row["intervention"]) == (ref["text"], ref["intervention"])
+        assert row["logprob"] == pytest.approx(ref["logprob"], abs=1e-4)

@@ -9,12 +9,13 @@ import pytest
 from rnr_interp.routing.search import SEARCHES, BudgetExceeded, Evaluator, hill_climb, mcts, random_search
 from rnr_interp.routing.selectors import (
     confidence,
-    majority_agreement_reward,
     majority_answer,
     majority_vote,
     mean_logprob,
+    search_reward,
     select,
     self_verification,
+    weighted_majority,
 )
 from rnr_interp.routing.spaces import SPACES, make_space
 
@@ -216,8 +217,13 @@ def test_select_reads_tables():
         select({"extracted": ["4"]}, "confidence")
 
 
-def test_majority_agreement_reward():
-    reward = majority_agreement_reward("42")
-    assert [reward(x) for x in ("42", "41", None, math.nan)] == [1.0, 0.0, 0.0, 0.0]
-    assert majority_agreement_reward(None)("42") == 0.0
-    assert majority_agreement_reward(majority_answer(["3", "42", "42"]))("42") == 1.0
+def test_weighted_majority_and_the_search_reward():
+    # Two unsure "5" votes (0.2 each) lose to one confident "4" (0.9); unweighted, "5" wins.
+    n_tokens = [1, 1, 1, 1]
+    answers, logprob = ["5", "5", "4", None], [math.log(0.2), math.log(0.2), math.log(0.9), 0.0]
+    assert weighted_majority(answers, logprob, n_tokens) == 2
+    assert majority_vote(answers) == 0
+    assert weighted_majority([None], [0.0], [1]) is None
+    # The reward is the per-token probability, 0 without an answer: confidence's order.
+    assert search_reward("4", 2 * math.log(0.5), 2) == pytest.approx(0.5)
+    assert search_reward(None, 0.0, 3) == 0.0 and search_reward(math.nan, 0.0, 3) == 0.0

@@ -68,9 +68,10 @@ def test_native_examples():
     assert space.contains(full)
     assert space.contains(full[:3] + full[4:])  # skip one layer
     assert space.contains(full[:2] + full[6:])  # skip four
-    assert space.contains(full[:6] + (3, 4, 5) + full[6:])  # repeat a block of 3
+    assert not space.contains(full[:6] + (3, 4, 5) + full[6:])  # a block of 3 repeated: polar only
+    assert make_space("polar", 12).contains(full[:6] + (3, 4, 5) + full[6:])
     assert space.contains((0, 1, 1, 2, 2) + full[3:])  # two adjacent single repeats
-    assert space.contains((0, 1, 3, 4, 3, 4) + full[5:])  # skip, then repeat
+    assert space.contains((0, 1, 3, 4, 4) + full[5:])  # skip, then repeat
     assert not space.contains(full[:3] + (2, 2) + full[3:])  # layer 2 used three times
     assert not space.contains((0, 2, 1) + full[3:])  # out of order
     assert not space.contains((0, 1, 3, 1, 3) + full[4:])  # repeated block with a hole
@@ -86,14 +87,17 @@ def test_native_edits():
     space = make_space("native", 8)
     full = space.full_path
     assert space.apply(full, Edit(3, 4, 0)) == (0, 1, 2, 4, 5, 6, 7)
-    assert space.apply(full, Edit(2, 4, 2)) == (0, 1, 2, 3, 2, 3, 4, 5, 6, 7)
+    assert space.apply(full, Edit(2, 3, 2)) == (0, 1, 2, 2, 3, 4, 5, 6, 7)
+    with pytest.raises(ValueError):
+        space.apply(full, Edit(2, 4, 2))  # a block repeat is a polar edit
     assert space.apply(full, STOP) == full
     actions = space.actions(full)
     assert Edit(2, 4, 0) in actions and Edit(5, 6, 2) in actions
+    assert Edit(2, 4, 2) not in actions
     assert Edit(0, 3, 0) not in actions  # length 5 < min_len 6
-    # A layer inside a repeated block is neither skipped nor repeated again.
-    repeated = space.apply(full, Edit(2, 4, 2))
-    assert all(not (a.start < 4 and a.stop > 2) for a in space.actions(repeated))
+    # A repeated layer is neither skipped nor repeated again.
+    repeated = space.apply(full, Edit(3, 4, 2))
+    assert all(not (a.start <= 3 < a.stop) for a in space.actions(repeated))
     # Local moves can undo: unroll the block, restore a skipped layer.
     assert full in space.neighborhood(repeated)
     assert full in space.neighborhood(space.apply(full, Edit(3, 4, 0)))
@@ -153,8 +157,32 @@ def test_polar_round_trip_exhaustive():
             assert polar_encode(polar_decode(segments, actions), n_layers) == (segments, actions)
 
 
-def test_native_and_polar_hold_the_same_routes():
-    assert set(make_space("native", 6).iter_routes()) == set(make_space("polar", 6).iter_routes())
+def test_spaces_are_strictly_nested_distinct_sets():
+    skiponly, native, polar = (set(make_space(name, 6, min_len=4, max_len=8 if name != "skiponly" else 6).iter_routes())
+                               for name in ("skiponly", "native", "polar"))
+    assert skiponly < native < polar
+    assert (0, 1, 1, 2, 3, 4, 5) in native - skiponly  # a layer repeated in place
+    assert (0, 1, 2, 1, 2, 3, 4, 5) in polar - native  # a block of two repeated
+
+
+def test_spaces_generate_different_route_sets():
+    """What the random probe draws differs by space, not only what each allows: skips
+    only; single layers repeated in place; blocks of layers repeated."""
+    drawn = {}
+    for name in SPACES:
+        space, rng = make_space(name, 30), np.random.default_rng(0)
+        drawn[name] = [space.sample(rng) for _ in range(200)]
+    assert all(len(set(r)) == len(r) for r in drawn["skiponly"])
+    assert any(len(set(r)) < len(r) for r in drawn["native"])
+    assert not any(_block_repeat(r) for r in drawn["native"])
+    assert sum(map(_block_repeat, drawn["polar"])) > 50
+    assert len({frozenset(routes) for routes in drawn.values()}) == 3
+
+
+def _block_repeat(route) -> bool:
+    """A step back in the route: a block of two or more layers run again (polar only;
+    a native repeat runs the same layer twice in a row)."""
+    return any(b < a for a, b in zip(route, route[1:]))
 
 
 def test_polar_tree_goes_left_to_right():

@@ -57,7 +57,7 @@ def test_probe_labels_are_the_strings_records_hold():
         ProbeLabel.units("top", 16): "units:top:16",
         ProbeLabel.units("random", 16, 3): "units:random:16:3",
         ProbeLabel.route("native", "mcts"): "native:mcts",
-        ProbeLabel.route("skiponly", "genetic", vote=True): "skiponly:genetic_vote",
+        ProbeLabel.route("skiponly", "genetic_blind"): "skiponly:genetic_blind",
     }
     for label, text in cases.items():
         assert str(label) == text

@@ -1,4 +1,4 @@
-"""Commands of the audit layer: model-info, audit, pass-at-k, route."""
+"""Commands of the audit layer: model-info, audit, pass-at-k, temperature-sweep, route, route-cells."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt, at_least, built,
-    execute, fail, fmt_ci, load_inputs, run_folder,
+    AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt,
+    at_least, built, execute, fail, fmt_ci, load_inputs, print_multiple_choice, run_folder,
 )
 
 
@@ -38,6 +38,7 @@ def audit(
     ci: Annotated[str, typer.Option("--ci", help="wilson | bootstrap")] = "wilson",
     prompt_like: Annotated[Optional[Path], typer.Option(
         "--prompt-like", help="audit run folder whose prompt format to ask in (e.g. the base model's, for compare --shared-prompt)")] = None,
+    answer_type: AnswerTypeOpt = None,
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
@@ -56,7 +57,7 @@ def audit(
     shared_format = prompt_format_of(prompt_like) if prompt_like is not None else None
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens)
+        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type)
         lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
@@ -86,6 +87,12 @@ def print_audit_table(s: dict) -> None:
     typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}")
     typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}")
     typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}")
+    if "majority" in s:
+        m = s["majority"]
+        typer.echo(f"  majority@K (answer-blind vote, ties to the first sample)  {fmt_ci(m['accuracy'], m['accuracy_ci'])}")
+        typer.echo(f"  selection gap O_K - majority      {fmt_ci(m['selection_gap'], m['selection_gap_ci'])}")
+        typer.echo(f"  majority gap recovery             {fmt_ci(m['gap_recovery'], m['gap_recovery_ci'])}")
+    print_multiple_choice(s)
 
 
 def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
@@ -96,15 +103,21 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
 
     if not (run / "manifest.json").is_file():
         fail(f"{run} is not a run folder (no manifest.json)")
+    folder = RunDir(run)
+    total, done = (folder.config.get("task") or {}).get("n_questions"), len(folder.done_question_ids())
+    if not done:
+        fail(f"{run} is unfinished: no question sampled yet")
 
     def body():
-        found = RunDir(run)
-        probes = {p for _, p in found.stored_groups()}
+        probes = {p for _, p in folder.stored_groups()}
         if probe not in probes:
             fail(f"{run} has no records of probe {probe!r} (it has: {', '.join(sorted(probes)) or 'no records'}); pass --probe")
-        return summarize(found, probe)
+        return summarize(folder, probe)
 
-    s = execute(body)
+    s = execute(body, context=f"{run}: ")
+    if total is not None and done < total:
+        typer.echo(f"unfinished run: {done} of {total} questions sampled; pass@k below is over those {done} "
+                   f"(rerun the same command to finish it)", err=True)
     typer.echo(f"D (deployed) = {s['D']:.3f}")
     typer.echo("k\tpass@k")
     for k, p in zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"]):
@@ -116,7 +129,7 @@ def route(
     task: TaskOpt = "arithmetic",
     data: DataOpt = None,
     n: NOpt = None,
-    k: Annotated[int, typer.Option("--k", help="temperature samples K per question")] = 16,
+    k: Annotated[int, typer.Option("--k", help="temperature samples K per question")] = 32,
     budget: Annotated[Optional[int], typer.Option("--budget", help="route evaluations per search and question (default: K)")] = None,
     out: OutOpt = Path("runs/route"),
     space: Annotated[list[str], typer.Option("--space", help="native | polar | skiponly (repeatable)")] = ["native"],
@@ -127,6 +140,7 @@ def route(
     max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 16,
+    answer_type: AnswerTypeOpt = None,
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
@@ -140,7 +154,7 @@ def route(
                 seed=seed, collapse=collapse, batch_size=batch_size, min_len=min_len, max_len=max_len)
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out)
+        lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type)
         return run_route_audit(lm, t, out, cfg, progress=not quiet)
 
     s = execute(body)
@@ -148,8 +162,69 @@ def route(
     typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}")
     for m, v in s["oracle_at_k"].items():
         typer.echo(f"  oracle@K {m:<12}         {v:.3f}")
-    for name, v in s["selectors"].items():
-        typer.echo(f"  selector {name:<20} acc {v['accuracy']:.3f}  gap recovery (median) {v['gap_recovery_median']:.3f}")
+    for cell, c in s["cells"].items():
+        typer.echo(f"  {cell}{'  (excluded: format collapse)' if c['excluded'] else ''}")
+        for m, d in c["random_minus_structured"].items():
+            typer.echo(f"    random - {m:<12} {fmt_ci(d['value'], d['ci'])}")
+        for name, v in c["selectors"].items():
+            typer.echo(f"    selector {name:<18} acc {fmt_ci(v['accuracy'], v['accuracy_ci'])}"
+                       f"  gap recovery {fmt_ci(v['gap_recovery'], v['gap_recovery_ci'])}")
     if s["excluded_cells"]:
         typer.echo(f"  excluded (format collapse): {', '.join(s['excluded_cells'])}")
     run_folder(out)
+
+
+def temperature_sweep(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "arithmetic",
+    data: DataOpt = None,
+    n: NOpt = None,
+    k: KOpt = 32,
+    temperatures: Annotated[str, typer.Option("--temperatures", help="comma-separated, e.g. 0.7,1.0,1.3")] = "0.7,1.0,1.3",
+    out: OutOpt = Path("runs/temperature"),
+    seed: SeedOpt = 0,
+    batch_size: BatchOpt = 8,
+    quiet: QuietOpt = False,
+):
+    """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals."""
+    from rnr_interp.sweep import run_temperature_sweep
+
+    try:
+        temps = [float(t) for t in temperatures.split(",") if t.strip()]
+    except ValueError:
+        fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
+
+    def body():
+        lm, t = load_inputs(model, task, data, n)
+        return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet)
+
+    table = execute(body)
+    typer.echo("T\tD\tO_K\tO_K - majority [95% CI]\tO_K - D [95% CI]")
+    for r in table.itertuples():
+        typer.echo(f"{r.temperature:g}\t{r.D:.3f}\t{r.O_K:.3f}\t{fmt_ci(r.oracle_minus_majority, (r.oracle_minus_majority_lo, r.oracle_minus_majority_hi))}"
+                   f"\t{fmt_ci(r.oracle_minus_greedy, (r.oracle_minus_greedy_lo, r.oracle_minus_greedy_hi))}")
+    run_folder(out)
+
+
+def route_cells(
+    folder: Annotated[Path, typer.Argument(help="a folder of route runs (models x tasks x spaces)")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="where to write the tables (default: FOLDER/route_cells)")] = None,
+):
+    """The cross-cell table: random - structured per clean cell, counts, medians, selector gap recovery."""
+    from rnr_interp.routing.cells import write_route_cells
+
+    if not folder.is_dir():
+        fail(f"{folder} is not a folder")
+    run, tables = execute(lambda: write_route_cells(folder, out))
+    adv, counts = tables["advantage"], tables["counts"]
+    typer.echo(f"{adv.cell.nunique()} clean cells, {len(tables['collapsed'])} collapsed (listed apart)")
+    for r in adv.itertuples():
+        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}")
+    for r in counts.itertuples():
+        typer.echo(f"  space {r.space:<9} vs {r.search:<10} random >= structured in {r.random_ge_structured}/{r.cells} cells,"
+                   f" median advantage {r.median_advantage:.3f}")
+    for r in tables["selector_distribution"].itertuples():
+        typer.echo(f"  selector {r.selector:<18} gap recovery median {r.median:.3f} [q25 {r.q25:.3f}, q75 {r.q75:.3f}] over {r.cells} cells")
+    for r in tables["collapsed"].itertuples():
+        typer.echo(f"  collapsed: {r.cell} (unparsed {r.unparsed_rate:.2f})")
+    run_folder(run.path)

@@ -25,7 +25,10 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="base seed of every random 
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="questions per batched forward")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling temperature")]
 MaxTokOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", help="generation length (default: the task's)")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar (model loading included)",
+                                        callback=lambda quiet: silence_loading_bars(quiet))]
+AnswerTypeOpt = Annotated[Optional[str], typer.Option(
+    "--answer-type", help="jsonl free-form answers: auto (number when every gold is one) | number | text")]
 
 #: errors that mean bad input (a message for the user, not a traceback); the package's
 #: own errors subclass ValueError, and OSError covers unreadable or unwritable paths
@@ -43,6 +46,19 @@ def one_line(message: str) -> str:
 def say_error(message: str) -> None:
     """The error line: `error: ...` on stderr, one line whatever the message."""
     typer.secho(f"error: {one_line(message)}", fg=typer.colors.RED, err=True)
+
+
+def silence_loading_bars(quiet: bool) -> bool:
+    """With --quiet, no progress bars from transformers and huggingface_hub either
+    (model loading, downloads). The option's callback, so every command taking
+    QuietOpt honours it before it loads anything."""
+    if quiet:
+        import huggingface_hub.utils
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+    return quiet
 
 
 def fail(message: str) -> None:
@@ -94,20 +110,26 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
 
 
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
-                max_new_tokens: Optional[int] = None) -> tuple[LoadedModel, Task]:
+                max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None) -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
     the model), the model, and whether every prompt plus the tokens to generate fits
-    the model's context. Nothing is created."""
+    the model's context. Nothing is created. `answer_type` (jsonl only) chooses how
+    free-form answers are graded."""
     from rnr_interp.models import load_model
     from rnr_interp.sampling import check_prompts_fit
-    from rnr_interp.tasks import load_task
+    from rnr_interp.tasks import HFLoadError, load_task
 
     at_least("--n", n)
     at_least("--max-new-tokens", max_new_tokens)
     if out is not None:
         check_out(out)
-    t = load_task(task, data=data, n=n)
+    if answer_type is not None and task != "jsonl":
+        raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
+    try:
+        t = load_task(task, data=data, n=n, **({"answer_type": answer_type} if answer_type else {}))
+    except HFLoadError as exc:  # an unreadable dataset folder or Arrow file is bad input too
+        raise ValueError(str(exc)) from None
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
     lm = load_model(model)
@@ -121,3 +143,15 @@ def fmt_ci(value: float, ci) -> str:
 
 def run_folder(out: Path) -> None:
     typer.echo(f"run folder: {out}")
+
+
+def print_multiple_choice(summary: dict) -> None:
+    """What a multiple-choice summary carries to read it against chance: the baselines,
+    the deployed answer counts and warning, and how interventions moved answers."""
+    from rnr_interp.metrics import answer_change_line, chance_blocks, chance_lines
+
+    for label, block in chance_blocks(summary).items():
+        for line in chance_lines(block):
+            typer.echo(f"  {label + ': ' if label else ''}{line}")
+    for probe, changes in (summary.get("answer_changes") or {}).items():
+        typer.echo(f"  {answer_change_line(probe, changes)}")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import at_least, check_out, execute, fail
+from rnr_interp.commands.common import at_least, check_out, execute, fail, print_multiple_choice
 
 
 def compare(
@@ -89,3 +89,4 @@ def print_comparison(s: dict) -> None:
                        f"trained {b['gap_trained']:.3f} [{b['gap_trained_ci'][0]:.3f}, {b['gap_trained_ci'][1]:.3f}]")
         typer.echo(f"  {bc['audit_left']['n_back_at_k_control']} of {bc['audit_left']['n_left']} questions that left "
                    f"the reachable set in the audits are reached by the trained model at K={bc['k_control']}")
+    print_multiple_choice(s)

@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, execute, fail,
-    load_inputs, run_folder,
+    load_inputs, print_multiple_choice, run_folder,
 )
 from rnr_interp.cohort import PANEL_CAP
 from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
@@ -158,6 +158,7 @@ def failures(
         typer.echo(f"  screen: recognition {sc['recognition_score']:.3f} vs generation {sc['generation_score']:.3f}, "
                    f"difference {sc['difference']:+.3f} [{sc['difference_ci'][0]:+.3f}, {sc['difference_ci'][1]:+.3f}]: "
                    f"{'a failure cell' if sc['failure'] else 'not a failure cell'}")
+        print_multiple_choice(s)
     typer.echo(f"failure criterion: {summaries[0]['screen']['criterion']}")
     if screen is not None:
         _figures(out)
@@ -193,6 +194,7 @@ def repair(
     for r in controls.itertuples():
         typer.echo(f"    {r.block:38s} repair {r.repair_heldout:.3f} [{r.repair_lo:.3f}, {r.repair_hi:.3f}] of {r.n_failure_heldout}"
                    f"   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] of {r.n_panel_heldout}")
+    print_multiple_choice(s)
     run_folder(out)
 
 
@@ -219,6 +221,7 @@ def steer(
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
+    print_multiple_choice(s)
     run_folder(out)
 
 
@@ -244,4 +247,5 @@ def units(
                  f"  k     top    random: mean (sd; min-max of {s.get('random_draws')} draws)   (fraction of the whole-MLP repair)",
                  None, lambda k, r: f"  {k:<5d} {_num(r['top'])}  {_num(r['random_mean'])} ({_num(r['random_sd'])}; "
                                     f"{_num(r['random_min'])}-{_num(r['random_max'])})", rows="spread")
+    print_multiple_choice(s)
     run_folder(out)

@@ -61,11 +61,16 @@ def _hline(fig: go.Figure, y: float, text: str, where: str = "top left") -> None
 # -- audit ------------------------------------------------------------------------
 
 
-def pass_at_k_figure(ks: Iterable[int], passes: Iterable[float], deployed: float | None, label: str) -> go.Figure:
+def pass_at_k_figure(ks: Iterable[int], passes: Iterable[float], deployed: float | None, label: str,
+                     votes: dict[str, Any] | None = None) -> go.Figure:
     """Unbiased pass@k against k (log axis), with the deployed accuracy D for reference:
-    the curve's distance above D at k=K is the gap."""
+    the curve's distance above D at k=K is the gap. `votes` (the summary's vote_at_k)
+    adds the answer-blind votes over the same k samples, dashed: the deployable line."""
     ks, passes = list(ks), list(passes)
     fig = go.Figure(go.Scatter(x=ks, y=passes, mode="lines+markers", name="pass@k (temperature samples)"))
+    for name, values in (votes or {}).items():
+        if name != "k":
+            fig.add_scatter(x=votes["k"], y=values, mode="lines", line={"dash": "dash"}, name=f"vote@k: {name} (answer-blind)")
     if deployed is not None:
         _hline(fig, deployed, f"deployed D = {deployed:.3f}")
     _log_budget_axis(fig, ks, "k, samples per question (log scale)")
@@ -93,7 +98,7 @@ def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figur
     summary = summary_of(run)
     curve = summary.get("pass_at_k") or {}
     if curve.get("k"):
-        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.get("D"), label)))
+        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.get("D"), label, summary.get("vote_at_k"))))
     if scores is not None and len(scores):
         figs.append(("hit_counts", hit_count_figure(scores, label)))
     return figs
@@ -104,24 +109,36 @@ def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figur
 
 def route_curves_figure(curves: pd.DataFrame, deployed: float | None, label: str,
                         excluded: Iterable[str] = ()) -> go.Figure:
-    """Oracle accuracy against search budget, one line per method (table route_curves:
-    [cell,] method, budget, oracle), averaged over the cells not `excluded`."""
+    """Accuracy against search budget (table route_curves: [cell,] method, kind, budget,
+    accuracy, lo, hi): each method's oracle (solid) and the answer-blind votes over the
+    random routes (dashed, the deployable line), averaged over the cells not `excluded`;
+    a single cell's lines carry their bootstrap intervals. Older tables (an `oracle`
+    column, no kind) draw as oracle lines."""
+    if "accuracy" not in curves:
+        curves = curves.rename(columns={"oracle": "accuracy"})
+    if "kind" not in curves:
+        curves = curves.assign(kind="oracle")
     n_cells = 1
     if "cell" in curves:
         curves = curves[~curves["cell"].isin(set(excluded))]
         n_cells = curves["cell"].nunique()
-        curves = curves.groupby(["method", "budget"], sort=False, as_index=False)["oracle"].mean()
+        if n_cells > 1:
+            curves = curves.groupby(["kind", "method", "budget"], sort=False, as_index=False)["accuracy"].mean()
     fig = go.Figure()
-    for method, rows in curves.groupby("method", sort=False):
+    for (kind, method), rows in curves.groupby(["kind", "method"], sort=False):
         rows = rows.sort_values("budget")
-        fig.add_scatter(x=rows["budget"], y=rows["oracle"], mode="lines+markers", name=str(method),
-                        line={"color": METHOD_COLOURS.get(str(method))})
+        band = {"error_y": {"type": "data", "array": rows["hi"] - rows["accuracy"], "arrayminus": rows["accuracy"] - rows["lo"],
+                            "thickness": 0.6, "width": 0}} if "lo" in rows else {}
+        vote = kind == "vote"
+        fig.add_scatter(x=rows["budget"], y=rows["accuracy"], mode="lines" if vote else "lines+markers",
+                        name=f"vote: {method} (random routes, answer-blind)" if vote else f"oracle: {method}",
+                        line={"color": METHOD_COLOURS.get(str(method)), "dash": "dash" if vote else "solid"}, **band)
     if deployed is not None:
         _hline(fig, deployed, f"deployed = {deployed:.3f}")
     _log_budget_axis(fig, curves["budget"], "budget K, routes evaluated per question (log scale)")
-    fig.update_yaxes(title="oracle accuracy O_K (fraction of questions)", range=[0, 1.02])
+    fig.update_yaxes(title="accuracy (fraction of questions)", range=[0, 1.02])
     mean = f", mean over {n_cells} cells" if n_cells > 1 else ""
-    return _titled(fig, f"Route-search oracle vs budget{mean}", label)
+    return _titled(fig, f"Route-search oracle and deployable vote vs budget{mean}", label)
 
 
 def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
@@ -159,6 +176,36 @@ def cell_difference_figure(cells: pd.DataFrame, label: str) -> go.Figure | None:
     fig.update_yaxes(title="oracle difference, random − structured (accuracy)", range=[-bound, bound], zeroline=False)
     note = f", {n_excluded} excluded cell{'s' * (n_excluded != 1)} left out" if n_excluded else ""
     return _titled(fig, f"Random vs structured route search per cell{note}", label)
+
+
+def advantage_figure(advantage: pd.DataFrame, label: str) -> go.Figure:
+    """The cross-cell view (table `advantage` of `rnr route-cells`): random − structured
+    oracle at matched K per clean cell, sorted within each search, with paired intervals."""
+    fig = go.Figure()
+    for search, rows in advantage.groupby("search", sort=False):
+        rows = rows.sort_values("advantage")
+        fig.add_scatter(x=np.arange(1, len(rows) + 1), y=rows["advantage"], mode="markers", name=f"random − {search}",
+                        marker={"color": METHOD_COLOURS.get(str(search))}, customdata=rows["cell"],
+                        error_y={"type": "data", "array": rows["hi"] - rows["advantage"], "arrayminus": rows["advantage"] - rows["lo"]},
+                        hovertemplate="cell %{customdata}<br>difference %{y:.3f}<extra></extra>")
+    bound = 1.05 * float(max(advantage[["lo", "hi"]].abs().max().max(), 0.05))
+    fig.add_hline(y=0, line={"color": "black", "width": 1})
+    fig.update_xaxes(title="clean cell rank (sorted within each search)")
+    fig.update_yaxes(title="oracle@K difference, random − structured (accuracy)", range=[-bound, bound], zeroline=False)
+    return _titled(fig, "Random vs structured route search across cells (95% paired intervals)", label)
+
+
+def temperature_sweep_figure(table: pd.DataFrame, label: str) -> go.Figure:
+    """Oracle − majority (the selection gap) and oracle − greedy against temperature."""
+    fig = go.Figure()
+    for col, name in (("oracle_minus_majority", "O_K − majority@K"), ("oracle_minus_weighted_majority", "O_K − weighted vote@K"),
+                      ("oracle_minus_greedy", "O_K − D (greedy)")):
+        fig.add_scatter(x=table["temperature"], y=table[col], mode="lines+markers", name=name,
+                        error_y={"type": "data", "array": table[f"{col}_hi"] - table[col], "arrayminus": table[col] - table[f"{col}_lo"]})
+    fig.add_hline(y=0, line={"color": "black", "width": 1})
+    fig.update_xaxes(title="sampling temperature")
+    fig.update_yaxes(title="gap (fraction of questions; 95% paired intervals)")
+    return _titled(fig, "Selection gap vs temperature", label)
 
 
 def selector_recovery_figure(selectors: pd.DataFrame, label: str) -> go.Figure:
@@ -210,6 +257,17 @@ def routing_figures(run: RunDir, label: str) -> Figures:
 
 
 ROUTING_TABLES = ("route_curves", "route_cells", "selectors")
+
+
+def cross_cell_figures(run: RunDir, label: str) -> Figures:
+    """The sorted random − structured differences of a `rnr route-cells` folder."""
+    advantage = read_table(run, "advantage")
+    return [("route_advantage", advantage_figure(advantage, label))] if advantage is not None and len(advantage) else []
+
+
+def temperature_figures(run: RunDir, label: str) -> Figures:
+    table = read_table(run, "temperature_sweep")
+    return [("temperature_sweep", temperature_sweep_figure(table, label))] if table is not None and len(table) else []
 
 
 def summary_of(run: RunDir) -> dict[str, Any]:

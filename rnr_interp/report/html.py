@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from rnr_interp.metrics import answer_change_line, chance_blocks
 from rnr_interp.records import DEPLOYED, RunDir, load_runs
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
@@ -100,6 +101,7 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body = _table_html(["quantity", f"value [{level}]"], rows) + f'<p class="facts">{_e(" · ".join(facts))}</p>'
     else:
         body = ""
+    body += _localisation_html(s)
     if isinstance(s.get("oracle_at_k"), dict):
         oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
         body += _table_html(["route search", "accuracy (cells kept)"], oracle)
@@ -114,8 +116,48 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body += _table_html(["selector", "accuracy", "median gap recovery"], sel)
     if s.get("excluded_cells"):
         body += f'<p class="facts">excluded cells: {_e(", ".join(map(str, s["excluded_cells"])))}</p>'
+    for label, block in chance_blocks(s).items():
+        body += chance_html(block, label)
+    if s.get("answer_changes"):
+        body += "".join(f'<p class="facts">{_e(answer_change_line(p, c))}</p>' for p, c in s["answer_changes"].items())
     if body:
         page.section(f"Summary ({s.get('kind', page.run.config.get('kind', 'run'))})", body)
+
+
+def _localisation_html(s: dict[str, Any]) -> str:
+    """A failures/repair/steer/units summary's opening: the cohort's sizes and
+    recognition by readout, then (repair) the best block per component."""
+    if "n_failure" not in s:
+        return ""
+    rows = [("questions", _e(s.get("n_questions"))), ("deployed accuracy", _num(s.get("deployed_accuracy"))),
+            *((f"recognition, gold first ({readout})", _num(v)) for readout, v in (s.get("recognition_accuracy") or {}).items()),
+            ("failure set (recognised, answered wrong)", _e(s.get("n_failure"))),
+            ("healthy panel (answered right)", _e(s.get("n_panel")))]
+    html = _table_html(["cohort", "value"], rows)
+    if s.get("failure_empty_reason"):
+        html += f'<p class="facts">failure set empty: {_e(s["failure_empty_reason"])}</p>'
+    if isinstance(s.get("best"), dict):
+        best = [(c, *(("nothing repaired", "", "", "") if b is None else
+                      (_e(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))
+                for c, b in s["best"].items()]
+        html += _table_html(["best block", "layer", "repair", "damage", "selectivity"], best)
+    return html
+
+
+def chance_html(chance: dict[str, Any], label: str = "") -> str:
+    """A multiple-choice summary's chance baselines (metrics.chance_baselines) as a table,
+    the deployed answer counts, and the dominant-option warning: on every MC page."""
+    k = chance.get("k")
+    prefix = f"{label}: " if label else ""
+    rows = [(f"{prefix}guessing, {how}", _num(chance[key]["D"]), _num(chance[key].get("O_K")))
+            for how, key in (("uniform over each question's options", "uniform"),
+                             ("like the model's deployed answers", "deployed_distribution"))]
+    counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
+    html = _table_html(["chance baseline", "D", f"O_K (K={k})" if k else "O_K (no samples)"], rows)
+    html += f'<p class="facts">{_e(prefix)}deployed answers: {_e(counts)}</p>'
+    if chance.get("warning"):
+        html += f'<p class="warning">{_e(prefix)}warning: {_e(chance["warning"])}</p>'
+    return html
 
 
 def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
@@ -145,7 +187,8 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
     head = ["question", "gold", "deployed answer", f"correct of K ({probe})", "category", "samples"]
     rows = [_question_row(qid, row, by_q[qid], probe, questions) for qid, row in shown.iterrows()]
     counts = order["category"].value_counts()
-    notes = [f"{len(order)} questions: " + ", ".join(f"{counts.get(c, 0)} {c}" for c in CATEGORY_ORDER)]
+    # "category: count" joined by " · ": the category names hold commas themselves.
+    notes = [f"{len(order)} questions (" + " · ".join(f"{c}: {counts.get(c, 0)}" for c in CATEGORY_ORDER) + ")"]
     if len(order) > len(shown):
         notes.append(f"the first {len(shown)} are shown, reachable-not-realized first")
     if questions is None:
@@ -328,7 +371,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;m
 h1{font-size:1.5rem}h2{font-size:1.2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}td,th{border-bottom:1px solid #eee;padding:.25rem .6rem;text-align:left;vertical-align:top}
 th{background:#f6f6f6}pre{white-space:pre-wrap;background:#f8f8f8;padding:.3rem;margin:.2rem 0;font-size:.8rem;max-width:40rem}
-.note,.facts{color:#555;font-size:.9rem}.ok{color:#2ca02c;font-weight:bold}.bad{color:#d62728;font-weight:bold}
+.note,.facts{color:#555;font-size:.9rem}.warning{color:#d62728;font-weight:bold}.ok{color:#2ca02c;font-weight:bold}.bad{color:#d62728;font-weight:bold}
 figure{margin:1rem 0}details summary{cursor:pointer;color:#1f77b4}ol{margin:.2rem 0}
 """
 

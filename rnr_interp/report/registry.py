@@ -19,7 +19,16 @@ from typing import Callable
 
 from rnr_interp.records import RunDir
 from rnr_interp.report import compare_figures, repair_figures
-from rnr_interp.report.figures import ROUTING_TABLES, Figures, read_table, routing_figures, run_label, summary_of
+from rnr_interp.report.figures import (
+    ROUTING_TABLES,
+    Figures,
+    cross_cell_figures,
+    read_table,
+    routing_figures,
+    run_label,
+    summary_of,
+    temperature_figures,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class FigureSet:
 
 REGISTRY: tuple[FigureSet, ...] = (
     FigureSet("Routing", ROUTING_TABLES, routing_figures),
+    FigureSet("Routing across cells", ("advantage",), cross_cell_figures),
+    FigureSet("Selection gap vs temperature", ("temperature_sweep",), temperature_figures),
     FigureSet("Failure screen, repair, steering and units", ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
               ("failure_set", "healthy_panel")),
     FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures),

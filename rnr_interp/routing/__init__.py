@@ -6,12 +6,13 @@ from .search import SEARCHES, BudgetExceeded, Evaluator, SearchResult, genetic, 
 from .selectors import (
     SELECTORS,
     confidence,
-    majority_agreement_reward,
     majority_answer,
     majority_vote,
     mean_logprob,
+    search_reward,
     select,
     self_verification,
+    weighted_majority,
 )
 from .spaces import SPACES, STOP, Edit, LayerPath, RouteSpace, default_bounds, make_space, polar_decode, polar_encode
 
@@ -30,7 +31,6 @@ __all__ = [
     "default_bounds",
     "genetic",
     "hill_climb",
-    "majority_agreement_reward",
     "majority_answer",
     "majority_vote",
     "make_space",
@@ -39,6 +39,8 @@ __all__ = [
     "polar_decode",
     "polar_encode",
     "random_search",
+    "search_reward",
     "select",
     "self_verification",
+    "weighted_majority",
 ]

@@ -3,14 +3,22 @@ answer-blind selectors, on one model and task.
 
 For every question and route space (a *cell* is model x task x space):
 - `deployed`: greedy on the full path; `temperature`: K temperature samples (same prefill);
-- `random_route`: the full path + K-1 distinct uniform routes (one shared seed, so every
+- `random`: the full path + K-1 distinct uniform routes (one shared seed, so every
   question gets the same routes and each route is one batch over all questions);
 - `mcts`, `hill_climb`, `genetic`: oracle searches with the gold answer as reward, K
   distinct route evaluations each (the full path first, as for random);
-- selectors over the random-route candidates: majority vote, majority with confidence
-  tie-break, confidence, self-verification, and the three searches re-run with the
-  answer-blind reward "agrees with the majority answer" (`*_vote`).
-Every evaluated route is a record (probe = method, intervention = the route's id).
+- `mcts_blind`, `hill_climb_blind`, `genetic_blind`: the same searches, K evaluations
+  each, rewarded answer-blind by the model's per-token probability of its own output
+  (`selectors.search_reward`); each answers with the best route it found.
+Every evaluated route is a record (probe = "space:method", intervention = the route).
+
+Six answer-blind selectors, each spending K route evaluations: majority vote (ties to
+the answer seen first; the full path is seen first), confidence and self-verification
+over the K random-route candidates, and the three blind searches. The
+confidence-weighted vote is reported as a second line beside majority. Along the budget
+curve, the deployable vote at each k (majority, and weighted) is drawn beside each
+oracle curve (`metrics.vote_curve`: expectation over random (k-1)-subsets of the random
+routes with the full path always in).
 A cell whose random routes mostly fail to parse (``unparsed_rate > collapse``,
 default 0.5) is flagged as format collapse and excluded from comparisons.
 """
@@ -28,28 +36,33 @@ import torch
 from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
-from rnr_interp.interventions import Route, set_id
-from rnr_interp.metrics import gap_recovery, question_scores
+from rnr_interp.interventions import Ablate, Route, set_id
+from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
-from rnr_interp.routing.selectors import majority_agreement_reward, majority_answer, select
+from rnr_interp.routing.selectors import search_reward, select
 from rnr_interp.routing.spaces import SPACES, make_space
 from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
-BLIND_SELECTORS = ("majority", "majority_confidence", "confidence", "self_verification")
+#: selectors over a probe's K candidates (weighted_majority is majority's second line)
+CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_verification")
+#: answer-blind search selectors: name -> the search run with `search_reward`
+SEARCH_SELECTORS = {f"{m}_blind": m for m in STRUCTURED}
+SIX_SELECTORS = ("majority", "confidence", "self_verification", *SEARCH_SELECTORS)
+VOTES = {"majority": False, "weighted_majority": True}  # deployable lines: confidence-weighted?
 VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
 @dataclass(frozen=True)
 class RouteConfig:
     #: K temperature samples per question (the `temperature` probe)
-    samples: int = 16
-    #: route evaluations per search and question (the matched budget of every method)
-    budget: int = 16
+    samples: int = 32
+    #: route evaluations per search and question: the matched budget K of every method and selector
+    budget: int = 32
     spaces: tuple[str, ...] = ("native",)
     methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
     temperature: float = 1.0
@@ -81,6 +94,7 @@ class RouteConfig:
         unknown = [m for m in self.methods if m not in SEARCHES]
         if unknown or not self.methods:
             raise ValueError(f"methods must be some of {', '.join(SEARCHES)}, got {list(self.methods)}")
+
 
 
 class RouteEvaluator:
@@ -118,16 +132,43 @@ class RouteEvaluator:
                 todo.setdefault(route, [])
                 if qid not in todo[route]:
                     todo[route].append(qid)
+        self._mixed_skip_batches([(qid, route) for route, qids in todo.items() if _skips_only(route) for qid in qids])
         for route, qids in todo.items():
-            for start in range(0, len(qids), self.batch_size):
-                chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
-                gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                                interventions=[Route(route)], stop_strings=self.task.stop_strings,
-                                reuse=self._states(chunk))
-                self.n_generated += len(chunk)
-                for q, [g] in zip(chunk, gens):
-                    self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
+            if not _skips_only(route):  # a repeat changes depth: one layer list per batch
+                self._one_route(route, qids)
         return [self.cache[req] for req in requests]
+
+    def _store(self, chunk: list[Question], routes: list[tuple[int, ...]], gens) -> None:
+        self.n_generated += len(chunk)
+        for q, route, [g] in zip(chunk, routes, gens):
+            self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
+
+    def _one_route(self, route: tuple[int, ...], qids: list[str]) -> None:
+        """One route for many questions: the layer list swapped once per batch."""
+        for start in range(0, len(qids), self.batch_size):
+            chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
+            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
+                            interventions=[Route(route)], stop_strings=self.task.stop_strings,
+                            reuse=self._states(chunk))
+            self._store(chunk, [route] * len(chunk), gens)
+
+    def _mixed_skip_batches(self, pairs: list[tuple[str, tuple[int, ...]]]) -> None:
+        """Different skip-only routes in one batch: row r skips its layers by passing the
+        residual stream through them (`Ablate("layer", l)`, which is what skipping a
+        block is), so the adaptive searches' many one-question routes share forwards
+        instead of running one batch of one row each (the cost that dominated)."""
+        full = range(self.lm.n_layers)
+        for start in range(0, len(pairs), self.batch_size):
+            part = pairs[start:start + self.batch_size]
+            chunk = [self.by_id[qid] for qid, _ in part]
+            rows = [[Ablate("layer", layer) for layer in full if layer not in set(route)] for _, route in part]
+            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
+                            interventions=rows, stop_strings=self.task.stop_strings)
+            self._store(chunk, [route for _, route in part], gens)
+
+
+def _skips_only(route: tuple[int, ...]) -> bool:
+    return all(a < b for a, b in zip(route, route[1:]))
 
 
 def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space, method: str, budget: int,
@@ -171,15 +212,9 @@ def _rows(pairs, probe: str, common: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**row, **common, "probe": probe, "candidate": i, "seed": 0} for i, (_, row) in enumerate(pairs)]
 
 
-def _oracle_curve(pairs_by_q: dict[str, list], budget: int) -> list[float]:
-    hits = np.zeros((len(pairs_by_q), budget))
-    for i, pairs in enumerate(pairs_by_q.values()):
-        correct = [row["correct"] for _, row in pairs][:budget]
-        running = np.maximum.accumulate(np.array(correct, dtype=float)) if correct else np.zeros(0)
-        hits[i, :len(running)] = running
-        if len(running) < budget and len(running):
-            hits[i, len(running):] = running[-1]
-    return hits.mean(0).tolist()
+def blind_reward(q: Question, row: dict[str, Any]) -> float:
+    """The search selectors' reward: no gold answer, only the model's own confidence."""
+    return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
@@ -199,19 +234,11 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
                                 deployed=decoding, run_id=run_id)
         for space_name in cfg.spaces:
             space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
-            found = {m: run_searches(evaluator, chunk, space, m, cfg.budget, cfg.seed, gold) for m in cfg.methods}
-            for m, by_q in found.items():
-                for pairs in by_q.values():
-                    rows += _rows(pairs, str(ProbeLabel.route(space_name, m)), common)
-            # Answer-blind search: the same searches rewarded by agreement with the
-            # majority answer of the random-route candidates.
-            random_pairs = found.get("random") or run_searches(evaluator, chunk, space, "random", cfg.budget, cfg.seed, gold)
-            for m in STRUCTURED:
-                majority = {q.id: majority_agreement_reward(majority_answer([r["extracted"] for _, r in random_pairs[q.id]])) for q in chunk}
-                voted = run_searches(evaluator, chunk, space, m, cfg.budget, cfg.seed, lambda q, row: majority[q.id](row["extracted"]))
-                for q in chunk:
-                    best = max(range(len(voted[q.id])), key=lambda i: (majority[q.id](voted[q.id][i][1]["extracted"]), -i))
-                    rows += _rows([voted[q.id][best]], str(ProbeLabel.route(space_name, m, vote=True)), common)
+            runs = [(m, m, gold) for m in dict.fromkeys(("random", *cfg.methods))]
+            runs += [(name, m, blind_reward) for name, m in SEARCH_SELECTORS.items()]
+            for name, method, reward in runs:
+                for pairs in run_searches(evaluator, chunk, space, method, cfg.budget, cfg.seed, reward).values():
+                    rows += _rows(pairs, str(ProbeLabel.route(space_name, name)), common)
         run.write_question_batch(rows)
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
@@ -221,41 +248,94 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     return summary
 
 
+def _candidates(records: pd.DataFrame, probe: str, qids: Sequence[str]) -> list[pd.DataFrame]:
+    """Each question's candidates of one probe, in evaluation order."""
+    by_q = {qid: g.sort_values("candidate").reset_index(drop=True) for qid, g in records[records.probe == probe].groupby("question_id", sort=False)}
+    missing = [q for q in qids if q not in by_q]
+    if missing:
+        raise ValueError(f"questions without {probe!r} candidates: {missing[:5]}")
+    return [by_q[q] for q in qids]
+
+
+def _prefix_oracle(cands: list[pd.DataFrame], budget: int, exchangeable: bool) -> np.ndarray:
+    """(questions, budget): o_i after b evaluations. Random routes after the full path are
+    exchangeable, so their curve is the unbiased pass@k with the full path always in;
+    an adaptive search's curve is the running best in its own evaluation order."""
+    out = np.zeros((len(cands), budget))
+    ks = np.arange(1, budget + 1)
+    for i, g in enumerate(cands):
+        correct = g["correct"].astype(bool).to_numpy()
+        if exchangeable:
+            out[i] = oracle_curve_after_first(bool(correct[0]), len(correct) - 1, int(correct[1:].sum()), ks)
+        else:
+            running = np.maximum.accumulate(correct[:budget].astype(float))
+            out[i, :len(running)] = running
+            out[i, len(running):] = running[-1] if len(running) else 0.0
+    return out
+
+
+def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int) -> list[dict[str, Any]]:
+    lo, hi = bootstrap_ci(values, seed=seed)
+    return [{"cell": cell, "method": method, "kind": kind, "budget": b + 1, "accuracy": float(v), "lo": float(l), "hi": float(h)}
+            for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
+
+
 def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+    """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
+    per method, random - structured at K (Newcombe paired), and each selector's
+    accuracy, selection gap and gap recovery (paired). Tables: route_curves,
+    route_cells, selectors."""
     records = run.read_records()
     scores = question_scores(records, "temperature")
-    greedy, t_oracle = float(scores["d"].mean()), float(scores["o"].mean())
+    qids = list(scores.index)
+    d = scores["d"].to_numpy()
+    greedy = float(d.mean())
     curves, cells, selectors = [], [], []
     summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.samples, "budget": cfg.budget,
-                               "n_questions": len(scores), "deployed": greedy, "cells": {}}
-    # The temperature candidates are the same for every cell: pick over them (a model
-    # forward per question for self-verification) once.
-    temperature_acc = _selector_accuracies(lm, task, records[records.probe == "temperature"], records, None)
+                               "n_questions": len(scores), "deployed": greedy,
+                               "deployed_ci": list(wilson_interval(d.sum(), len(d))), "cells": {}}
+    # Plain sampling's selection gap, the same for every cell: computed (with one
+    # self-verification forward per question) once.
+    temperature = _selector_picks(lm, task, _candidates(records, "temperature", qids), {})
+    t_oracle = scores["o"].to_numpy()
+    summary["temperature"] = {"oracle": float(t_oracle.mean()),
+                              "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
     for space_name in cfg.spaces:
         cell = f"{lm.spec}/{task.name}/{space_name}"
-        rand = records[records.probe == str(ProbeLabel.route(space_name, "random"))]
-        unparsed = float(rand["extracted"].isna().mean()) if len(rand) else float("nan")
+        rand = _candidates(records, str(ProbeLabel.route(space_name, "random")), qids)
+        unparsed = unparsed_rate(pd.concat(rand))
         excluded = bool(unparsed > cfg.collapse)
-        oracle_at_k = {}
-        for m in cfg.methods:
-            sub = records[records.probe == str(ProbeLabel.route(space_name, m))]
-            pairs = {qid: [(None, r) for r in g.sort_values("candidate").to_dict("records")] for qid, g in sub.groupby("question_id", sort=False)}
-            curve = _oracle_curve(pairs, cfg.budget)
-            curves += [{"cell": cell, "method": m, "budget": b + 1, "oracle": v} for b, v in enumerate(curve)]
-            oracle_at_k[m] = curve[-1] if curve else float("nan")
-            cells.append({"cell": cell, "method": m, "oracle": oracle_at_k[m], "excluded": excluded, "unparsed_rate": unparsed})
-        oracle = oracle_at_k.get("random", float("nan"))
+        at_k: dict[str, np.ndarray] = {}
+        for m in dict.fromkeys(("random", *cfg.methods)):
+            curve = _prefix_oracle(rand if m == "random" else _candidates(records, str(ProbeLabel.route(space_name, m)), qids), cfg.budget, m == "random")
+            curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
+            at_k[m] = curve[:, -1].astype(bool)
+        for vote, weighted in VOTES.items():
+            curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.budget + 1), weighted, 1, cfg.seed), cfg.seed)
+        blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in SEARCH_SELECTORS}
+        picks = _selector_picks(lm, task, rand, blind)
+        oracle = at_k["random"]
+        oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
+        diffs = {m: {"value": oracle_at_k["random"] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], oracle)]}
+                 for m in STRUCTURED if m in at_k}
+        for m, v in at_k.items():
+            cells.append({"cell": cell, "model": lm.spec, "task": task.name, "space": space_name, "method": m,
+                          "oracle": float(v.mean()), "oracle_lo": wilson_interval(v.sum(), len(v))[0],
+                          "oracle_hi": wilson_interval(v.sum(), len(v))[1],
+                          "random_minus": diffs.get(m, {}).get("value", 0.0),
+                          "random_minus_lo": diffs.get(m, {}).get("ci", [0.0, 0.0])[0],
+                          "random_minus_hi": diffs.get(m, {}).get("ci", [0.0, 0.0])[1],
+                          "deployed": greedy, "n_questions": len(qids), "k": cfg.budget,
+                          "excluded": excluded, "unparsed_rate": unparsed})
         cell_sel = {}
-        for name, acc in _selector_accuracies(lm, task, rand, records, space_name).items():
-            rec = gap_recovery(acc, greedy, oracle)
-            selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": rec, "source": "routes"})
-            cell_sel[name] = {"accuracy": acc, "gap_recovery": rec}
-        for name, acc in temperature_acc.items():
-            selectors.append({"cell": cell, "selector": name, "accuracy": acc, "gap_recovery": gap_recovery(acc, greedy, t_oracle), "source": "temperature"})
+        for name, hit in picks.items():
+            cell_sel[name] = selection_summary(d, oracle, hit)
+            selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "routes", **_flat(cell_sel[name])})
+        for name, sel in summary["temperature"]["selectors"].items():
+            selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "temperature", **_flat(sel)})
         summary["cells"][cell] = {
             "space": space_name, "oracle_at_k": oracle_at_k, "excluded": excluded, "unparsed_rate": unparsed,
-            "random_minus_structured": {m: oracle_at_k["random"] - oracle_at_k[m] for m in STRUCTURED if m in oracle_at_k and "random" in oracle_at_k},
-            "selectors": cell_sel, "temperature_oracle": t_oracle,
+            "random_minus_structured": diffs, "selectors": cell_sel,
         }
     run.write_table("route_curves", pd.DataFrame(curves))
     run.write_table("route_cells", pd.DataFrame(cells))
@@ -263,29 +343,37 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
     run.write_table("selectors", sel)
     kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
     summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
-    summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in cfg.methods}
+    methods = dict.fromkeys(("random", *cfg.methods))
+    summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in methods}
     routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
     summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
-                            for name, g in routes_sel.groupby("selector")} if len(routes_sel) else {}
+                            for name, g in routes_sel.groupby("selector", sort=False)} if len(routes_sel) else {}
     return summary
 
 
-def _selector_accuracies(lm: LoadedModel, task: Task, cands: pd.DataFrame, records: pd.DataFrame, space_name: str | None) -> dict[str, float]:
-    """Accuracy of each answer-blind pick over the candidates of one probe."""
-    if cands.empty:
-        return {}
+def _flat(sel: dict[str, Any]) -> dict[str, Any]:
+    """A selection summary as table columns (intervals as _lo/_hi)."""
+    out: dict[str, Any] = {}
+    for key, value in sel.items():
+        if key.endswith("_ci"):
+            out[f"{key[:-3]}_lo"], out[f"{key[:-3]}_hi"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _selector_picks(lm: LoadedModel, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+    """Per selector, whether its pick is correct for each question (an abstention is
+    wrong): the candidate selectors over `cands`, each search selector over its own
+    search's candidates (its best-rewarded route)."""
     by_id = {q.id: q for q in task.questions}
-    picks: dict[str, list[bool]] = {}
-    for qid, g in cands.groupby("question_id", sort=False):
-        g = g.sort_values("candidate").reset_index(drop=True)
-        table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[qid], [a if isinstance(a, str) else None for a in g["extracted"]]))
-        for name in BLIND_SELECTORS:
+    picks: dict[str, list[bool]] = {name: [] for name in CANDIDATE_SELECTORS}
+    for g in cands:
+        answers = [a if isinstance(a, str) else None for a in g["extracted"]]
+        table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[g["question_id"].iloc[0]], answers))
+        for name in CANDIDATE_SELECTORS:
             i = select(table, name)
-            picks.setdefault(name, []).append(bool(g.loc[i, "correct"]) if i is not None else False)
-    acc = {name: float(np.mean(v)) for name, v in picks.items()}
-    if space_name is not None:
-        for m in STRUCTURED:
-            voted = records[records.probe == str(ProbeLabel.route(space_name, m, vote=True))]
-            if len(voted):
-                acc[f"{m}_vote"] = float(voted["correct"].mean())
-    return acc
+            picks[name].append(bool(g.loc[i, "correct"]) if i is not None else False)
+    for name, per_q in blind.items():
+        picks[name] = [bool(g.loc[i, "correct"]) if (i := select(g, "confidence")) is not None else False for g in per_q]
+    return {name: np.asarray(v, dtype=bool) for name, v in picks.items()}

@@ -2,9 +2,10 @@
 
 ORACLE. These searches maximise whatever the caller's `evaluate` returns; in the audit
 that is correctness against the gold answer, so a route they find shows what the model
-can *reach*, not what it would answer. (The answer-blind variants "mcts_vote",
-"hill_climb_vote", "genetic_vote" are these same searches run with
-`selectors.majority_agreement_reward` in place of the gold reward.)
+can *reach*, not what it would answer. (The answer-blind search selectors
+"mcts_blind", "hill_climb_blind", "genetic_blind" are these same searches run with
+`selectors.search_reward`, the model's confidence in its own output, in place of the
+gold reward.)
 
 Budget: one unit is one distinct route sent to `evaluate`. The full path is always the
 first evaluation, for every method; a route proposed again is answered from the cache

@@ -112,23 +112,34 @@ def self_verification(
     return _argmax(list(indices), *keys)
 
 
-def majority_agreement_reward(majority_answer: Answer | None) -> Callable[[Any], float]:
-    """Reward for the answer-blind "search vote": 1.0 when a route's extracted answer
-    equals `majority_answer`, else 0.0 (always 0.0 when there is no majority answer).
+def weighted_majority(
+    extracted: Sequence[Any], logprob: Sequence[float], n_tokens: Sequence[int]
+) -> int | None:
+    """Confidence-weighted vote: each answered candidate votes with its per-token
+    probability exp(logprob / n_tokens); the answer with the largest total wins (ties:
+    the answer seen first), and the index returned is its first occurrence."""
+    extracted = list(extracted)
+    weight = [math.exp(c) for c in mean_logprob(logprob, n_tokens)]
+    totals: dict[Answer, float] = {}
+    first: dict[Answer, int] = {}
+    for i in _answered(extracted):
+        a = _answer(extracted[i])
+        totals[a] = totals.get(a, 0.0) + weight[i]
+        first.setdefault(a, i)
+    if not totals:
+        return None
+    best = max(totals.values())
+    return min(first[a] for a, t in totals.items() if t >= best - 1e-12)
 
-    Use: take the majority answer of a question's probe candidates (no gold involved),
-    then re-run a search with `evaluate = lambda routes: [reward(extract(run(r))) for r
-    in routes]`; the runs are named "mcts_vote", "hill_climb_vote", "genetic_vote". Their
-    best route is one that reproduces the consensus, and what it answers is graded
-    afterwards like any selector's pick.
-    """
-    target = _answer(majority_answer)
 
-    def reward(extracted: Any) -> float:
-        answer = _answer(extracted)
-        return float(target is not None and answer is not None and answer == target)
-
-    return reward
+def search_reward(extracted: Any, logprob: float, n_tokens: int) -> float:
+    """The answer-blind reward the search selectors maximise: the model's per-token
+    probability of its own output, exp(logprob / n_tokens), in (0, 1]; 0 for an output
+    with no answer (a sure miss). Maximising it is the `confidence` selector's order,
+    so a search selector's pick is `confidence` over the routes its search evaluated."""
+    if _answer(extracted) is None:
+        return 0.0
+    return math.exp(mean_logprob([logprob], [n_tokens])[0])
 
 
 # -- tables ----------------------------------------------------------------
@@ -159,6 +170,7 @@ def _confidence_column(table: Table) -> list[float] | None:
 SELECTORS: dict[str, Callable[[Table], int | None]] = {
     "majority": lambda t: majority_vote(column(t, "extracted")),
     "majority_confidence": lambda t: majority_vote(column(t, "extracted"), "confidence", _confidence_column(t)),
+    "weighted_majority": lambda t: weighted_majority(column(t, "extracted"), column(t, "logprob"), column(t, "n_tokens")),
     "confidence": lambda t: confidence(column(t, "logprob"), column(t, "n_tokens"), column(t, "extracted")),
     "self_verification": lambda t: self_verification(
         column(t, "verify_yes_logprob"), column(t, "extracted"), _confidence_column(t)

@@ -14,16 +14,18 @@ so a plan reads like a polar action vector (0 skip, 1 run, 2 repeat) whose repea
 layers also say where each block starts. Plans and routes are in one-to-one
 correspondence (`_parse` / `_route`), and every edit is "make layers [start, stop)
 one segment with polar action a" (`Edit`), so the three spaces below share all the
-machinery and differ only in which edits they propose and how they sample:
+machinery and differ in which plan codes they allow, which edits they propose and
+how they sample. As sets, skiponly < native < polar (strictly, for L >= 2):
 
-native     edits of the full path: skip 1-4 contiguous layers, repeat a block of 1-4
-           layers; any composition of them (each layer is used at most twice, blocks
-           never overlap, a skipped layer cannot be repeated).
-polar      the model cut into segments of 1-4 consecutive layers, each skipped (0),
-           run (1) or run twice (2). As a set of routes this is the native set (any
-           native route can be cut that way, and vice versa); what differs is the
-           parameterisation: sampling draws a segmentation and an action vector, a
-           local move re-labels any 1-4 layers, and tree actions go left to right.
+native     the model's own layers as the unit: each layer is skipped, run once or run
+           twice in place (`..., 4, 4, ...`); skips are proposed 1-4 contiguous layers
+           at a time, repeats one layer at a time. No block of two or more layers is
+           ever repeated.
+polar      after the PoLar/CoLa path space: the model cut into segments of 1-4
+           consecutive layers, each skipped (0), run (1) or run twice as a block (2),
+           so `[..., 1, 2, 3, 1, 2, 3, ...]` is a polar route and not a native one.
+           Sampling draws a segmentation and an action vector, a local move re-labels
+           any 1-4 layers, and tree actions go left to right.
 skiponly   any subset of layers removed; no repeats.
 
 Length bounds (defaults; pass min_len / max_len to override): with slack = L // 3,
@@ -214,15 +216,23 @@ def _first_untouched(plan: Plan) -> int:
 
 
 def _grow_edits(plan: Plan, first: int = 0) -> Iterator[Edit]:
-    """Skip or repeat 1-4 layers that still run once."""
+    """Skip or repeat (as one block) 1-4 layers that still run once."""
     for start, stop in _ranges(plan, first, ONCE):
         yield Edit(start, stop, SKIP)
         yield Edit(start, stop, TWICE)
 
 
+def _native_grow(plan: Plan) -> Iterator[Edit]:
+    """Skip 1-4 layers that still run once, or repeat one of them in place."""
+    for start, stop in _ranges(plan, 0, ONCE):
+        yield Edit(start, stop, SKIP)
+        if stop == start + 1:
+            yield Edit(start, stop, TWICE)
+
+
 def _native_local(plan: Plan) -> Iterator[Edit]:
-    """A native edit or the undoing of one: restore 1-4 skipped layers, unroll a block."""
-    yield from _grow_edits(plan)
+    """A native edit or the undoing of one: restore 1-4 skipped layers, unroll a repeat."""
+    yield from _native_grow(plan)
     for start, stop in _ranges(plan, code=SKIP):
         yield Edit(start, stop, ONCE)
     for start, stop in _blocks(plan):
@@ -257,7 +267,7 @@ def _sample_native(space: RouteSpace, rng: np.random.Generator) -> Plan:
     the tree actions that keep the route in bounds (fewer if none is left)."""
     plan = space.full_plan
     for _ in range(int(rng.integers(1, max(1, space.n_layers // 4) + 1))):
-        moves = [_apply(plan, e) for e in space._fitting(plan, _grow_edits(plan))]
+        moves = [_apply(plan, e) for e in space._fitting(plan, _native_grow(plan))]
         if not moves:
             break
         plan = moves[int(rng.integers(len(moves)))]
@@ -298,7 +308,7 @@ class _Kind(NamedTuple):
 
 
 _KINDS: dict[str, _Kind] = {
-    "native": _Kind((ONCE, SKIP, TWICE, TWICE_CONT), _grow_edits, _native_local, _sample_native),
+    "native": _Kind((ONCE, SKIP, TWICE), _native_grow, _native_local, _sample_native),
     "polar": _Kind((ONCE, SKIP, TWICE, TWICE_CONT), _polar_tree, _polar_local, _sample_polar),
     "skiponly": _Kind((ONCE, SKIP), _skip_tree, _skip_local, _sample_skiponly),
 }
@@ -407,8 +417,8 @@ class RouteSpace:
         return near[int(rng.integers(len(near)))] if near else tuple(route)
 
     def actions(self, route: Sequence[int]) -> list[Edit]:
-        """Tree actions: native, any skip/repeat of 1-4 layers still run once; polar, the
-        same but only right of the last edited layer; skiponly, one more layer skipped,
+        """Tree actions: native, a skip of 1-4 layers still run once or a repeat of one;
+        polar, a skip or block repeat of 1-4 such layers, only right of the last edited layer; skiponly, one more layer skipped,
         right of the last skipped one. All keep the route in bounds. The tree starts at
         the full path; intermediate routes must be in bounds too, so a route reachable
         only through an out-of-bounds one is not in the (polar) tree."""

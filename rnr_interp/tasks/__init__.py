@@ -2,7 +2,8 @@
 
 File-based tasks read their benchmark file from `data`, or, when none is given, from
 the default file under `../shared/data/` (relative to the working directory, then to
-the repository). Synthetic tasks take their generator's keywords (seed, digits, ...).
+the repository). `data` may also be a Hugging Face `save_to_disk` folder or Arrow file
+of a benchmark with a Hub mapping (`hf.SPECS`). Synthetic tasks take their generator's keywords (seed, digits, ...).
 `answer` conventions: multiple-choice tasks hold the gold option's LETTER (by position)
 and `gold_index`; BoolQ holds "yes"/"no"; numeric tasks a canonical number string.
 """
@@ -17,8 +18,9 @@ from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
 from .boolq import BoolQ, load_boolq
 from .gsm8k import GSM8K, load_gsm8k
 from .hellaswag import HellaSwag, load_hellaswag
-from .hf import HFLoadError, load_hf
-from .jsonl import JsonlMCTask, JsonlTask, load_jsonl
+from .hf import SPECS as HF_SPECS
+from .hf import HFLoadError, load_hf, load_hf_disk
+from .jsonl import JsonlMCTask, JsonlNumberTask, JsonlTask, load_jsonl
 from .logiqa import LogiQA, load_logiqa
 from .piqa import PIQA, load_piqa
 from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc, parse_source
@@ -68,6 +70,13 @@ def load_task(name: str, data: str | Path | None = None, n: int | None = None, *
     if name not in _FILE_TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
     path = Path(data) if data is not None else default_data_path(name)
+    if path.is_dir() or path.suffix == ".arrow":
+        # A Hugging Face `save_to_disk` folder, or one Arrow file of one.
+        if name not in HF_SPECS:
+            raise ValueError(f"task {name!r} reads its own file format, not a Hugging Face dataset ({path})")
+        if not path.exists():
+            raise FileNotFoundError(f"task {name!r}: data file {path} not found")
+        return load_hf_disk(name, path, **kw).head(n)
     if not path.is_file():
         raise FileNotFoundError(f"task {name!r}: data file {path} not found")
     return _FILE_TASKS[name][0](path, **kw).head(n)
@@ -80,14 +89,17 @@ def reload_task(described: dict[str, Any]) -> Task:
     if (synthetic := parse_source(source)) is not None:
         return load_task(name, **synthetic[1])
     if source and Path(source).is_file():
-        return load_task(name, data=source)
+        # A JSONL task is graded as the kind it was run as, whatever detection says now.
+        kind = described.get("answer_kind")
+        graded_as = {"answer_type": kind} if name == "jsonl" and kind in ("number", "text") else {}
+        return load_task(name, data=source, **graded_as)
     raise FileNotFoundError(f"task source {source or '?'} is not a file here")
 
 
 __all__ = [
     "ARC", "GSM8K", "LETTERS", "PIQA", "TASKS", "Arithmetic", "ArithmeticMC", "BoolQ",
-    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlTask", "LogiQA",
+    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlNumberTask", "JsonlTask", "LogiQA",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
-    "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "shared_data_dirs",
+    "load_hf_disk", "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "shared_data_dirs",
 ]

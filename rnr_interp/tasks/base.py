@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-LETTERS = "ABCDEFGHIJ"
+from .letter import LETTERS, extract_letter
 
 
 class DataFormatError(ValueError):
@@ -46,6 +45,8 @@ class Task:
     override `extract` (and `grade` when equality of normalised strings is wrong)."""
 
     name: str = "task"
+    #: the answer-extraction module's kind: "number", "letter", "word" or "text"
+    answer_kind: str = "text"
     answer_format: str = "free text"
     instruction: str = ""
     max_new_tokens: int = 64
@@ -106,12 +107,24 @@ class Task:
         """The answer in a generation, normalised, or None when none parses."""
         raise NotImplementedError
 
+    def read_answer(self, generation: str, q: Question) -> str | None:
+        """The answer to `q` in a generation when it is a valid answer of this task's
+        kind for `q` (a number, one of q's option letters, ...), else None: a candidate
+        counts as parsed exactly when this is not None."""
+        return self.extract(generation)
+
     def grade(self, extracted: str | None, q: Question) -> bool:
         return extracted is not None and extracted == q.answer
+
+    def options(self, q: Question) -> tuple[str, ...] | None:
+        """The answers `read_answer` can give for q when there are finitely many (a
+        multiple-choice question's letters), else None: what chance baselines draw from."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "answer_kind": self.answer_kind,
             "answer_format": self.answer_format,
             "instruction": self.instruction,
             "max_new_tokens": self.max_new_tokens,
@@ -131,27 +144,18 @@ class MultipleChoiceTask(Task):
     instruction = "Answer with the letter of the correct option, e.g. 'Answer: A'."
     max_new_tokens = 32
 
-    # "Answer: B", "the answer is (C)", "**Answer:** c", "option B", "correct choice is D".
-    # A lower-case letter counts only after ':' or '(' so "the answer is a bit..." is no "A".
-    _answer_re = re.compile(
-        r"\b(?P<kw>answer|option|choice)\b(?:\s+(?:is|would be|should be))?(?P<sep>[\s:*\-(]*)"
-        r"(?P<letter>[A-J])(?![\w'])",
-        re.IGNORECASE,
-    )
-    # A bare leading letter: "B", "B.", "(C)", "**D**", "A) ..." but not "A dog ...".
-    _lead_re = re.compile(r"^[\s*(\[]*([A-J])(?:[).:\]*,]|\s*$|\s+[-\u2013\u2014])")
+    answer_kind = "letter"
 
     def extract(self, generation: str) -> str | None:
-        found = [
-            m for m in self._answer_re.finditer(generation)
-            if m.group("letter").isupper() or ":" in m.group("sep") or "(" in m.group("sep")
-        ]
-        # "Option A is wrong, the answer is B": a stated answer outranks a mentioned option.
-        found.sort(key=lambda m: m.group("kw").lower() != "answer")
-        if found:
-            return found[0].group("letter").upper()
-        m = self._lead_re.match(generation.strip())
-        return m.group(1) if m else None
+        return extract_letter(generation)
+
+    def options(self, q: Question) -> tuple[str, ...] | None:
+        return tuple(LETTERS[: len(q.choices or ())])
+
+    def read_answer(self, generation: str, q: Question) -> str | None:
+        if type(self).extract is not MultipleChoiceTask.extract:
+            return self.extract(generation)  # a subclass that reads its own kind of answer (BoolQ's words)
+        return extract_letter(generation, n_options=len(q.choices or LETTERS))
 
     def recognition_prompt(self, q: Question) -> str:
         """The context before each option's text when options are ranked by

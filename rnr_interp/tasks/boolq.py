@@ -12,12 +12,12 @@ no lettered options; recognition ranks " yes" against " no" after
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
 from ._io import RowError, get_str, iter_jsonl, parse_all
 from .base import MultipleChoiceTask, Question
+from .letter import extract_yes_no
 
 CHOICES = ("yes", "no")
 
@@ -27,16 +27,14 @@ class BoolQ(MultipleChoiceTask):
     answer_format = "yes or no"
     instruction = "Answer with yes or no, as 'Answer: yes' or 'Answer: no'."
     max_new_tokens = 16
-
-    _marked_re = re.compile(r"\banswer\b[\s:*]*(yes|no|true|false)\b", re.IGNORECASE)
-    _word_re = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
+    answer_kind = "word"
 
     def extract(self, generation: str) -> str | None:
-        m = self._marked_re.search(generation) or self._word_re.search(generation)
-        if not m:
-            return None
-        word = m.group(1).lower()
-        return {"true": "yes", "false": "no"}.get(word, word)
+        return extract_yes_no(generation)
+
+    def options(self, q: Question) -> tuple[str, ...] | None:
+        return CHOICES
+
 
     def user_message(self, q: Question) -> str:
         # The options are the answer words themselves; lettering them would invite "A".

@@ -7,6 +7,11 @@ whether it came from a file or the Hub. Needs network access (or a warm HF cache
     load_hf("gsm8k")                      # openai/gsm8k, config main, split test
     load_hf("arc_easy", split="validation")
     load_hf("piqa", repo="some/mirror")   # a mirror with the same columns
+    load_hf("arc_easy", disk="saved/arc")  # a folder written by datasets' save_to_disk
+
+`load_task(name, data=FOLDER)` (and `--data FOLDER` on the command line) reads such a
+folder too, and `data=FILE.arrow` one Arrow file of a saved dataset; anything `datasets`
+cannot read there is one `HFLoadError` line naming the path.
 """
 
 from __future__ import annotations
@@ -84,6 +89,45 @@ SPECS: dict[str, _Spec] = {
 SPECS["arc"] = SPECS["arc_challenge"]
 
 
+def _spec(name: str) -> _Spec:
+    if name not in SPECS:
+        raise ValueError(f"no Hugging Face mapping for task {name!r}; known: {', '.join(sorted(SPECS))}")
+    return SPECS[name]
+
+
+def _datasets():
+    try:
+        import datasets  # heavy and optional: only these paths need it
+    except ImportError as e:
+        raise HFLoadError("reading Hugging Face datasets needs the `datasets` package (pip install datasets)") from e
+    return datasets
+
+
+def _task_from_rows(spec: _Spec, ds: Any, where: str, n: int | None) -> Task:
+    rows = enumerate(ds if n is None else ds.select(range(min(n, len(ds)))), 1)
+    questions = parse_all(where, rows, lambda row, i: spec.parse_row(spec.adapt(dict(row)), i))
+    return spec.task(questions, source=where)
+
+
+def load_hf_disk(name: str, path: str | Path, split: str | None = None, *, n: int | None = None) -> Task:
+    """Task `name` from a folder written by `Dataset.save_to_disk` or
+    `DatasetDict.save_to_disk` (split `split`, default the task's), or from one Arrow
+    file of such a folder."""
+    spec, datasets, p = _spec(name), _datasets(), Path(path)
+    try:
+        ds = datasets.load_from_disk(str(p)) if p.is_dir() else datasets.Dataset.from_file(str(p))
+    except Exception as e:  # noqa: BLE001 - every unreadable folder or file ends here, as one line
+        what = "a folder written by datasets' save_to_disk" if p.is_dir() else "an Arrow file datasets can read"
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise HFLoadError(f"{p}: not {what} ({type(e).__name__}: {reason})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        split = split or spec.split
+        if split not in ds:
+            raise HFLoadError(f"{p}: no split {split!r} in the saved dataset; splits: {', '.join(ds)}")
+        ds = ds[split]
+    return _task_from_rows(spec, ds, f"{p}" + (f"[{split}]" if split else ""), n)
+
+
 def load_hf(
     name: str,
     split: str | None = None,
@@ -93,17 +137,16 @@ def load_hf(
     config: str | None = None,
     revision: str | None = None,
     cache_dir: str | Path | None = None,
+    disk: str | Path | None = None,
 ) -> Task:
     """Task `name` (a key of SPECS) from the Hub; `repo`/`config` override the default
-    dataset (for mirrors with the same columns), `n` keeps the first n rows."""
-    if name not in SPECS:
-        raise ValueError(f"no Hugging Face mapping for task {name!r}; known: {', '.join(sorted(SPECS))}")
-    spec = SPECS[name]
+    dataset (for mirrors with the same columns), `n` keeps the first n rows. `disk`
+    reads a `save_to_disk` folder (or Arrow file) instead of the Hub."""
+    if disk is not None:
+        return load_hf_disk(name, disk, split, n=n)
+    spec = _spec(name)
     repo, config, split = repo or spec.repo, config or spec.config, split or spec.split
-    try:
-        import datasets  # heavy and optional: only this path needs it
-    except ImportError as e:
-        raise HFLoadError("load_hf needs the `datasets` package (pip install datasets)") from e
+    datasets = _datasets()
     where = f"hf://{repo}" + (f"/{config}" if config else "") + f"[{split}]"
     try:
         ds = datasets.load_dataset(repo, config, split=split, revision=revision, cache_dir=cache_dir)
@@ -112,6 +155,4 @@ def load_hf(
             f"could not load {where}: {type(e).__name__}: {e}. "
             "Without network access, pass a local file instead (--data PATH)."
         ) from e
-    rows = enumerate(ds if n is None else ds.select(range(min(n, len(ds)))), 1)
-    questions = parse_all(where, rows, lambda row, i: spec.parse_row(spec.adapt(dict(row)), i))
-    return spec.task(questions, source=where)
+    return _task_from_rows(spec, ds, where, n)

@@ -17,52 +17,56 @@ Either every row has `choices` or none does. Examples:
     {"id": "q7", "question": "2+2?", "answer": 4}
     {"prompt": "Largest planet?", "choices": ["Mars", "Jupiter"], "answer": "B"}
 
-Free-form grading: exact match after normalisation (strip, casefold, collapse spaces,
-drop surrounding quotes/markdown and trailing punctuation), or numeric equivalence
-when both sides are numbers ("1,000" == "1000.0"). The model is asked to answer as
-'Answer: X'; without that marker the first non-empty line of the generation is read.
+Free-form answers are numbers or text (`answer_type`): "auto" (the default) makes the
+task numeric when every gold answer is a number ("1,000", 4, "-2.5"), else free text;
+"number" insists (a non-numeric gold is an error naming its line); "text" forces free
+text. Numbers are read and graded by `numeric` (the number rule), text by `freetext`
+(marked answer, normalised exact match, numeric equivalence when both are numbers).
+The model is asked to answer as 'Answer: X'.
 Multiple choice: `answer` becomes the option's letter, graded like any MC task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 from ._io import RowError, get_str, iter_jsonl, parse_all
 from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
-from .numeric import numbers_equal
+from .freetext import extract_free_text, normalise
+from .numeric import NumericTask, canonical_number, numbers_equal
 
 _KNOWN = {"id", "prompt", "question", "context", "choices", "answer"}
-_MARKED_RE = re.compile(r"\banswer\b(?:\s+is)?\s*[:\-]?\s*(.*)", re.IGNORECASE | re.DOTALL)
-
-
-def normalise(text: str) -> str:
-    s = " ".join(text.split()).casefold()
-    s = s.strip("*_`\"' ")
-    return s.rstrip(".!?,;:").strip()
+ANSWER_TYPES = ("auto", "number", "text")
+_INSTRUCTION = "Give the final answer as 'Answer: X'."
 
 
 class JsonlTask(Task):
-    """Free-form questions from a user file."""
+    """Free-text questions from a user file."""
 
     name = "jsonl"
     answer_format = "free text after 'Answer:'"
-    instruction = "Give the final answer as 'Answer: X'."
+    instruction = _INSTRUCTION
     max_new_tokens = 64
 
     def extract(self, generation: str) -> str | None:
-        m = _MARKED_RE.search(generation)
-        text = m.group(1) if m else generation
-        line = next((ln for ln in text.splitlines() if ln.strip()), "")
-        return normalise(line) or None
+        return extract_free_text(generation)
 
     def grade(self, extracted: str | None, q: Question) -> bool:
         if extracted is None:
             return False
         return normalise(extracted) == normalise(q.answer) or numbers_equal(extracted, q.answer)
+
+
+class JsonlNumberTask(NumericTask):
+    """Questions with numeric gold answers from a user file, graded as numbers."""
+
+    name = "jsonl"
+    answer_format = "a number after 'Answer:'"
+    instruction = _INSTRUCTION
+    max_new_tokens = 64
 
 
 class JsonlMCTask(MultipleChoiceTask):
@@ -117,9 +121,27 @@ def parse_row(obj: dict[str, Any], index: int) -> Question:
     return Question(answer=str(answer).strip(), **common)
 
 
-def load_jsonl(path: str | Path, instruction: str | None = None) -> Task:
-    """A `JsonlMCTask` when the rows have choices, else a `JsonlTask`. `instruction`
-    replaces the default answer-format instruction."""
+def _as_numbers(path: str | Path, rows: list[tuple[int, dict[str, Any]]], questions: list[Question],
+                answer_type: str) -> list[Question] | None:
+    """The questions with canonical numeric gold answers when the task is numeric
+    (`answer_type` "number", or "auto" and every gold a number), else None."""
+    if answer_type == "text":
+        return None
+    canon = [canonical_number(q.answer) for q in questions]
+    if answer_type == "auto" and None in canon:
+        return None
+    for (line_no, _), q, c in zip(rows, questions, canon):
+        if c is None:
+            raise DataFormatError(path, line_no, f"answer {q.answer!r} is not a number (--answer-type number)")
+    return [dataclasses.replace(q, answer=c) for q, c in zip(questions, canon)]
+
+
+def load_jsonl(path: str | Path, instruction: str | None = None, answer_type: str = "auto") -> Task:
+    """A `JsonlMCTask` when the rows have choices; else a `JsonlNumberTask` or a
+    `JsonlTask` by `answer_type` (see the module docstring). `instruction` replaces
+    the default answer-format instruction."""
+    if answer_type not in ANSWER_TYPES:
+        raise ValueError(f"answer_type must be one of {', '.join(ANSWER_TYPES)}, got {answer_type!r}")
     rows = list(iter_jsonl(path))
     if not rows:
         raise DataFormatError(path, None, "no rows")
@@ -135,7 +157,13 @@ def load_jsonl(path: str | Path, instruction: str | None = None) -> Task:
         if q.id in seen:
             raise DataFormatError(path, line_no, f"duplicate id {q.id!r}")
         seen.add(q.id)
-    task: Task = (JsonlMCTask if mc else JsonlTask)(questions, source=str(path))
+    numeric = None if mc else _as_numbers(path, rows, questions, answer_type)
+    if mc:
+        task: Task = JsonlMCTask(questions, source=str(path))
+    elif numeric is not None:
+        task = JsonlNumberTask(numeric, source=str(path))
+    else:
+        task = JsonlTask(questions, source=str(path))
     if instruction is not None:
         task.instruction = instruction
     return task

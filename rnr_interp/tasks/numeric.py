@@ -1,7 +1,19 @@
-"""Numbers in generations: finding them, normalising them, comparing them.
+"""The number answer kind: finding a number in a generation, normalising it, comparing it.
 
-Shared by GSM8K, the synthetic arithmetic task and free-form user data, so that
-"$1,000." and "1000.0" grade the same everywhere.
+Used by every task whose gold answer is a number (GSM8K, the synthetic arithmetic task,
+numeric JSONL data), so that "$1,000." and "1000.0" grade the same everywhere.
+
+Rule (README, "Grading"):
+1. The first marked answer: an answer marker (`ANSWER_MARKER`: "answer is", "answer:",
+   "final answer =", "####", ...) followed, in the same sentence and within 40
+   characters of words without digits, by a number ("The answer is approximately $20");
+   when that number starts a calculation, the calculation's result ("The answer is
+   2 * 3 = 6" reads 6).
+2. Else the last number in the text.
+A number is an optional minus, digits with thousands separators only in groups of
+three ("1,000" is one thousand; "9,26" is the two numbers 9 and 26), an optional decimal
+part. Units, currency signs, percent signs, quotes, parentheses and markdown around it
+are ignored. Two numbers are equal when their values agree to a relative 1e-6.
 """
 
 from __future__ import annotations
@@ -11,25 +23,27 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from .base import Question, Task
+from .marker import ANSWER_MARKER
 
-# Thousands separators only in groups of three, so "1, 2, 3" stays three numbers.
+_MINUS = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
 # A minus sign counts only when not glued to a preceding word or digit ("2019-2020").
-_NUM = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+# A thousands group must not run on into a fourth digit ("1,0000" is not 10000).
+_NUM = rf"(?:(?<![\w.])[{_MINUS}])?(?:\d{{1,3}}(?:,\d{{3}})+(?!\d)|\d+)(?:\.\d+)?"
 NUMBER_RE = re.compile(_NUM)
-# An explicitly marked answer: "The answer is 18", "Answer: $1,000", "#### 42",
-# tolerating markdown bold and a currency sign in between.
-MARKED_RE = re.compile(
-    r"(?:\banswer\b(?:\s+(?:is|would be|should be))?|####)[\s:=*$]*(" + _NUM + r")",
-    re.IGNORECASE,
-)
+# Between the marker and the number: up to 40 characters that are neither digits nor a
+# sentence or line end (markdown, "$", quotes, "approximately", "Janet makes").
+MARKED_RE = re.compile(ANSWER_MARKER + r"[^\d\n.!?]{0,40}?(" + _NUM + r")", re.IGNORECASE)
+_CANONICAL_INPUT = re.compile(rf"[{_MINUS}]?(?:\d{{1,3}}(?:,\d{{3}})+|\d+)?(?:\.\d*)?")
 
 
 def canonical_number(text: str) -> str | None:
     """The number in `text` written canonically ("$1,000." -> "1000", "18.0" -> "18",
-    "-0.50" -> "-0.5"), or None when `text` is not a single number."""
-    s = text.strip().replace(",", "").removeprefix("$").rstrip(".").strip()
-    if not re.fullmatch(r"-?(?:\d+(?:\.\d*)?|\.\d+)", s):
+    "-0.50" -> "-0.5"), or None when `text` is not a single number. Commas are
+    thousands separators only in groups of three: "9,26" is not a number."""
+    s = text.strip().removeprefix("$").rstrip(".").strip()
+    if not re.search(r"\d", s) or not _CANONICAL_INPUT.fullmatch(s):
         return None
+    s = s.replace(",", "").replace("\u2212", "-")
     try:
         d = Decimal(s).normalize()
     except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
@@ -48,13 +62,22 @@ def numbers_equal(a: str | None, b: str | None, rel_tol: float = 1e-6) -> bool:
     return math.isclose(float(ca), float(cb), rel_tol=rel_tol, abs_tol=1e-9)
 
 
+# After a marked number, a calculation that ends in a result: "is 2 * 2 * 2 = 8".
+_CHAIN_RE = re.compile(r"(?:\s*[-+*/\u00d7\u00f7=]\s*[$(]*" + _NUM + r"\)*)+")
+
+
 def extract_number(generation: str) -> str | None:
-    """The first explicitly marked answer, else the last number in the text, canonical.
+    """The first marked answer's number, else the last number in the text, canonical.
+    When the marked number starts a calculation ("The answer is 2 * 3 = 6"), its
+    result: the number after the calculation's last "=".
 
     The first marked answer, not the last: small models often go on to invent a
     further question and answer it, and the first commitment is the answer given."""
     m = MARKED_RE.search(generation)
     if m:
+        chain = _CHAIN_RE.match(generation, m.end())
+        if chain and "=" in chain.group(0):
+            return canonical_number(NUMBER_RE.findall(chain.group(0).rsplit("=", 1)[1])[0])
         return canonical_number(m.group(1))
     found = NUMBER_RE.findall(generation)
     return canonical_number(found[-1]) if found else None
@@ -63,6 +86,7 @@ def extract_number(generation: str) -> str | None:
 class NumericTask(Task):
     """A task whose gold `answer` is a canonical number string."""
 
+    answer_kind = "number"
     answer_format = "a number"
 
     def extract(self, generation: str) -> str | None:

@@ -1,0 +1,47 @@
+"""Command-line behaviour around runs: unfinished runs and quiet output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rnr_interp.audit import run_audit
+from rnr_interp.cli import app
+from rnr_interp.generate import Decoding
+from rnr_interp.models import load_model
+from rnr_interp.records import RunDir
+from rnr_interp.sampling import Probe
+from rnr_interp.tasks import load_task
+
+
+def test_pass_at_k_says_a_run_is_unfinished(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_audit(load_model("tiny-llama"), load_task("arithmetic", n=4), out, probe=Probe(k=2, temperature=1.0),
+              deployed=Decoding(max_new_tokens=3), batch_size=2, progress=False)
+    runner = CliRunner()
+    finished = runner.invoke(app, ["pass-at-k", str(out)])
+    assert finished.exit_code == 0 and "unfinished" not in finished.output
+    # A run killed after its first chunk: the last records part never got written.
+    parts = sorted(RunDir(out).parts())
+    parts[-1].unlink()
+    (out / "summary.json").unlink()
+    unfinished = runner.invoke(app, ["pass-at-k", str(out)])
+    assert unfinished.exit_code == 0
+    assert "unfinished run: 2 of 4 questions sampled" in unfinished.output
+    for part in parts[:-1]:
+        part.unlink()
+    empty = runner.invoke(app, ["pass-at-k", str(out)])
+    assert empty.exit_code == 2 and "unfinished: no question sampled yet" in empty.output
+
+
+@pytest.mark.slow
+def test_quiet_prints_no_progress_bar_not_even_model_loading(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "rnr_interp.cli", "audit", "--model", "smollm2", "--task", "arithmetic",
+           "--n", "1", "--k", "1", "--max-new-tokens", "2", "--out", str(tmp_path / "run"), "-q"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "Loading weights" not in out.stderr and "it/s" not in out.stderr, out.stderr
