@@ -254,7 +254,7 @@ def test_images_are_exported_offline(full_run, chromium, tmp_path):
     folder = page.parent / "figures"
     assert sorted(p.name for p in folder.iterdir()) == sorted(f"{n}.{ext}" for n in names for ext in ("svg", "png"))
     svg = (folder / "route_curves.svg").read_text()
-    assert svg.startswith("<svg") and 'class="main-svg"' in svg and "Route-search oracle vs budget" in svg
+    assert svg.startswith("<svg") and 'class="main-svg"' in svg and "Route-search oracle and deployable vote vs budget" in svg
     assert _png_size(folder / "pass_at_k.png") == (2 * 820, 2 * 460)
     assert 'href="figures/pass_at_k.svg"' in page.read_text()
 

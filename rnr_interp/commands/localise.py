@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, execute, fail,
+    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, check_out, execute, fail,
     load_inputs, print_multiple_choice, run_folder,
 )
 from rnr_interp.cohort import PANEL_CAP
@@ -123,7 +123,7 @@ def failures(
     from rnr_interp.recognition import FailureCriterion
     from rnr_interp.records import RunDir
     from rnr_interp.repair import run_failures, write_screen
-    from rnr_interp.sampling import deployed_decoding
+    from rnr_interp.sampling import check_prompts_fit, deployed_decoding
 
     if data is not None and len(task) > 1:
         fail("--data names one task's file; pass it with a single --task")
@@ -135,11 +135,17 @@ def failures(
         from rnr_interp.models import load_model
         from rnr_interp.tasks import load_task
 
+        # The checks load_inputs makes for one cell, made here for every cell before any runs.
+        at_least("--n", n)
+        at_least("--max-new-tokens", max_new_tokens)
+        check_out(out)
         criterion = FailureCriterion(margin=margin)
         tasks = {t: load_task(t, data=data, n=n) for t in task}
         summaries = []
         for m in model:
             lm = load_model(m)
+            for t in task:
+                check_prompts_fit(lm, tasks[t], max_new_tokens or tasks[t].max_new_tokens)
             for t in task:
                 summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout, panel=panel,
                                               decoding=deployed_decoding(tasks[t], max_new_tokens), criterion=criterion,
