@@ -81,8 +81,8 @@ DEMO = Profile(
     name="demo", model="smollm2",
     audit_tasks=PAPER_TASKS, audit_n=40, k=32,
     route_tasks=("arc_challenge", "boolq"), route_n=12, route_k=32,
-    # skips only, at most 3 of 30 layers: random native/polar routes break SmolLM2's
-    # answer format (README, routing), which would exclude every cell
+    # routes of at least 27 of 30 blocks: unbounded random native/polar routes break
+    # SmolLM2's answer format (README, routing), which would exclude every cell
     route_min_len=27,
     sweep_task="arc_challenge", sweep_n=40, sweep_k=8,
     screen_tasks=MC_TASKS, screen_n=64,
