@@ -149,7 +149,15 @@ def test_another_profile_on_the_same_root_is_refused(smoke):
 def test_bad_options_are_one_line_and_exit_2(tmp_path, args, message):
     done = _invoke(*args, "--out", str(tmp_path / "r"))
     assert done.exit_code == 2 and message in done.output
-    assert not (tmp_path / "r" / "1_audit").exists()
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path):
+    a_file = tmp_path / "taken"
+    a_file.write_text("not a folder")
+    done = _invoke("--profile", "smoke", "--out", str(a_file))
+    assert done.exit_code == 2 and str(a_file) in done.output
+    assert a_file.read_text() == "not a folder"
 
 
 # -- verdicts ----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import QuietOpt, execute, fail
+from rnr_interp.commands.common import QuietOpt, check_out, execute, fail
 
 
 def _checkpoints(specs: list[str]) -> dict[str, Path]:
@@ -34,6 +34,7 @@ def reproduce(
     from rnr_interp.reproduce import get_profile, reproduce as run_reproduction
 
     chosen = execute(lambda: get_profile(profile))
+    check_out(out)
     ckpts = _checkpoints(checkpoint)
     wanted = [p.strip() for p in parts.split(",") if p.strip()] if parts else None
     typer.echo(f"profile {chosen.name}: {chosen.model} -> {out}")
