@@ -15,8 +15,8 @@ folder does (a killed part redoes no finished question, and no finished run).
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +131,8 @@ def localisation_part(ctx: Context, folder: Path) -> None:
 
 def train_checkpoint(ctx: Context, recipe: str, out: Path) -> Path:
     """The recipe's checkpoint: the user's, one already trained under `out`, or trained
-    now by experiments/finetune.py (a subprocess: experiments/ is not part of the package)."""
+    now by experiments/finetune.py (loaded from this checkout: experiments/ is not part
+    of the package)."""
     if recipe in ctx.checkpoints:
         return ctx.checkpoints[recipe]
     if (out / "finetune.json").is_file():
@@ -141,12 +142,20 @@ def train_checkpoint(ctx: Context, recipe: str, out: Path) -> Path:
                                 f"(experiments/finetune.py is only in a source checkout)")
     p = ctx.profile
     ctx.log(f"  train {recipe}: {p.train_steps} steps on {p.model}")
-    cmd = [sys.executable, str(FINETUNE), "--recipe", recipe, "--model", p.model, "--out", str(out),
-           "--steps", str(p.train_steps), "--audit-n", str(p.ckpt_n)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"training {recipe} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
-    return out
+    finetune = _experiment_module("finetune", FINETUNE)
+    return finetune.train(finetune.Config(recipe=recipe, model=p.model, out=str(out), steps=p.train_steps,
+                                          audit_n=p.ckpt_n), progress=False)
+
+
+def _experiment_module(name: str, path: Path):
+    """A script of experiments/ as a module (registered under its name, as its
+    dataclasses need, and as experiments/checkpoint_audit.py imports it)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def checkpoint_part(ctx: Context, folder: Path) -> None:
