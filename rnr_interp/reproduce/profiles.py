@@ -111,7 +111,8 @@ FULL = Profile(
         "3_temperature": "100 questions at K=8",
         "4_localisation": "300 questions per MC cell: failure sets large enough to split selection / held out",
         "5_checkpoints": "200 held-out questions at K=32, 30 training steps",
-        "all": "sized for a GPU; on the 2-core CPU machine this is days",
+        "all": "sized for a GPU: cost grows about linearly in questions per part, so it is 2.5-25x the demo's "
+               "measured per-part costs (README)",
     },
 )
 
