@@ -28,9 +28,9 @@ import torch
 from rnr_interp.interventions import Ablate
 from rnr_interp.metrics import DEPLOYED
 from rnr_interp.models import load_model
-from rnr_interp.cohort import Row, deployed_decoding, run_rows
+from rnr_interp.cohort import Row, run_rows
 from rnr_interp.repair import COMPONENTS, ablation_probe, silencing_sweep
-from rnr_interp.sampling import prompt_ids
+from rnr_interp.sampling import deployed_decoding, prompt_ids
 from rnr_interp.tasks import load_task
 
 

@@ -5,7 +5,8 @@
 For each recipe in experiments/finetune.py (grpo, sft): train a checkpoint (skipped when
 OUT/RECIPE already holds one), audit the base model and the checkpoint on the same
 held-out arithmetic questions with the same probe (`run_audit`; an existing run folder
-is resumed), then compare them (`compare_runs`, with the 2K budget control). Writes
+is resumed), then compare them (`compare_runs`, with the budget control: both models
+re-probed at K and 2K with fresh seeds). Writes
 OUT/compare_RECIPE folders, OUT/figures/*.html and OUT/results.json (one row per recipe).
 """
 
@@ -18,11 +19,10 @@ from pathlib import Path
 
 from rnr_interp.audit import run_audit
 from rnr_interp.compare import compare_runs
-from rnr_interp.generate import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.report.compare_figures import change_figure, gained_lost_figure, propensity_figure
-from rnr_interp.sampling import Probe
+from rnr_interp.sampling import Probe, deployed_decoding
 from rnr_interp.tasks import load_task
 
 import finetune  # experiments/ is on sys.path when this file is run as a script
@@ -31,7 +31,7 @@ import finetune  # experiments/ is on sys.path when this file is run as a script
 def audit(spec: str, task, out: Path, probe: Probe) -> RunDir:
     t0 = time.time()
     lm = load_model(spec)
-    run_audit(lm, task, out, probe=probe, deployed=Decoding(max_new_tokens=task.max_new_tokens), progress=False)
+    run_audit(lm, task, out, probe=probe, deployed=deployed_decoding(task), progress=False)
     print(f"audit {spec}: {time.time() - t0:.0f} s", flush=True)
     return RunDir(out)
 
@@ -57,7 +57,8 @@ def main(argv=None) -> list[dict]:
             finetune.train(finetune.Config(recipe=recipe, model=args.model, out=str(ckpt), steps=args.steps, audit_n=args.n))
         trained = audit(str(ckpt), task, args.out / f"audit_{recipe}", probe)
         t0 = time.time()
-        s = compare_runs(base, trained, args.out / f"compare_{recipe}", control_lm=load_model(str(ckpt)), control_task=task)
+        models = {"base": load_model(args.model), "trained": load_model(str(ckpt))}
+        s = compare_runs(base, trained, args.out / f"compare_{recipe}", control_models=models, control_task=task)
         print(f"compare {recipe} (with budget control): {time.time() - t0:.0f} s", flush=True)
         cmp = RunDir(args.out / f"compare_{recipe}")
         pairs.append((recipe, s))

@@ -22,7 +22,7 @@ from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores, selection_summary, unparsed_rate, vote_matrix
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe, chance_summary, run_config, sample_task
+from rnr_interp.sampling import Probe, chance_summary, deployed_decoding, run_config, sample_task
 from rnr_interp.tasks.base import Task
 
 if TYPE_CHECKING:  # vLLM loads on first use
@@ -32,8 +32,10 @@ if TYPE_CHECKING:  # vLLM loads on first use
 def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int) -> dict[str, Any]:
     """Everything that decides the records: two runs are comparable only when these
     agree (the checkpoint audit checks them)."""
-    return run_config("audit", lm, task, probe=asdict(probe), deployed=asdict(deployed),
-                      interventions=dumps(interventions), batch_size=batch_size)
+    # the prompt the questions were asked in (chat template or not): `compare` warns
+    # when two runs differ here, and a shared-prompt run controls for it
+    return run_config("audit", lm, task, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
+                      deployed=asdict(deployed), interventions=dumps(interventions), batch_size=batch_size)
 
 
 def run_audit(
@@ -49,7 +51,7 @@ def run_audit(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Sample (or resume) and score; returns the summary written to ``summary.json``."""
-    deployed = deployed or Decoding(max_new_tokens=task.max_new_tokens)
+    deployed = deployed or deployed_decoding(task)
     run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size))
     sample_task(lm, task, probe=probe, deployed=deployed, run=run, interventions=interventions,
                 batch_size=batch_size, run_id=run.run_id, progress=progress)

@@ -4,7 +4,9 @@
   pairs, batched, each pair one record labelled by its `ProbeLabel`; rows already stored
   in the run folder are read back, so an interrupted analysis resumes.
 - The cohort: the failure set (recognised but answered wrong) and the healthy panel
-  (answered right), from recognition and the deployed baseline (`build_cohort`).
+  (every question answered right, up to `PANEL_CAP`), from recognition and the deployed
+  baseline (`build_cohort`), each split by `Split` into a selection part (chooses the
+  block, v, the units) and a held-out part (scores them).
 - `rates`: repair rate on the failure set and damage rate on the panel of one probe.
 
 Run configs come from `sampling.run_config`, like every other analysis's.
@@ -12,7 +14,8 @@ Run configs come from `sampling.run_config`, like every other analysis's.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,19 +28,8 @@ from rnr_interp.metrics import answer_changes
 from rnr_interp.models import LoadedModel
 from rnr_interp.recognition import READOUTS, gold_first, recognize
 from rnr_interp.records import DEPLOYED, RunDir
-from rnr_interp.sampling import candidate_row, chance_summary, chunks, prompt_ids, run_config
+from rnr_interp.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
-
-#: MC answers come first ("A. ...", "Answer: B"): a few tokens decide the grade.
-MC_MAX_NEW_TOKENS = 8
-
-
-def deployed_decoding(task: Task, max_new_tokens: int | None = None) -> Decoding:
-    """Greedy decoding, short for multiple-choice tasks."""
-    if max_new_tokens is None:
-        max_new_tokens = MC_MAX_NEW_TOKENS if isinstance(task, MultipleChoiceTask) else task.max_new_tokens
-    return Decoding(temperature=0.0, max_new_tokens=max_new_tokens)
-
 
 # -- generation rows -----------------------------------------------------------------
 
@@ -92,10 +84,40 @@ def run_rows(
 
 # -- failure set and healthy panel ---------------------------------------------------
 
+#: the healthy panel is every deployed-right question up to this many (task order):
+#: enough to see damage rates of a few percent (the paper's 0-12%)
+PANEL_CAP = 64
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which questions choose (the block, v, the units) and which score. Each set is
+    ordered by a seeded hash of its question ids and the first ceil(fraction * n) go to
+    selection, the rest are held out; the failure set and the panel are split alike, so
+    every reported rate of a chosen block is measured on questions that did not choose
+    it."""
+
+    seed: int = 0
+    fraction: float = 0.5
+
+    def __post_init__(self):
+        if not 0 < self.fraction < 1:
+            raise ValueError(f"the selection fraction must be in (0, 1), got {self.fraction}")
+
+    def __call__(self, questions: Sequence[Question]) -> tuple[list[Question], list[Question]]:
+        order = sorted(questions, key=lambda q: candidate_seed(self.seed, q.id, 0))
+        chosen = {q.id for q in order[:math.ceil(self.fraction * len(order))]}
+        return [q for q in questions if q.id in chosen], [q for q in questions if q.id not in chosen]
+
+    def describe(self) -> str:
+        return (f"failure set and panel each ordered by a hash of (seed {self.seed}, question id); the first "
+                f"{self.fraction:g} of each (rounded up) choose, the rest are held out and scored")
+
 
 @dataclass
 class Cohort:
-    """The failure set and the healthy panel, with the criteria that made them."""
+    """The failure set and the healthy panel, with the criteria that made them, each
+    split into a selection part and a held-out part."""
 
     failure: list[Question]
     panel: list[Question]
@@ -104,12 +126,23 @@ class Cohort:
     n_questions: int
     n_recognised: int
     n_deployed_correct: int
+    split: Split = field(default_factory=Split)
+
+    def parts(self, which: str) -> tuple[list[Question], list[Question]]:
+        """(selection, held-out) of "failure" or "panel"."""
+        return self.split(self.failure if which == "failure" else self.panel)
 
     def failure_json(self) -> dict[str, Any]:
-        return {"question_ids": [q.id for q in self.failure], "criterion": self.failure_criterion}
+        return self._json(self.failure, self.failure_criterion, "failure")
 
     def panel_json(self) -> dict[str, Any]:
-        return {"question_ids": [q.id for q in self.panel], "criterion": self.panel_criterion}
+        return self._json(self.panel, self.panel_criterion, "panel")
+
+    def _json(self, questions: Sequence[Question], criterion: str, which: str) -> dict[str, Any]:
+        selection, heldout = self.parts(which)
+        return {"question_ids": [q.id for q in questions], "criterion": criterion,
+                "selection_ids": [q.id for q in selection], "heldout_ids": [q.id for q in heldout],
+                "split": {**asdict(self.split), "method": self.split.describe()}}
 
     def why_empty(self) -> str | None:
         """A one-line reason when the failure set is empty, else None."""
@@ -125,43 +158,52 @@ class Cohort:
 
 def select_cohort(
     questions: Sequence[Question], recognition: Sequence[dict[str, Any]], deployed: pd.DataFrame,
-    readout: str = "option:mean", panel: int | None = None,
+    readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
 ) -> Cohort:
     """Failure set = gold first under `readout` and deployed wrong; panel = deployed
-    right (the first `panel` in task order, all when None)."""
+    right (every one up to the first `panel` in task order; all when None)."""
     recognised = gold_first(recognition, readout)
     correct = dict(zip(deployed["question_id"], deployed["correct"].astype(bool)))
     failure = [q for q in questions if q.id in recognised and not correct[q.id]]
     healthy = [q for q in questions if correct[q.id]]
     chosen = healthy if panel is None else healthy[:panel]
-    limit = "" if panel is None or len(healthy) <= panel else f" (the first {panel} of {len(healthy)} in task order)"
+    cap = "" if panel is None else f"; cap {panel}, " + (
+        f"the first {panel} of {len(healthy)} in task order" if len(healthy) > panel else f"all {len(healthy)} taken")
     return Cohort(
         failure=failure, panel=chosen,
         failure_criterion=f"recognition readout {readout!r} ranks the gold option first and the greedy deployed generation is graded wrong",
-        panel_criterion=f"the greedy deployed generation is graded right{limit}",
+        panel_criterion=f"the greedy deployed generation is graded right{cap}",
         n_questions=len(questions), n_recognised=len(recognised & {q.id for q in questions}),
-        n_deployed_correct=sum(correct[q.id] for q in questions),
+        n_deployed_correct=sum(correct[q.id] for q in questions), split=split,
     )
 
 
 def build_cohort(
-    lm: LoadedModel, task: MultipleChoiceTask, run: RunDir, *, readout: str = "option:mean", panel: int | None = None,
-    decoding: Decoding, batch_size: int = 32, progress: bool = False,
+    lm: LoadedModel, task: MultipleChoiceTask, run: RunDir, *, readout: str = "option:mean",
+    panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding, batch_size: int = 32,
+    progress: bool = False,
 ) -> Cohort:
     """Recognition + deployed baseline for every question of `task`, the cohort from
     them; writes the `recognition` table, deployed records and the two id lists."""
     check_cohort_options(task, readout, panel, batch_size)
-    recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2))
-    run.write_table("recognition", pd.DataFrame(recognition))
+    try:  # a resumed run (same config, so same questions) does not recompute recognition
+        recognition = run.read_table("recognition").to_dict("records")
+    except FileNotFoundError:
+        # only the readout's variant: the letter one re-reads the whole deployed prompt per option
+        recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2),
+                                variants=(readout.partition(":")[0],))
+        run.write_table("recognition", pd.DataFrame(recognition))
     deployed = run_rows(lm, task, [Row(q, (), DEPLOYED) for q in task.questions], decoding, run,
                         batch_size=batch_size, desc="deployed", progress=progress)
-    cohort = select_cohort(task.questions, recognition, deployed, readout=readout, panel=panel)
+    cohort = select_cohort(task.questions, recognition, deployed, readout=readout, panel=panel, split=split)
     run.write_json("failure_set", cohort.failure_json())
     run.write_json("healthy_panel", cohort.panel_json())
     return cohort
 
 
 def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> dict[str, Any]:
+    f_sel, f_out = cohort.parts("failure")
+    p_sel, p_out = cohort.parts("panel")
     out = {
         "n_questions": cohort.n_questions,
         "n_recognised": cohort.n_recognised,
@@ -170,6 +212,9 @@ def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> d
         "n_panel": len(cohort.panel),
         "failure_criterion": cohort.failure_criterion,
         "panel_criterion": cohort.panel_criterion,
+        "split": {"method": cohort.split.describe(), **asdict(cohort.split),
+                  "n_failure_selection": len(f_sel), "n_failure_heldout": len(f_out),
+                  "n_panel_selection": len(p_sel), "n_panel_heldout": len(p_out)},
         "failure_empty_reason": cohort.why_empty(),
     }
     if recognition is not None and len(recognition):
@@ -180,15 +225,19 @@ def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> d
 # -- rates and configs ----------------------------------------------------------------
 
 
+def outcome_counts(records: pd.DataFrame, questions: Sequence[Question], probe: str) -> tuple[int, int]:
+    """(questions answered right, questions) among `questions` in one probe's records."""
+    mine = records[records["probe"] == probe]
+    correct = dict(zip(mine["question_id"], mine["correct"].astype(bool)))
+    return sum(correct[q.id] for q in questions), len(questions)
+
+
 def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Question], probe: str) -> tuple[float, float]:
     """(repair rate on the failure set, damage rate on the panel) of one probe's records;
     NaN for an empty set."""
-    mine = records[records["probe"] == probe]
-    correct = dict(zip(mine["question_id"], mine["correct"].astype(bool)))
-    repair = float(np.mean([correct[q.id] for q in failure])) if failure else float("nan")
-    damage = float(np.mean([not correct[q.id] for q in panel])) if panel else float("nan")
-    return repair, damage
-
+    fixed, n_f = outcome_counts(records, failure, probe)
+    right, n_p = outcome_counts(records, panel, probe)
+    return (fixed / n_f if n_f else float("nan")), ((n_p - right) / n_p if n_p else float("nan"))
 
 def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequence[Question],
                              probes: Sequence[str] = ()) -> dict[str, Any]:
@@ -247,11 +296,11 @@ def check_localisation_options(lm: LoadedModel, *, layer: int | None = None, lay
 
 
 def localisation_config(kind: str, lm: LoadedModel, task: Task, decoding: Decoding, readout: str,
-                        panel: int | None, batch_size: int, **extra: Any) -> dict[str, Any]:
+                        panel: int | None, batch_size: int, split: Split = Split(), **extra: Any) -> dict[str, Any]:
     """`run_config` with the settings every localisation run shares (the cohort's),
     after refusing bad settings: every localisation run builds its config before it
     creates its folder."""
     check_cohort_options(task, readout, panel, batch_size)
     check_localisation_options(lm, **extra)
     return run_config(kind, lm, task, deployed=asdict(decoding), readout=readout, panel=panel,
-                      batch_size=batch_size, **extra)
+                      split=asdict(split), batch_size=batch_size, **extra)

@@ -10,10 +10,15 @@ A gained question that the base model could already reach was *surfaced* by trai
 (moved from the reachable set into the realized set); one the base could not reach is
 genuinely new. Among base-reachable but unrealized questions, the trained model's
 realization rate per bin of the base sampling hit rate c_i/n says whether training
-mostly promotes answers the base already sampled often. A budget control re-probes the
-questions that left the reachable set with twice the budget, so a shrinking reachable
-set is not mistaken for an effect of a fixed K. McNemar tests and paired intervals on
-the change in D and O_K come with the counts.
+mostly promotes answers the base already sampled often (default bins the paper's:
+[0, 0.1], (0.1, 0.35], (0.35, 1]). A budget control re-probes every question with both
+models at K and 2K with fresh seeds and reports the reachable change and each model's
+O - D gap at both budgets, so a shrinking reachable set is not mistaken for an effect
+of a fixed K. McNemar tests and paired intervals on the change in D and O_K come with
+the counts. Both runs' prompt formats are stated (a warning when they differ), and an
+audit of the trained model in the base prompt format (`--shared-prompt`) gives the
+share of the gain that survives the change of format. Runs decoded differently (the
+manifest's "deployed") are refused.
 
 The result is a run folder (kind "compare"): table `transitions`, table `propensity`,
 optional budget-control records, and summary.json with every count.
@@ -28,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.generate import Decoding
-from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores
+from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir, comparable, config_diff, lookup, short_repr
 from rnr_interp.sampling import Probe, chunks, sample_questions
@@ -36,7 +41,9 @@ from rnr_interp.tasks.base import Task
 
 REALIZED = ("gained", "lost", "kept", "never")
 REACHABLE = ("entered", "left", "stayed", "never")
-DEFAULT_BIN_EDGES: tuple[float, ...] = (0.0, 0.1, 0.35, 0.65, 1.0)
+#: the paper's propensity bins on the base hit rate c/n: [0, 0.1], (0.1, 0.35], (0.35, 1]
+#: (its top bin is "base hit rate > 35%"); `--bins` gives finer ones on request
+DEFAULT_BIN_EDGES: tuple[float, ...] = (0.0, 0.1, 0.35, 1.0)
 #: config entries that decide what "correct" and "reachable" mean; the model may differ
 ALIGNED_KEYS = ("task", "question_ids_hash", "probe.k", "probe.temperature", "probe.top_p",
                 "probe.name", "deployed", "interventions")
@@ -105,7 +112,8 @@ def transitions(base_records: pd.DataFrame, trained_records: pd.DataFrame, probe
 
 
 def bin_labels(edges: Sequence[float]) -> list[str]:
-    return [f"[{lo:g}, {hi:g}{']' if i == len(edges) - 2 else ')'}" for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
+    """Interval labels of `propensity` bins: (lo, hi], the first one closed at lo."""
+    return [f"{'[' if i == 0 else '('}{lo:g}, {hi:g}]" for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
 
 
 def check_bin_edges(edges: Sequence[float]) -> list[float]:
@@ -119,19 +127,23 @@ def check_bin_edges(edges: Sequence[float]) -> list[float]:
 
 def propensity(t: pd.DataFrame, edges: Sequence[float] = DEFAULT_BIN_EDGES) -> pd.DataFrame:
     """Among questions the base model could reach but did not realize, the trained
-    model's realization rate per bin of the base hit rate c/n. Bins are [lo, hi), the
-    last one closed; NaN rate for an empty bin."""
+    model's realization rate per bin of the base hit rate c/n. Bins are (lo, hi], the
+    first one closed at lo, so with the default edges the top bin is the paper's
+    "hit rate > 35%": [0, 0.1], (0.1, 0.35], (0.35, 1]. NaN rate for an empty bin."""
     edges = check_bin_edges(edges)
     pool = t[t["base_o"] & ~t["base_d"]]
     rate = pool["base_hit_rate"].to_numpy(dtype=float)
-    idx = np.searchsorted(edges, rate, side="right") - 1
-    idx[rate == edges[-1]] = len(edges) - 2
+    idx = np.searchsorted(edges, rate, side="left") - 1
+    idx[rate == edges[0]] = 0
     inside = (idx >= 0) & (idx < len(edges) - 1)
     rows = []
     for i, label in enumerate(bin_labels(edges)):
         members = pool["trained_d"].to_numpy()[inside & (idx == i)]
+        lo, hi = wilson_interval(int(members.sum()), int(members.size))
         rows.append({"bin": label, "lo": edges[i], "hi": edges[i + 1], "n": int(members.size),
-                     "n_realized": int(members.sum()), "realized_rate": float(members.mean()) if members.size else float("nan")})
+                     "n_realized": int(members.sum()),
+                     "realized_rate": float(members.mean()) if members.size else float("nan"),
+                     "realized_rate_ci": [lo, hi]})
     return pd.DataFrame(rows)
 
 
@@ -169,22 +181,28 @@ def counts(t: pd.DataFrame) -> dict[str, Any]:
 
 # -- budget control -------------------------------------------------------------------
 
+ROLES = ("base", "trained")
 
-def budget_probe(config: dict[str, Any], factor: int = 2, seed_offset: int = 1) -> Probe:
-    """The run's probe with `factor` times the budget and a different seed, under its
-    own records name so its rows never mix with the K-sample ones."""
+
+def budget_probe(config: dict[str, Any], role: str, factor: int = 2, seed_offset: int = 1) -> Probe:
+    """The run's probe with `factor` times the budget and a fresh seed, under its own
+    records name per model (`role`: base or trained), so control rows never mix with
+    the runs' K-sample ones or with each other."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     p = config["probe"]
     k = int(p["k"]) * factor
     return Probe(k=k, temperature=p["temperature"], top_p=p["top_p"], seed=int(p["seed"]) + seed_offset,
-                 name=f"{p['name']}_k{k}")
+                 name=f"{p['name']}_{role}_k{k}")
 
 
 def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], probe: Probe, deployed: Decoding, *,
                    batch_size: int = 8, run: RunDir | None = None) -> pd.DataFrame:
-    """Re-probe `question_ids` with `lm` (the trained model) under `probe` (e.g.
-    `budget_probe(config)`, 2K samples, a fresh seed). Rows go to `run` when given, and
-    questions already stored there are not sampled again. Returns per question c, n, o
-    at the larger budget."""
+    """Re-probe `question_ids` with `lm` under `probe` (e.g. `budget_probe(config,
+    role)`: 2K samples, a fresh seed). Rows go to `run` when given, and questions
+    already stored there are not sampled again. Returns the probe rows (question_id,
+    candidate, correct) of those questions, candidates in order; the deployed answer
+    is not redrawn (greedy: it is the one in the audit run)."""
     by_id = {q.id: q for q in task.questions}
     missing = [qid for qid in question_ids if qid not in by_id]
     if missing:
@@ -194,62 +212,169 @@ def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], pro
     todo = [by_id[qid] for qid in question_ids if qid not in done]
     for batch in chunks(todo, batch_size):
         part = sample_questions(lm, task, batch, probe=probe, deployed=deployed, run_id="budget_control")
-        # The deployed candidate is already in the trained run; keep only the probe rows.
         part = [r for r in part if r["probe"] == probe.name]
         if run is not None:
             run.write_question_batch(part)
         rows.extend(part)
+    columns = ["question_id", "candidate", "correct"]
     if run is not None:
         stored = run.read_records(filters=[("probe", "=", probe.name)])
-        frame = stored[stored["question_id"].isin(list(question_ids))]
+        frame = stored[stored["question_id"].isin(list(question_ids))][columns]
     else:
-        frame = pd.DataFrame(rows, columns=["question_id", "candidate", "correct"])
-    if frame.empty:
-        return pd.DataFrame({"question_id": pd.Series(dtype=str), "c": pd.Series(dtype=np.int64),
-                             "n": pd.Series(dtype=np.int64), "o": pd.Series(dtype=bool)})
-    g = frame.groupby("question_id")["correct"]
-    out = pd.DataFrame({"c": g.sum().astype(np.int64), "n": g.size().astype(np.int64)})
-    out["o"] = out["c"] > 0
-    return out.loc[list(question_ids)].reset_index()
+        frame = pd.DataFrame(rows, columns=columns)
+    return frame.sort_values(["question_id", "candidate"], kind="stable").reset_index(drop=True)
 
 
-def budget_summary(t: pd.DataFrame, control: pd.DataFrame, k: int, k_big: int) -> dict[str, Any]:
-    """How many questions that left the reachable set at K come back with k_big fresh
-    samples, and the net change in reachability (entered - left) / N at K and at k_big
-    (only the left set is re-probed, so the k_big figure bounds the trained model's
-    reachability loss from above)."""
-    n = len(t)
-    entered = int((t["reachable"] == "entered").sum())
-    left = int((t["reachable"] == "left").sum())
-    back = int(control["o"].sum()) if len(control) else 0
+def reached(rows: pd.DataFrame, question_ids: Sequence[str], k: int) -> np.ndarray:
+    """o_i(k) per question id (in that order): any correct among candidates 0..k-1.
+    A question with fewer than k rows is an error (an unfinished control)."""
+    first = rows[rows["candidate"] < k]
+    sizes = first.groupby("question_id").size().reindex(list(question_ids), fill_value=0)
+    short = sizes[sizes < k]
+    if len(short):
+        raise ValueError(f"budget control has fewer than {k} samples for questions {list(short.index[:5])}")
+    return first.groupby("question_id")["correct"].any().reindex(list(question_ids)).to_numpy(bool)
+
+
+def budget_summary(t: pd.DataFrame, controls: dict[str, pd.DataFrame], k: int, k_big: int,
+                   level: float = 0.95) -> dict[str, Any]:
+    """Both models re-probed with fresh seeds, read at K (the first K fresh samples) and
+    at k_big: per budget each model's O and oracle-deployment gap O - D (Newcombe paired
+    interval; D is the audit runs' greedy answer), and the reachable change O_trained -
+    O_base (paired interval, McNemar). Also how many questions that left the reachable
+    set in the audit runs are reached by the trained model at k_big."""
+    ids = t["question_id"].tolist()
+    d = {role: t[f"{role}_d"].to_numpy(bool) for role in ROLES}
+    budgets = {}
+    for budget in (k, k_big):
+        o = {role: reached(controls[role], ids, budget) for role in ROLES}
+        entry: dict[str, Any] = {}
+        for role in ROLES:
+            entry[f"O_{role}"] = float(o[role].mean())
+            entry[f"gap_{role}"] = float(o[role].mean() - d[role].mean())
+            entry[f"gap_{role}_ci"] = [float(x) for x in paired_diff_ci(d[role], o[role], level=level)]
+        b, c = discordant_counts(o["base"], o["trained"])
+        entry.update({
+            "reachable_change": float(o["trained"].mean() - o["base"].mean()),
+            "reachable_change_ci": [float(x) for x in paired_diff_ci(o["base"], o["trained"], level=level)],
+            "n_left": b, "n_entered": c, "mcnemar": mcnemar(b, c),
+        })
+        budgets[str(budget)] = entry
+    left = (t["reachable"] == "left").to_numpy()
+    back = reached(controls["trained"], ids, k_big) & left
     return {
-        "k": k, "k_control": k_big, "n_left": left, "n_back": back, "n_still_left": left - back,
-        "reachable_change_at_k": (entered - left) / n, "reachable_change_at_k_control": (entered - (left - back)) / n,
+        "k": k, "k_control": k_big, "n_questions": len(ids), "level": level,
+        "samples": "fresh seed for both models; K = the first K of the k_control fresh samples",
+        "budgets": budgets,
+        "audit_left": {"n_left": int(left.sum()), "n_back_at_k_control": int(back.sum())},
     }
+
+
+def run_budget_control(base: RunDir, trained: RunDir, t: pd.DataFrame, models: dict[str, LoadedModel], task: Task, run: RunDir,
+                       *, factor: int = 2, batch_size: int = 8, level: float = 0.95) -> dict[str, Any]:
+    """Re-probe every question with both models (`models`: role -> loaded model, each
+    the one its run audited) at factor x K with fresh seeds; the control's summary."""
+    for role, source in zip(ROLES, (base, trained)):
+        if role not in models:
+            raise ValueError(f"the budget control needs the {role} model")
+        if not _same_model(models[role].spec, source.config.get("model")):
+            raise ValueError(f"the budget control's {role} model must be {source.config.get('model')!r}, got {models[role].spec!r}")
+    ids = t["question_id"].tolist()
+    controls = {}
+    for role, source in zip(ROLES, (base, trained)):
+        probe = budget_probe(source.config, role, factor)
+        controls[role] = budget_control(models[role], task, ids, probe, Decoding(**source.config["deployed"]),
+                                        batch_size=batch_size, run=run)
+    k = int(base.config["probe"]["k"])
+    return budget_summary(t, controls, k, k * factor, level)
+
+
+# -- prompt formats -----------------------------------------------------------------------
+
+
+def prompt_formats(base: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+    """Each run's prompt format as recorded, whether they agree, and a warning when
+    they do not (or when a run does not record one): a change between runs asked
+    differently may come from the prompt rather than from training."""
+    formats = {"base": base.get("prompt_format"), "trained": trained.get("prompt_format")}
+    if None in formats.values():
+        unknown = [role for role, f in formats.items() if f is None]
+        return {**formats, "same": None, "warning": f"prompt format not recorded for the {' and '.join(unknown)} run; "
+                "the runs may have asked in different formats"}
+    same = formats["base"] == formats["trained"]
+    warning = None if same else (
+        "the runs asked in different prompt formats, so part of the change may be the prompt's, not the "
+        "training's; audit the trained model on the base prompt (`rnr audit --prompt-like BASE_RUN`) and pass "
+        "it as --shared-prompt")
+    return {**formats, "same": same, "warning": warning}
+
+
+def shared_prompt_retention(base: RunDir, trained: RunDir, shared: RunDir, t: pd.DataFrame,
+                            level: float = 0.95) -> dict[str, Any]:
+    """The prompt-format control: `shared` is an audit of the trained model in the base
+    run's prompt format (same questions, probe, decoding). For D and O_K, the change
+    from base on the shared prompt and on the trained model's own prompt (paired
+    intervals) and the share of the native gain retained, shared change / native
+    change (None when the native change is 0; a point estimate)."""
+    check_aligned(base.config, shared.config)
+    if not _same_model(shared.config.get("model"), trained.config.get("model")):
+        raise ValueError(f"the shared-prompt run must audit the trained model {trained.config.get('model')!r}, "
+                         f"not {shared.config.get('model')!r}")
+    if shared.config.get("prompt_format") != base.config.get("prompt_format"):
+        raise ValueError("the shared-prompt run was not asked in the base run's prompt format "
+                         "(make it with `rnr audit --prompt-like BASE_RUN`)")
+    scores = question_scores(shared.read_records(), base.config["probe"]["name"])
+    ids = t["question_id"].tolist()
+    if set(scores.index.astype(str)) != set(ids):
+        raise RunMismatchError(["questions"], ["  the shared-prompt run does not hold the same questions (unfinished?)"])
+    scores.index = scores.index.astype(str)
+    scores = scores.loc[ids]
+    out: dict[str, Any] = {"path": str(shared.path), "prompt_format": shared.config.get("prompt_format"), "level": level}
+    for name, col in (("D", "d"), ("O_K", "o")):
+        before = t[f"base_{col}"].to_numpy(bool)
+        native, on_shared = t[f"trained_{col}"].to_numpy(bool), scores[col].to_numpy(bool)
+        native_change = float(native.mean() - before.mean())
+        shared_change = float(on_shared.mean() - before.mean())
+        out[name] = {
+            "base": float(before.mean()), "trained_native": float(native.mean()), "trained_shared": float(on_shared.mean()),
+            "native_change": native_change,
+            "native_change_ci": [float(x) for x in paired_diff_ci(before, native, level=level)],
+            "shared_change": shared_change,
+            "shared_change_ci": [float(x) for x in paired_diff_ci(before, on_shared, level=level)],
+            "share_retained": shared_change / native_change if native_change else None,
+        }
+    return out
 
 
 # -- the whole comparison -----------------------------------------------------------------
 
 
 def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Sequence[float] = DEFAULT_BIN_EDGES,
-                 control_lm=None, control_task=None, factor: int = 2, batch_size: int = 8,
-                 level: float = 0.95) -> dict[str, Any]:
-    """Align, classify, bin, test; with `control_lm` (the trained model, loaded) and
-    `control_task` (the runs' task) also run the budget control. Writes a compare run
-    folder at `out` and returns its summary."""
+                 control_models: dict[str, LoadedModel] | None = None, control_task: Task | None = None, factor: int = 2,
+                 shared_prompt: RunDir | None = None, batch_size: int = 8, level: float = 0.95) -> dict[str, Any]:
+    """Align, classify, bin, test; state both runs' prompt formats (with a warning when
+    they differ); with `shared_prompt` (the trained model audited in the base prompt
+    format) the share of the gain retained; with `control_models` ({"base": lm,
+    "trained": lm}, the runs' models, loaded) and `control_task` (the runs' task) the
+    budget control. Writes a compare run folder at `out` and returns its summary."""
     # every refusal before the compare folder exists
     edges = check_bin_edges(edges)
-    if control_lm is not None and (factor < 1 or batch_size < 1):
+    if control_models is not None and (factor < 1 or batch_size < 1):
         raise ValueError(f"the budget control needs factor and batch_size >= 1, got {factor} and {batch_size}")
     check_aligned(base.config, trained.config)
     probe_name = base.config["probe"]["name"]
     t = transitions(base.read_records(), trained.read_records(), probe_name)
+    if control_models is not None and control_task is None:
+        raise ValueError("the budget control needs the runs' task")
     config = {
         "kind": "compare",
         "base": {"path": str(base.path), "config_hash": base.config_hash, "model": base.config.get("model")},
         "trained": {"path": str(trained.path), "config_hash": trained.config_hash, "model": trained.config.get("model")},
         "bin_edges": [float(e) for e in edges],
-        "budget_control": None if control_lm is None else {"model": control_lm.spec, "factor": factor},
+        "deployed": base.config.get("deployed"),
+        "shared_prompt": None if shared_prompt is None else {"path": str(shared_prompt.path), "config_hash": shared_prompt.config_hash},
+        "budget_control": None if control_models is None else {
+            "models": {role: lm.spec for role, lm in control_models.items()}, "factor": factor},
     }
     run = RunDir.create(out, config)
     table = propensity(t, edges)
@@ -258,9 +383,13 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         "base_model": base.config.get("model"), "trained_model": trained.config.get("model"),
         "task": base.config["task"].get("name"), "k": base.config["probe"]["k"],
         "temperature": base.config["probe"]["temperature"],
+        "deployed": base.config.get("deployed"),
+        "prompt_formats": prompt_formats(base.config, trained.config),
         **counts(t),
         "stats": paired_stats(t, level),
+        "propensity_bins": table["bin"].tolist(),
         "propensity": table.replace({np.nan: None}).to_dict("records"),
+        "shared_prompt": None if shared_prompt is None else shared_prompt_retention(base, trained, shared_prompt, t, level),
         "budget_control": None,
     }
     # Multiple-choice runs carry their chance baselines (audit summaries): shown side by side.
@@ -268,27 +397,18 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
               if (run_.path / "summary.json").is_file()}
     if any(chance.values()):
         summary["chance"] = chance
-    if control_lm is not None:
-        if control_task is None:
-            raise ValueError("the budget control needs the runs' task")
-        if not _same_model(control_lm.spec, trained.config.get("model")):
-            raise ValueError(f"the budget control must use the trained model {trained.config.get('model')!r}, got {control_lm.spec!r}")
-        probe = budget_probe(base.config, factor)
-        left_ids = t.loc[t["reachable"] == "left", "question_id"].tolist()
-        control = budget_control(control_lm, control_task, left_ids, probe, Decoding(**base.config["deployed"]),
-                                 batch_size=batch_size, run=run)
-        back = dict(zip(control["question_id"], control["o"]))
-        t["trained_o_control"] = [back.get(q) for q in t["question_id"]]
-        summary["budget_control"] = budget_summary(t, control, int(base.config["probe"]["k"]), probe.k)
+    if control_models is not None:
+        summary["budget_control"] = run_budget_control(base, trained, t, control_models, control_task, run,
+                                                       factor=factor, batch_size=batch_size, level=level)
     run.write_table("transitions", t)
     run.write_table("propensity", table)
     run.write_summary(summary)
     return summary
 
 
-def _same_model(a: str, b: str | None) -> bool:
+def _same_model(a: str | None, b: str | None) -> bool:
     """Same spec, or two spellings of one checkpoint folder."""
-    if b is None or a == b:
+    if a is None or b is None or a == b:
         return a == b
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()

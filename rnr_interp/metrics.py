@@ -40,6 +40,7 @@ __all__ = [
     "discordant_counts",
     "mcnemar",
     "gap_recovery",
+    "proportion",
     "unparsed_rate",
     "chance_baselines",
     "chance_lines",
@@ -202,8 +203,10 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # Clip float round-off so 0/n gives exactly 0 and n/n exactly 1.
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # 0/n and n/n have exact bounds 0 and 1; centre - half leaves float round-off there.
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return (lo, hi)
 
 
 def _bootstrap_stats(
@@ -252,6 +255,13 @@ def bootstrap_ci(
     if np.ndim(lo) == 0:
         return (float(lo), float(hi))
     return (lo, hi)
+
+
+def proportion(successes: int, n: int, level: float = 0.95) -> dict[str, Any]:
+    """A rate on its own denominator with its Wilson interval, as summaries store it:
+    {"rate", "ci", "k" (successes), "n"}; rate and interval NaN when n == 0."""
+    lo, hi = wilson_interval(successes, n, level)
+    return {"rate": successes / n if n else math.nan, "ci": [lo, hi], "k": int(successes), "n": int(n)}
 
 
 def discordant_counts(before: ArrayLike, after: ArrayLike) -> tuple[int, int]:

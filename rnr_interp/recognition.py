@@ -14,6 +14,10 @@ two ways:
 Every sequence is a context (token ids) followed by a continuation (token ids); the
 scores are exact sums of log-probs of the continuation tokens, so anyone can recompute
 them from `option_sequences` with a plain forward pass.
+
+The cell-level screen (`screen_cell`) compares a cell's recognition score with its
+generation score (the paper's Figure 4a: failures lie off y = x) under a stated
+`FailureCriterion`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from rnr_interp.generate import forward, left_pad
+from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.models import LoadedModel
 from rnr_interp.sampling import chunks
 from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
@@ -83,11 +88,12 @@ def continuation_logprobs(lm: LoadedModel, seqs: Sequence[ScoredSequence], batch
     return out  # type: ignore[return-value]
 
 
-def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8) -> list[dict[str, Any]]:
+def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8,
+              variants: Sequence[Variant] = ("option", "letter")) -> list[dict[str, Any]]:
     """One row per (question, variant): per-option scores, rankings (best first) and
     whether the gold option ranks first. Option variants carry both normalisations."""
     rows = []
-    for variant in ("option", "letter"):
+    for variant in variants:
         per_q = [option_sequences(lm, task, q, variant) for q in questions]
         flat = [s for seqs in per_q for s in seqs]
         logps = continuation_logprobs(lm, flat, batch_size=batch_size)
@@ -126,3 +132,41 @@ def gold_first(recognition: Sequence[dict[str, Any]], readout: str) -> set[str]:
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
     return {r["question_id"] for r in recognition if r["readout"] == readout and r["gold_first"]}
+
+
+# -- the cell-level failure screen --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailureCriterion:
+    """When a cell (model x task) counts as a recognised-but-not-generated failure:
+    its recognition score exceeds its generation score by at least `margin` AND the
+    paired (Newcombe) interval at `level` of that difference lies above 0. Both scores
+    are accuracies on the same questions, so the difference is a paired one."""
+
+    margin: float = 0.10
+    level: float = 0.95
+
+    def describe(self) -> str:
+        return (f"recognition score - generation score >= {self.margin:g} and the {self.level:.0%} paired "
+                f"(Newcombe) interval of that difference lies above 0")
+
+
+def screen_cell(recognised: Sequence[bool], generated: Sequence[bool],
+                criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
+    """One cell of the screen from its per-question outcomes (same questions, same
+    order): recognition score (gold option ranked first), generation score (deployed
+    answer graded right), their difference with its paired interval, how many
+    questions are recognised but answered wrong, and whether the criterion holds."""
+    rec, gen = np.asarray(recognised, bool), np.asarray(generated, bool)
+    if rec.shape != gen.shape or rec.size == 0:
+        raise ValueError(f"a cell needs equally many recognition and generation outcomes (> 0), got {rec.size} and {gen.size}")
+    lo, hi = paired_diff_ci(gen, rec, level=criterion.level)
+    diff = float(rec.mean() - gen.mean())
+    return {
+        "n_questions": int(rec.size),
+        "recognition_score": float(rec.mean()), "generation_score": float(gen.mean()),
+        "difference": diff, "difference_ci": [float(lo), float(hi)],
+        "n_recognised_not_generated": int((rec & ~gen).sum()),
+        "failure": bool(diff >= criterion.margin and lo > 0),
+    }

@@ -98,7 +98,8 @@ class ProbeLabel:
     - ``NAME``: K samples of a sampling probe (`sampling.Probe.name`, e.g. ``temperature``);
     - ``ablate:COMPONENT:LAYER``: the deployed decoding with one block silenced;
     - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
-    - ``units:top|random:K``: the deployed decoding with K MLP units silenced;
+    - ``units:top:K`` / ``units:random:K:DRAW``: the deployed decoding with K MLP units
+      silenced (the top K, or random draw DRAW of K);
     - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random, mcts,
       hill_climb, genetic (oracle reward) or mcts_blind, hill_climb_blind,
       genetic_blind (the answer-blind confidence reward).
@@ -131,8 +132,8 @@ class ProbeLabel:
         return cls("steer", (direction, f"{alpha:g}"))
 
     @classmethod
-    def units(cls, selection: str, k: int) -> "ProbeLabel":
-        return cls("units", (selection, str(k)))
+    def units(cls, selection: str, k: int, draw: int | None = None) -> "ProbeLabel":
+        return cls("units", (selection, str(k)) if draw is None else (selection, str(k), str(draw)))
 
     @classmethod
     def route(cls, space: str, method: str) -> "ProbeLabel":
@@ -143,7 +144,7 @@ class ProbeLabel:
         if text == DEPLOYED:
             return cls.deployed()
         head, *rest = text.split(":")
-        if head in ("ablate", "steer", "units") and len(rest) == 2:
+        if head in ("ablate", "steer", "units") and len(rest) == 2 or head == "units" and len(rest) == 3:
             return cls(head, tuple(rest))
         if len(rest) == 1:
             return cls("route", (head, rest[0]))

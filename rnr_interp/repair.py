@@ -4,12 +4,18 @@ answer right, and what does silencing it break?
 - Failure set: questions whose recognition readout (`recognition.py`) ranks the gold
   option first while the deployed (greedy) generation is wrong: the model "knows" the
   answer and still does not say it. Healthy panel: questions the deployed generation
-  gets right (the first `panel` of them in task order).
+  gets right (every one up to `cohort.PANEL_CAP` in task order).
 - Silencing sweep: for every layer and component in {mlp, attn, layer}, zero-ablate it
   and re-run the deployed generation on both sets. Repair rate = fraction of the
   failure set now right; damage rate = fraction of the panel now wrong. Every
   (question, ablation) pair is one batch row with its own intervention set, so the whole
   sweep is a few batched generations, not L x 3 runs.
+- Summary (the paper's table row): the MLP block with the best selectivity on the
+  selection part (`cohort.Split`), and at that SAME layer the held-out repair and damage
+  of silencing the MLP, the attention and the whole layer, each with a Wilson interval
+  on its own denominator; each component's own best layer is reported apart, labelled.
+- Screen: the run's recognition score against its generation score under a stated
+  `recognition.FailureCriterion` (one point of the paper's Figure 4a).
 
 Each generation is a standard record (probe "deployed" for the baseline,
 ``ablate:{component}:{layer}`` for sweep rows, see `records.ProbeLabel`), written per
@@ -20,18 +26,23 @@ and the report draws them (`report.registry`).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
 from rnr_interp.cohort import (
-    Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, multiple_choice_readings, rates, run_rows,
+    PANEL_CAP, Row, Split, build_cohort, cohort_summary, localisation_config, multiple_choice_readings, outcome_counts,
+    run_rows,
 )
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import ProbeLabel, RunDir
+from rnr_interp.metrics import proportion
+from rnr_interp.recognition import FailureCriterion, screen_cell
+from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
+from rnr_interp.sampling import deployed_decoding
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
 #: the block components a sweep silences (the keys of the site table's component map)
@@ -40,86 +51,237 @@ COMPONENTS = tuple(COMPONENT_SITE)
 
 # -- silencing sweep ---------------------------------------------------------------
 
-
 def ablation_probe(component: str, layer: int) -> str:
     return str(ProbeLabel.ablate(component, layer))
 
 
 def silencing_sweep(
     lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], *, decoding: Decoding,
-    layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS,
-    run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
+    layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, split: Split = Split(),
+    run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
 ) -> pd.DataFrame:
     """The repair table: one row per (layer, component) with repair_rate, damage_rate,
-    selectivity (repair - damage), n_failure, n_panel."""
+    selectivity (repair - damage) on every question, the same on the selection part
+    (`*_selection`) and on the held-out part (`*_heldout`, with Wilson bounds `_lo`,
+    `_hi`), and each part's n."""
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     blocks = [(layer, c) for layer in layers for c in components]
     questions = list(dict.fromkeys([*failure, *panel]))
     rows = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer)) for q in questions for layer, c in blocks]
     records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="sweep", progress=progress)
+    # all questions (the heatmaps), the selection part (the choice of block), the held-out
+    # part (every reported rate of a choice)
+    sets = {"all": (list(failure), list(panel)), "selection": (split(failure)[0], split(panel)[0]),
+            "heldout": (split(failure)[1], split(panel)[1])}
     table = []
     for layer, c in blocks:
-        repair, damage = rates(records, failure, panel, ablation_probe(c, layer))
-        table.append({"layer": layer, "component": c, "repair_rate": repair, "damage_rate": damage,
-                      "selectivity": repair - damage, "n_failure": len(failure), "n_panel": len(panel)})
+        row: dict[str, Any] = {"layer": layer, "component": c}
+        for part, (f, p) in sets.items():
+            suffix = "" if part == "all" else f"_{part}"
+            fixed, n_f = outcome_counts(records, f, ablation_probe(c, layer))
+            right, n_p = outcome_counts(records, p, ablation_probe(c, layer))
+            repair, damage = proportion(fixed, n_f, level), proportion(n_p - right, n_p, level)
+            row.update({f"repair_rate{suffix}": repair["rate"], f"damage_rate{suffix}": damage["rate"],
+                        f"selectivity{suffix}": repair["rate"] - damage["rate"],
+                        f"n_failure{suffix}": n_f, f"n_panel{suffix}": n_p})
+            if part == "heldout":
+                row.update({"repair_rate_heldout_lo": repair["ci"][0], "repair_rate_heldout_hi": repair["ci"][1],
+                            "damage_rate_heldout_lo": damage["ci"][0], "damage_rate_heldout_hi": damage["ci"][1]})
+        table.append(row)
     return pd.DataFrame(table)
 
 
-def best_blocks(table: pd.DataFrame) -> dict[str, dict[str, Any] | None]:
-    """Per component, the block with the highest selectivity (ties: higher repair, then
-    lower damage, then the earlier layer); None when nothing was repaired."""
+def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[str, Any] | None]:
+    """Per component, the block with the highest selectivity on part `on` ("selection"
+    or "all"; ties: higher repair, then lower damage, then the earlier layer); None when
+    it repaired nothing there."""
+    suffix = "" if on == "all" else f"_{on}"
     out: dict[str, dict[str, Any] | None] = {}
     for c, sub in table.groupby("component", sort=False):
-        sub = sub[sub["repair_rate"].fillna(0) > 0]
+        sub = sub[sub[f"repair_rate{suffix}"].fillna(0) > 0]
         if sub.empty:
             out[str(c)] = None
             continue
-        damage = sub["damage_rate"].fillna(0)
-        ranked = sub.assign(_d=damage, _s=sub["repair_rate"] - damage).sort_values(
-            ["_s", "repair_rate", "_d", "layer"], ascending=[False, False, True, True], kind="stable")
+        damage = sub[f"damage_rate{suffix}"].fillna(0)
+        ranked = sub.assign(_d=damage, _s=sub[f"repair_rate{suffix}"] - damage).sort_values(
+            ["_s", f"repair_rate{suffix}", "_d", "layer"], ascending=[False, False, True, True], kind="stable")
         top = ranked.iloc[0]
-        out[str(c)] = {"layer": int(top["layer"]), "repair_rate": float(top["repair_rate"]),
-                       "damage_rate": float(top["damage_rate"]), "selectivity": float(top["_s"])}
+        out[str(c)] = {"layer": int(top["layer"]), "repair_rate": float(top[f"repair_rate{suffix}"]),
+                       "damage_rate": float(top[f"damage_rate{suffix}"]), "selectivity": float(top["_s"]), "chosen_on": on}
     return out
+
+
+def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, Any] | None:
+    """Held-out repair and damage of one block, each a rate with its Wilson interval on
+    its own denominator; None when the block was not swept."""
+    row = table[(table["layer"] == layer) & (table["component"] == component)]
+    if row.empty:
+        return None
+    r = row.iloc[0]
+    entry = {"layer": int(layer), "component": component}
+    for what, n_col in (("repair", "n_failure_heldout"), ("damage", "n_panel_heldout")):
+        n = int(r[n_col])
+        entry[what] = {"rate": float(r[f"{what}_rate_heldout"]), "ci": [float(r[f"{what}_rate_heldout_lo"]), float(r[f"{what}_rate_heldout_hi"])],
+                       "k": int(round(float(r[f"{what}_rate_heldout"]) * n)) if n else 0, "n": n}
+    return entry
+
+
+CHOICE_RULE = "highest repair - damage on the selection part (ties: higher repair, lower damage, earlier layer)"
+
+
+def localisation_summary(table: pd.DataFrame) -> dict[str, Any]:
+    """The paper's row for one case: the MLP block chosen on the selection part, and
+    at that SAME layer the held-out repair/damage of silencing the MLP, the attention
+    and the whole layer; separately, each component's own best layer (also chosen on
+    the selection part, scored held out), for the components swept at every layer the
+    MLP was. Rates are NaN where a part is empty."""
+    own = best_blocks(table, on="selection")
+    chosen = own.get("mlp")
+    out: dict[str, Any] = {"choice_rule": CHOICE_RULE, "chosen": None, "at_chosen_layer": None, "own_best": {}}
+    if chosen is not None:
+        out["chosen"] = {"component": "mlp", "layer": chosen["layer"], "selection": chosen}
+        out["at_chosen_layer"] = {c: heldout_rates(table, chosen["layer"], c) for c in COMPONENTS}
+    swept = table.groupby("component")["layer"].apply(set)
+    for c, best in own.items():
+        if "mlp" in swept and not swept["mlp"] <= swept[c]:
+            continue  # swept at the chosen layer only: it has no "own best" layer
+        out["own_best"][c] = None if best is None else {"selection": best, "heldout": heldout_rates(table, best["layer"], c)}
+    return out
+
+
+def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
+    """One labelled row per reported block: the chosen MLP, same-layer attention and
+    whole layer, then each component's own best; held-out rates with Wilson bounds."""
+    rows = []
+    at = summary.get("at_chosen_layer") or {}
+    own = summary.get("own_best") or {}
+    labels = {"mlp": "MLP", "attn": "attention", "layer": "whole layer"}
+    entries = [(f"chosen MLP (layer {e['layer']})" if c == "mlp" else f"{labels[c]} at the chosen layer {e['layer']}", e)
+               for c, e in at.items() if e is not None]
+    entries += [(f"{labels[c]}'s own best (layer {b['heldout']['layer']})", b["heldout"])
+                for c, b in own.items() if b is not None and c != "mlp" and b["heldout"] is not None]
+    for label, e in entries:
+        rows.append({"block": label, "layer": e["layer"], "component": e["component"],
+                     "repair_heldout": e["repair"]["rate"], "repair_lo": e["repair"]["ci"][0], "repair_hi": e["repair"]["ci"][1],
+                     "n_failure_heldout": e["repair"]["n"],
+                     "damage_heldout": e["damage"]["rate"], "damage_lo": e["damage"]["ci"][0], "damage_hi": e["damage"]["ci"][1],
+                     "n_panel_heldout": e["damage"]["n"]})
+    return pd.DataFrame(rows, columns=["block", "layer", "component", "repair_heldout", "repair_lo", "repair_hi",
+                                       "n_failure_heldout", "damage_heldout", "damage_lo", "damage_hi", "n_panel_heldout"])
 
 
 # -- run folders ---------------------------------------------------------------------
 
 
 def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
-                 panel: int | None = None, decoding: Decoding | None = None, batch_size: int = 32,
+                 panel: int | None = PANEL_CAP, decoding: Decoding | None = None,
+                 criterion: FailureCriterion = FailureCriterion(), batch_size: int = 32,
                  progress: bool = True) -> dict[str, Any]:
-    """Recognition, deployed baseline and the cohort, into a run folder (kind "failures")."""
+    """Recognition, deployed baseline and the cohort, into a run folder (kind "failures"),
+    with the cell's line of the failure screen (`recognition.screen_cell`)."""
     decoding = decoding or deployed_decoding(task)
     run = RunDir.create(out, localisation_config("failures", lm, task, decoding, readout, panel, batch_size))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding,
                           batch_size=batch_size, progress=progress)
+    recognition = run.read_table("recognition")
     summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
-               **cohort_summary(cohort, run.read_table("recognition")),
+               **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion),
                **multiple_choice_readings(task, run.read_records(), cohort.failure)}
     run.write_summary(summary)
     return summary
 
 
+def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
+    """The failure screen of a failures/repair run folder: its recognition score (gold
+    first under `readout`) against its generation score (greedy deployed right)."""
+    recognition = run.read_table("recognition")
+    mine = recognition[recognition["readout"] == readout].set_index("question_id")["gold_first"]
+    records = run.read_records(filters=[("probe", "=", DEPLOYED)])
+    deployed = records.set_index("question_id")["correct"].astype(bool)
+    ids = list(mine.index)
+    return {**screen_cell(mine.loc[ids].to_numpy(bool), deployed.loc[ids].to_numpy(bool), criterion),
+            "readout": readout, "criterion": criterion.describe()}
+
+
+#: what a repair run silences: every component at every layer, or ("mlp") the MLP at
+#: every layer and then attention and the whole layer at the chosen MLP layer only (the
+#: paper's same-layer controls, a third of the cost; no own-best layer for them)
+SWEEPS = ("all", "mlp")
+
+
+def screen_table(runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> pd.DataFrame:
+    """The cell-level failure screen (the paper's Figure 4a): one row per cell (a
+    failures or repair run: one model on one task) with its recognition score, its
+    generation score, their difference and paired interval, and whether `criterion`
+    calls it a failure cell. Cells of one task decoded differently are refused."""
+    rows, decoding = [], {}
+    for run in runs:
+        cfg = run.config
+        # the task's name and its data file: ARC-Easy and ARC-Challenge are both "arc"
+        task = f"{cfg['task']['name']} ({Path(str(cfg['task'].get('source', ''))).name})"
+        if decoding.setdefault(task, (cfg["deployed"], run.path))[0] != cfg["deployed"]:
+            first, where = decoding[task]
+            raise ValueError(f"cells of task {task!r} were decoded differently: {first} ({where}) != "
+                             f"{cfg['deployed']} ({run.path}); rerun them with one decoding")
+        cell = cell_screen(run, cfg["readout"], criterion)
+        rows.append({"model": cfg["model"], "task": task, "readout": cfg["readout"], "path": str(run.path),
+                     **{k: cell[k] for k in ("n_questions", "recognition_score", "generation_score", "difference",
+                                             "n_recognised_not_generated", "failure")},
+                     "difference_lo": cell["difference_ci"][0], "difference_hi": cell["difference_ci"][1]})
+    return pd.DataFrame(rows)
+
+
+def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
+    """The screen of `runs` into a run folder (kind "screen"): table `screen` and a
+    summary stating the criterion and which cells it keeps."""
+    table = screen_table(runs, criterion)
+    run = RunDir.create(out, {"kind": "screen", "cells": [{"path": str(r.path), "config_hash": r.config_hash} for r in runs],
+                              "criterion": asdict(criterion)})
+    run.write_table("screen", table)
+    summary = {"kind": "screen", "criterion": criterion.describe(), "margin": criterion.margin, "level": criterion.level,
+               "n_cells": len(table), "n_failure_cells": int(table["failure"].sum()) if len(table) else 0,
+               "cells": table.to_dict(orient="records")}
+    run.write_summary(summary)
+    return summary
+
+
 def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
-               panel: int | None = 8, decoding: Decoding | None = None, layers: Sequence[int] | None = None,
-               components: Sequence[str] = COMPONENTS, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
+               layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
+               batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
-    and a summary with the best block per component."""
+    the `controls` table and a summary: the MLP block chosen on the selection part,
+    same-layer attention and whole-layer controls, and each component's own best, all
+    scored on the held-out part. `sweep` is one of `SWEEPS`."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     decoding = decoding or deployed_decoding(task)
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
-    run = RunDir.create(out, localisation_config("repair", lm, task, decoding, readout, panel, batch_size,
-                                                 layers=layers, components=list(components)))
-    cohort = build_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding,
+    run = RunDir.create(out, localisation_config("repair", lm, task, decoding, readout, panel, batch_size, split,
+                                                 layers=layers, components=list(components), sweep=sweep))
+    cohort = build_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
-    table = silencing_sweep(lm, task, cohort.failure, cohort.panel, decoding=decoding, layers=layers,
-                            components=components, run=run, batch_size=batch_size, progress=progress)
+    common = dict(decoding=decoding, split=split, run=run, batch_size=batch_size, progress=progress)
+    if sweep == "all":
+        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=components, **common)
+    else:
+        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=("mlp",), **common)
+        chosen = best_blocks(table, on="selection").get("mlp")
+        if chosen is not None:
+            others = [c for c in components if c != "mlp"]
+            table = pd.concat([table, silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=[chosen["layer"]],
+                                                      components=others, **common)], ignore_index=True)
     run.write_table("repair", table)
-    best = best_blocks(table)
+    localisation = localisation_summary(table)
+    controls = controls_table(localisation)
+    run.write_table("controls", controls)
+    # each component's own best block (chosen on the selection part): how its answers moved (issue 17)
+    best = best_blocks(table, on="selection")
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
-    summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout,
-               **cohort_summary(cohort, run.read_table("recognition")),
-               "best": best, "table": table.to_dict(orient="records"),
+    summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout, "sweep": sweep,
+               **cohort_summary(cohort, run.read_table("recognition")), "screen": cell_screen(run, readout),
+               **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
+               "table": table.to_dict(orient="records"),
                **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes)}
     run.write_summary(summary)
     return summary

@@ -201,6 +201,15 @@ def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> None:
         lm.check_fits(n + max_new_tokens, f"question {q.id!r} ({n} prompt tokens + {max_new_tokens} new)")
 
 
+def deployed_decoding(task: Task, max_new_tokens: int | None = None, temperature: float = 0.0) -> Decoding:
+    """The one deployed decoding of a task, for every command (audit, failures, repair,
+    steer, units, sweeps, routing): greedy unless told otherwise, `task.max_new_tokens`
+    new tokens unless overridden. Runs decoded differently are not comparable: the
+    decoding is recorded in every manifest ("deployed") and cross-run views refuse a
+    mismatch."""
+    return Decoding(temperature=temperature, max_new_tokens=max_new_tokens or task.max_new_tokens)
+
+
 def chance_summary(task: Task, records, k: int | None) -> dict[str, Any] | None:
     """`metrics.chance_baselines` for the deployed rows of `records` (one per question of
     `task` present there), or None when the task's answers are not a finite option set."""

@@ -11,11 +11,18 @@ Steering adds ``alpha * v`` to that same output at every position (`Steer` at th
 block's site). Rescue: ``-alpha * v`` on the failure set, rate = fraction now right.
 Induction: ``+alpha * v`` on the healthy panel, rate = fraction now wrong.
 
-Units. Each MLP unit i of the block writes ``act_i * W_out[i]`` into the residual
-stream; its directional contribution is ``mean_failure(act_i) * (W_out[i] . v)``
-(act at ``mlp.hook_post``, last prompt position). Silencing the top-k units
+Held out. The block, v and the unit scores come from the selection parts of the failure
+set and panel (`cohort.Split`); rescue, induction and unit repair are measured on the
+held-out parts, each rate with a Wilson interval on its own denominator.
+
+Units. Each MLP unit i of the block writes ``act_i * W_out[i]`` into the MLP output;
+its directional contribution is that write, as it reaches the residual stream, dotted
+with v and averaged over the failure set (act at ``mlp.hook_post``, last prompt
+position). Where the site table has a post-MLP norm (Gemma-2/3) the write passes
+through it first (`unit_contributions`). Silencing the top-k units
 (`AblateUnits`) is compared with silencing the whole MLP output: recovered fraction =
-repair(top-k) / repair(whole MLP); k random units (seeded) are the control.
+repair(top-k) / repair(whole MLP); `DEFAULT_DRAWS` (20) seeded draws of k random units
+are the control, reported with their spread (`units_spread`).
 
 Rows, the cohort and run configs come from `cohort.py`; tables go to the run folder and
 the report draws them.
@@ -33,15 +40,16 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.cohort import (
-    Cohort, Row, build_cohort, cohort_summary, deployed_decoding, localisation_config, multiple_choice_readings, rates,
-    run_rows,
+    PANEL_CAP, Cohort, Row, Split, build_cohort, cohort_summary, localisation_config, multiple_choice_readings,
+    outcome_counts, rates, run_rows,
 )
 from rnr_interp.generate import Decoding, forward, left_pad
-from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, set_id, site_hook
+from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
+from rnr_interp.metrics import DEPLOYED, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.repair import ablation_probe, best_blocks, silencing_sweep
-from rnr_interp.sampling import chunks, prompt_ids
+from rnr_interp.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
 DEFAULT_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -95,9 +103,12 @@ def steer_spec(layer: int, component: str, v: Tensor, alpha: float) -> Steer:
 
 def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
-                   run: RunDir | None = None, batch_size: int = 32, progress: bool = False) -> pd.DataFrame:
-    """Table (alpha, direction, rate, n): rescue = -alpha v on the failure set (rate:
-    now right), induction = +alpha v on the panel (rate: now wrong)."""
+                   run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
+                   level: float = 0.95) -> pd.DataFrame:
+    """Table (alpha, direction, rate, lo, hi, k, n): rescue = -alpha v on `failure`
+    (rate: now right), induction = +alpha v on `panel` (rate: now wrong); Wilson
+    interval on each rate's own denominator. Pass the held-out parts: v is chosen on
+    the selection parts."""
     rows = []
     for alpha in alphas:
         rows += [Row(q, (steer_spec(layer, component, v, -alpha),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
@@ -105,57 +116,110 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
     records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="steer", progress=progress)
     table = []
     for alpha in alphas:
-        rescue, _ = rates(records, failure, (), str(ProbeLabel.steer("rescue", alpha)))
-        _, induction = rates(records, (), panel, str(ProbeLabel.steer("induction", alpha)))
-        table.append({"alpha": float(alpha), "direction": "rescue", "rate": rescue, "n": len(failure)})
-        table.append({"alpha": float(alpha), "direction": "induction", "rate": induction, "n": len(panel)})
+        fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer("rescue", alpha)))
+        right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer("induction", alpha)))
+        for direction, p in (("rescue", proportion(fixed, n_f, level)), ("induction", proportion(n_p - right, n_p, level))):
+            table.append({"alpha": float(alpha), "direction": direction, "rate": p["rate"], "lo": p["ci"][0],
+                          "hi": p["ci"][1], "k": p["k"], "n": p["n"]})
     return pd.DataFrame(table)
 
 
 # -- units -----------------------------------------------------------------------------
 
 
-def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor, batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
-    """Directional contribution of each MLP unit of `layer` along v, averaged over the
-    failure set at the last prompt position."""
-    key = ("mlp.hook_post", layer)
-    acts = last_position(lm, [prompt_ids(lm, task, q) for q in failure], [key], batch_size)[key]
+@torch.inference_mode()
+def unit_contributions(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, v: Tensor,
+                       batch_size: int = 16) -> Float[Tensor, "n d_mlp"]:
+    """Per prompt (last position) and MLP unit i of `layer`: how far the unit's write
+    moves the residual stream along v, in the basis the block writes to the stream.
+    Without a post-MLP norm that is ``act_i * (W_out[i] . v)``. With one (the site
+    table's ``post_mlp_norm``, Gemma-2/3) the stream receives ``norm(m)``, m = sum_i
+    act_i W_out[i]; an RMSNorm is ``c(m) * (g * m)`` with g its gain (the norm of a
+    vector of ones, up to a constant) and c a scalar per prompt, found exactly by least
+    squares from the norm's input and output, so unit i writes ``act_i * c * (g *
+    W_out[i])``. The contributions of a prompt sum to ``(block output - bias) . v``."""
+    norm_site = "post_mlp_norm" in SITES[family(lm)]
+    keys = [("mlp.hook_post", layer)] + ([("mlp.hook_out", layer), ("hook_mlp_out", layer)] if norm_site else [])
+    acts = last_position(lm, prompts, keys, batch_size)
     w_out = lm.bridge.blocks[layer].mlp.W_out.detach().float().cpu()  # (d_mlp, d_model)
-    return acts.mean(0) * (w_out @ v.float().cpu())
+    post = acts[("mlp.hook_post", layer)]
+    v = v.float().cpu()
+    if not norm_site:
+        return post * (w_out @ v)
+    norm = lm.bridge.get_submodule(site_hook(lm, "post_mlp_norm", layer))
+    ones = torch.ones(1, 1, w_out.shape[1], dtype=next(norm.parameters()).dtype, device=lm.device)
+    gain: Float[Tensor, "d"] = norm(ones)[0, 0].float().cpu()
+    m, y = acts[("mlp.hook_out", layer)], acts[("hook_mlp_out", layer)]
+    gm = gain * m
+    c: Float[Tensor, "n"] = (y * gm).sum(-1) / (gm * gm).sum(-1).clamp_min(1e-30)
+    return (post * c[:, None]) * ((w_out * gain) @ v)
+
+
+def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor,
+                batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
+    """Directional contribution of each MLP unit of `layer` along v (`unit_contributions`),
+    averaged over the failure set at the last prompt position."""
+    return unit_contributions(lm, [prompt_ids(lm, task, q) for q in failure], layer, v, batch_size).mean(0)
 
 
 def top_units(scores: Tensor, k: int) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.argsort(scores, descending=True, stable=True)[:k])
 
 
-def random_units(d_mlp: int, k: int, seed: int) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.random.default_rng([seed, k]).choice(d_mlp, size=k, replace=False))
+def random_units(d_mlp: int, k: int, seed: int, draw: int = 0) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.random.default_rng([seed, k, draw]).choice(d_mlp, size=k, replace=False))
+
+
+#: random-k draws per k: the control's spread, not one lucky or unlucky draw
+DEFAULT_DRAWS = 20
 
 
 def units_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, scores: Tensor, *,
-                ks: Sequence[int] = DEFAULT_KS, seed: int = 0, decoding: Decoding, run: RunDir | None = None,
-                batch_size: int = 32, progress: bool = False) -> tuple[pd.DataFrame, float]:
-    """Table (k, selection, units_hash, repair_rate, recovered_fraction, n) and the
-    whole-MLP repair rate it is a fraction of (NaN fractions when that is 0)."""
+                ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, decoding: Decoding,
+                run: RunDir | None = None, batch_size: int = 32, progress: bool = False) -> tuple[pd.DataFrame, float]:
+    """Table (k, selection, draw, units, repair_rate, recovered_fraction, n): the top-k
+    units and `draws` sets of k random units (seeded) silenced on `failure` (the
+    held-out part), and the whole-MLP repair rate there that the fractions divide (NaN
+    fractions when it is 0)."""
+    if draws < 1:
+        raise ValueError(f"the random-k control needs at least one draw, got {draws}")
     d_mlp = scores.shape[0]
     ks = [k for k in ks if 0 < k <= d_mlp]
-    block = (Ablate("mlp", layer),)
-    sets = {("block", 0): block}
+    sets: dict[tuple[str, int, int], tuple] = {("block", 0, 0): (Ablate("mlp", layer),)}
     for k in ks:
-        sets[("top", k)] = (AblateUnits(layer, top_units(scores, k)),)
-        sets[("random", k)] = (AblateUnits(layer, random_units(d_mlp, k, seed)),)
-    probe = {key: (ablation_probe("mlp", layer) if key[0] == "block" else str(ProbeLabel.units(*key))) for key in sets}
+        sets[("top", k, 0)] = (AblateUnits(layer, top_units(scores, k)),)
+        for draw in range(draws):
+            sets[("random", k, draw)] = (AblateUnits(layer, random_units(d_mlp, k, seed, draw)),)
+    probe = {key: ablation_probe("mlp", layer) if key[0] == "block" else
+             str(ProbeLabel.units("top", key[1])) if key[0] == "top" else str(ProbeLabel.units("random", key[1], key[2]))
+             for key in sets}
     rows = [Row(q, specs, probe[key]) for key, specs in sets.items() for q in failure]
     records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="units", progress=progress)
-    whole, _ = rates(records, failure, (), probe[("block", 0)])
+    whole, _ = rates(records, failure, (), probe[("block", 0, 0)])
     table = []
-    for (selection, k), specs in sets.items():
+    for (selection, k, draw), specs in sets.items():
         if selection == "block":
             continue
-        repair, _ = rates(records, failure, (), probe[(selection, k)])
-        table.append({"k": k, "selection": selection, "units": set_id(specs), "repair_rate": repair,
+        repair, _ = rates(records, failure, (), probe[(selection, k, draw)])
+        table.append({"k": k, "selection": selection, "draw": draw, "units": set_id(specs), "repair_rate": repair,
                       "recovered_fraction": repair / whole if whole > 0 else float("nan"), "n": len(failure)})
     return pd.DataFrame(table), whole
+
+
+def units_spread(table: pd.DataFrame) -> pd.DataFrame:
+    """Per k: the top-k recovered fraction and the random-k draws' mean, sd, min,
+    10th/90th percentile and max (the control's spread)."""
+    rows = []
+    for k, sub in table.groupby("k"):
+        top = sub.loc[sub["selection"] == "top", "recovered_fraction"]
+        rnd = sub.loc[sub["selection"] == "random", "recovered_fraction"].to_numpy(float)
+        spread = ({"random_mean": float(np.mean(rnd)), "random_sd": float(np.std(rnd, ddof=1)) if len(rnd) > 1 else 0.0,
+                   "random_min": float(np.min(rnd)), "random_p10": float(np.quantile(rnd, 0.1)),
+                   "random_p90": float(np.quantile(rnd, 0.9)), "random_max": float(np.max(rnd))}
+                  if len(rnd) and not np.isnan(rnd).all() else
+                  dict.fromkeys(("random_mean", "random_sd", "random_min", "random_p10", "random_p90", "random_max"), float("nan")))
+        rows.append({"k": int(k), "top": float(top.iloc[0]) if len(top) else float("nan"), "n_draws": int(len(rnd)), **spread})
+    return pd.DataFrame(rows)
 
 
 # -- run folders -------------------------------------------------------------------------
@@ -163,104 +227,142 @@ def units_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], layer:
 
 def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, layer: int | None, component: str,
                  repair_run: Path | None, decoding: Decoding, batch_size: int, progress: bool) -> tuple[int, str]:
-    """The block to steer: given, else the best of a repair run, else found by sweeping
-    this component (written as this run's `repair` table)."""
+    """The block to steer: given, else the one a repair run chose (for the MLP its
+    chosen block, else the component's own best), else found by sweeping this component
+    (this run's `repair` table); always chosen on the selection part."""
     if layer is not None:
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
-        best = RunDir(repair_run).read_summary().get("best", {}).get(component)
+        summary = RunDir(repair_run).read_summary()
+        best = (summary.get("own_best") or {}).get(component)
         if best is None:
-            raise ValueError(f"repair run {repair_run} found no {component} block that repairs anything")
-        return int(best["layer"]), f"best {component} block of repair run {repair_run}"
+            raise ValueError(f"repair run {repair_run} found no {component} block that repairs any selection-part failure")
+        return int(best["selection"]["layer"]), f"{component} block chosen on the selection part by repair run {repair_run}"
     table = silencing_sweep(lm, task, cohort.failure, cohort.panel, decoding=decoding, components=(component,),
-                            run=run, batch_size=batch_size, progress=progress)
+                            split=cohort.split, run=run, batch_size=batch_size, progress=progress)
     run.write_table("repair", table)
-    best = best_blocks(table).get(component)
+    best = best_blocks(table, on="selection").get(component)
     if best is None:
-        raise ValueError(f"no {component} block repairs any of the {len(cohort.failure)} failures; pass --layer")
-    return int(best["layer"]), f"best {component} block of this run's sweep (selectivity {best['selectivity']:.3f})"
+        raise ValueError(f"no {component} block repairs any of the {len(cohort.parts('failure')[0])} selection-part "
+                         "failures; pass --layer")
+    return int(best["layer"]), (f"best {component} block of this run's sweep on the selection part "
+                                f"(selectivity {best['selectivity']:.3f})")
 
 
-def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, **kw) -> Cohort:
-    """This run's cohort, or the one stored in `repair_run` (same questions) so steering
-    and units act on exactly the sets the sweep used."""
-    cohort = build_cohort(lm, task, run, **kw)
+def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, **kw: Any) -> Cohort:
+    """This run's cohort, or the one stored in `repair_run` (same questions, model,
+    prompt, decoding, readout, panel cap and split; read back, nothing recomputed) so
+    steering and units act on exactly the sets the sweep used."""
     if repair_run is None:
-        return cohort
+        return build_cohort(lm, task, run, **kw)
     src = RunDir(repair_run)
+    for key in ("model", "question_ids_hash", "deployed", "readout", "panel", "split"):
+        if src.config.get(key) != run.config.get(key):
+            raise ValueError(f"repair run {repair_run} differs from this run in {key!r}: "
+                             f"{src.config.get(key)!r} != {run.config.get(key)!r} (use the same options)")
     by_id = {q.id: q for q in task.questions}
-    f_ids, p_ids = src.read_json("failure_set"), src.read_json("healthy_panel")
-    missing = [i for i in f_ids["question_ids"] + p_ids["question_ids"] if i not in by_id]
-    if missing:
-        raise ValueError(f"repair run {repair_run} names questions not in this task (e.g. {missing[0]}): use the same --task/--n")
-    cohort.failure = [by_id[i] for i in f_ids["question_ids"]]
-    cohort.panel = [by_id[i] for i in p_ids["question_ids"]]
-    cohort.failure_criterion, cohort.panel_criterion = f_ids["criterion"], p_ids["criterion"]
+    f_ids, p_ids, done = src.read_json("failure_set"), src.read_json("healthy_panel"), src.read_summary()
+    cohort = Cohort(failure=[by_id[i] for i in f_ids["question_ids"]], panel=[by_id[i] for i in p_ids["question_ids"]],
+                    failure_criterion=f_ids["criterion"], panel_criterion=p_ids["criterion"],
+                    n_questions=done["n_questions"], n_recognised=done["n_recognised"],
+                    n_deployed_correct=round(done["deployed_accuracy"] * done["n_questions"]), split=kw["split"])
     run.write_json("failure_set", cohort.failure_json())
     run.write_json("healthy_panel", cohort.panel_json())
     return cohort
 
 
+def _records_for_readings(run: RunDir, repair_run: Path | None) -> pd.DataFrame:
+    """This run's records for `cohort.multiple_choice_readings`; with `repair_run` the
+    cohort (and its deployed answers) is read back, not recomputed, so the deployed rows
+    come from the repair run."""
+    records = run.read_records()
+    if repair_run is None:
+        return records
+    deployed = RunDir(repair_run).read_records(filters=[("probe", "=", DEPLOYED)])
+    mine = records[records["probe"] != DEPLOYED]
+    return deployed if mine.empty else pd.concat([deployed, mine], ignore_index=True)
+
+
+def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, columns: list[str]) -> dict[str, Any] | None:
+    """Write an empty result and say why when a part the analysis needs is empty."""
+    f_sel, f_out = cohort.parts("failure")
+    p_sel, p_out = cohort.parts("panel")
+    reason = cohort.why_empty() or next((f"the {name} is empty" for name, part in (
+        ("selection part of the failure set", f_sel), ("held-out part of the failure set", f_out),
+        ("selection part of the healthy panel", p_sel), ("held-out part of the healthy panel", p_out)) if not part), None)
+    if reason is None:
+        return None
+    summary["skipped"] = reason
+    run.write_table(table, pd.DataFrame(columns=columns))
+    run.write_summary(summary)
+    return summary
+
+
 def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
               repair_run: Path | None = None, alphas: Sequence[float] = DEFAULT_ALPHAS, readout: str = "option:mean",
-              panel: int | None = 8, decoding: Decoding | None = None, batch_size: int = 32,
-              progress: bool = True) -> dict[str, Any]:
-    """Direction for the chosen block, rescue and induction curves (kind "steer")."""
+              panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
+              batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+    """Direction for the chosen block from the selection parts; rescue and induction
+    on the held-out parts (kind "steer")."""
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, layer=layer,
+    run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, split, layer=layer,
                                            component=component, repair_run=str(repair_run) if repair_run else None,
                                            alphas=[float(a) for a in alphas]))
-    cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, decoding=decoding,
+    cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
     summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
-               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
-    if not cohort.failure or not cohort.panel:
-        summary["skipped"] = cohort.why_empty() or "the healthy panel is empty (no question answered right)"
-        run.write_table("steering", pd.DataFrame(columns=["alpha", "direction", "rate", "n"]))
-        run.write_summary(summary)
-        return summary
+               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
+    if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
+        return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
                                decoding=decoding, batch_size=batch_size, progress=progress)
-    v = direction(lm, task, cohort.failure, cohort.panel, chosen, component)
+    (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
+    v = direction(lm, task, f_sel, p_sel, chosen, component)
     run.write_json("direction", {"layer": chosen, "component": component, "site": COMPONENT_SITE[component],
-                                 "norm": float(v.norm()), "vector": v.tolist(), "why": why})
-    table = steering_sweep(lm, task, cohort.failure, cohort.panel, chosen, component, v, alphas=alphas,
+                                 "norm": float(v.norm()), "vector": v.tolist(), "why": why,
+                                 "from": "selection parts of the failure set and panel"})
+    table = steering_sweep(lm, task, f_out, p_out, chosen, component, v, alphas=alphas,
                            decoding=decoding, run=run, batch_size=batch_size, progress=progress)
     run.write_table("steering", table)
     summary.update({"layer": chosen, "component": component, "block_choice": why, "v_norm": float(v.norm()),
+                    "scored_on": "held-out parts (v from the selection parts)",
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
-    summary.update(multiple_choice_readings(task, run.read_records(), cohort.failure, rescues))
+    summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues))
     run.write_summary(summary)
     return summary
 
 
 def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
-              ks: Sequence[int] = DEFAULT_KS, seed: int = 0, readout: str = "option:mean", panel: int | None = 8,
-              decoding: Decoding | None = None, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
-    """Top-k units by directional contribution vs k random units (kind "units")."""
+              ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, readout: str = "option:mean",
+              panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
+              batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+    """Top-k units by directional contribution (scored on the selection part) vs
+    `draws` sets of k random units, silenced on the held-out failures (kind "units")."""
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, localisation_config("units", lm, task, decoding, readout, panel, batch_size, layer=layer,
+    run = RunDir.create(out, localisation_config("units", lm, task, decoding, readout, panel, batch_size, split, layer=layer,
                                            repair_run=str(repair_run) if repair_run else None,
-                                           ks=[int(k) for k in ks], seed=seed))
-    cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, decoding=decoding,
+                                           ks=[int(k) for k in ks], seed=seed, draws=draws))
+    cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
     summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
-               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
-    if not cohort.failure or not cohort.panel:
-        summary["skipped"] = cohort.why_empty() or "the healthy panel is empty (no question answered right)"
-        run.write_table("units", pd.DataFrame(columns=["k", "selection", "recovered_fraction"]))
-        run.write_summary(summary)
-        return summary
+               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
+    if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
+        return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
                                decoding=decoding, batch_size=batch_size, progress=progress)
-    v = direction(lm, task, cohort.failure, cohort.panel, chosen, "mlp")
-    scores = unit_scores(lm, task, cohort.failure, chosen, v)
-    table, whole = units_sweep(lm, task, cohort.failure, chosen, scores, ks=ks, seed=seed, decoding=decoding,
+    (f_sel, f_out), (p_sel, _) = cohort.parts("failure"), cohort.parts("panel")
+    v = direction(lm, task, f_sel, p_sel, chosen, "mlp")
+    scores = unit_scores(lm, task, f_sel, chosen, v)
+    table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
                                run=run, batch_size=batch_size, progress=progress)
+    spread = units_spread(table)
     run.write_table("units", table)
+    run.write_table("units_spread", spread)
     run.write_table("unit_scores", pd.DataFrame({"unit": range(len(scores)), "score": scores.numpy()}))
     summary.update({"layer": chosen, "block_choice": why, "whole_block_repair": whole,
+                    "scored_on": "held-out failures (v and unit scores from the selection parts)",
+                    "random_draws": draws, "spread": spread.replace({np.nan: None}).to_dict(orient="records"),
                     "table": table.to_dict(orient="records")})
     run.write_summary(summary)
     return summary

@@ -197,7 +197,7 @@ def run_cell(cell: Cell, out_root: str | Path, progress: bool = False) -> dict[s
     """Audit `cell` into ``out_root/<cell.folder>`` (resuming a partial run), unless it
     is finished. Returns its status entry for the index; errors propagate."""
     from rnr_interp.audit import run_audit
-    from rnr_interp.generate import Decoding
+    from rnr_interp.sampling import deployed_decoding
     from rnr_interp.tasks import load_task
 
     folder = Path(out_root) / cell.folder
@@ -206,7 +206,7 @@ def run_cell(cell: Cell, out_root: str | Path, progress: bool = False) -> dict[s
     start = time.monotonic()
     task = load_task(cell.task, data=cell.data, n=cell.n)
     lm = _model(cell.model, cell.backend)
-    deployed = Decoding(temperature=cell.deployed_temperature, max_new_tokens=cell.max_new_tokens or task.max_new_tokens)
+    deployed = deployed_decoding(task, cell.max_new_tokens, temperature=cell.deployed_temperature)
     summary = run_audit(lm, task, folder, probe=cell.probe, deployed=deployed, interventions=loads(cell.interventions),
                         batch_size=cell.batch_size, progress=progress)
     return _status(cell, "done", seconds=round(time.monotonic() - start, 2),

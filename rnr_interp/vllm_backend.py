@@ -38,7 +38,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from rnr_interp.generate import Decoding, Generation, _cut_at_stop
-from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, _smollm2_dir, _stop_token_ids, build_tiny, cache_dir
+from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, _smollm2_dir, _stop_token_ids, build_tiny, cache_dir
 from rnr_interp.sampling import check_hooks
 
 
@@ -65,9 +65,12 @@ class VLLMModel:
     chat: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
     backend: str = "vllm"
+    prompt_override: PromptFormat | None = None
 
     render = LoadedModel.render
     encode = LoadedModel.encode
+    _adds_bos = LoadedModel._adds_bos
+    prompt_format = LoadedModel.prompt_format
 
     def facts(self) -> dict[str, Any]:
         cfg = self.hf_config.get_text_config()

@@ -11,8 +11,8 @@ import pytest
 
 from rnr_interp.audit import run_audit
 from rnr_interp.compare import (
-    REACHABLE, REALIZED, RunMismatchError, budget_control, budget_probe, check_aligned, compare_runs,
-    propensity, transitions,
+    DEFAULT_BIN_EDGES, REACHABLE, REALIZED, ROLES, RunMismatchError, budget_control, budget_probe, check_aligned,
+    compare_runs, propensity, reached, transitions,
 )
 from rnr_interp.generate import Decoding
 from rnr_interp.metrics import mcnemar
@@ -101,19 +101,26 @@ def test_every_question_in_one_category_and_counts_match(random_pair, tmp_path):
 
 
 def test_propensity_bins_recount(random_pair):
+    """Default bins are the paper's, (lo, hi] with the top bin "hit rate > 35%";
+    finer bins on request, recounted from the outcomes."""
     base_run, trained_run, base, trained = random_pair
     t = transitions(base_run.read_records(), trained_run.read_records())
-    edges = [0, 0.1, 0.35, 0.65, 1.0]
-    table = propensity(t, edges)
-    assert list(table["bin"]) == ["[0, 0.1)", "[0.1, 0.35)", "[0.35, 0.65)", "[0.65, 1]"]
-    for _, row in table.iterrows():
-        last = row["hi"] == 1.0
-        members = [q for q, (d, c) in base.items() if not d and c > 0
-                   and row["lo"] <= c / K and (c / K < row["hi"] or (last and c / K == 1.0))]
-        assert row["n"] == len(members)
-        assert row["n_realized"] == sum(trained[q][0] for q in members)
-    pool = sum(1 for d, c in base.values() if not d and c > 0)
-    assert table["n"].sum() == pool  # every base-reachable, unrealized question lands in one bin
+    assert list(propensity(t)["bin"]) == ["[0, 0.1]", "(0.1, 0.35]", "(0.35, 1]"]
+    for edges in (DEFAULT_BIN_EDGES, [0, 0.25, 0.375, 0.65, 1.0]):  # 0.25 = 2/8 and 0.375 = 3/8 sit on edges
+        table = propensity(t, edges)
+        for _, row in table.iterrows():
+            first = row["lo"] == 0
+            members = [q for q, (d, c) in base.items() if not d and c > 0
+                       and (row["lo"] < c / K or (first and c / K == 0)) and c / K <= row["hi"]]
+            assert row["n"] == len(members)
+            assert row["n_realized"] == sum(trained[q][0] for q in members)
+            if members:
+                lo, hi = row["realized_rate_ci"]
+                assert lo <= row["realized_rate"] <= hi
+        pool = sum(1 for d, c in base.values() if not d and c > 0)
+        assert table["n"].sum() == pool  # every base-reachable, unrealized question lands in one bin
+    top = propensity(t).iloc[-1]
+    assert top["n"] == sum(1 for d, c in base.values() if not d and c / K > 0.35)
     with pytest.raises(ValueError, match="increasing"):
         propensity(t, [0, 0.5, 0.5, 1])
 
@@ -173,12 +180,13 @@ def first_char_task(n=16) -> FirstChar:
 def test_real_audits_of_tiny_models(tmp_path):
     task = first_char_task()
     probe = Probe(k=4, temperature=1.0)
-    runs = []
+    runs, models = [], []
     for seed in (0, 1):
         lm = load_model("tiny-llama", seed=seed)
         run_audit(lm, task, tmp_path / f"run{seed}", probe=probe, progress=False)
         runs.append(RunDir(tmp_path / f"run{seed}"))
-    s = compare_runs(*runs, tmp_path / "cmp", control_lm=lm, control_task=task)
+        models.append(lm)
+    s = compare_runs(*runs, tmp_path / "cmp", control_models=dict(zip(ROLES, models)), control_task=task)
     t = RunDir(tmp_path / "cmp").read_table("transitions")
     assert len(t) == len(task) == s["n_questions"]
     assert sum(s["realized"].values()) == sum(s["reachable"].values()) == len(task)
@@ -190,27 +198,96 @@ def test_real_audits_of_tiny_models(tmp_path):
         assert (t.set_index("question_id")[f"{who}_d"] == dep.loc[t["question_id"]]).all()
         assert (t.set_index("question_id")[f"{who}_o"] == reach.loc[t["question_id"]]).all()
     assert len(set(t["realized"])) > 1 and len(set(t["reachable"])) > 1  # the task does spread outcomes
+    # budget control: every question re-probed by both models, 2K fresh samples each
     bc = s["budget_control"]
-    assert bc["k_control"] == 2 * probe.k and bc["n_left"] == s["reachable"]["left"]
-    assert 0 <= bc["n_back"] <= bc["n_left"]
+    assert bc["k_control"] == 2 * probe.k and set(bc["budgets"]) == {"4", "8"}
     ctrl = RunDir(tmp_path / "cmp").read_records()
-    assert set(ctrl["probe"]) <= {"temperature_k8"}
-    assert ctrl.groupby("question_id").size().eq(8).all()
-    assert set(ctrl["question_id"]) == set(t.loc[t["reachable"] == "left", "question_id"])
+    assert set(ctrl["probe"]) == {"temperature_base_k8", "temperature_trained_k8"}
+    assert ctrl.groupby(["probe", "question_id"]).size().eq(8).all()
+    assert set(ctrl["question_id"]) == set(t["question_id"])
+    d = {who: t.set_index("question_id")[f"{who}_d"] for who in ROLES}
+    for budget, b in bc["budgets"].items():
+        o = {who: ctrl[(ctrl["probe"] == f"temperature_{who}_k8") & (ctrl["candidate"] < int(budget))]
+             .groupby("question_id")["correct"].any() for who in ROLES}
+        assert b["O_base"] == pytest.approx(o["base"].mean()) and b["O_trained"] == pytest.approx(o["trained"].mean())
+        assert b["reachable_change"] == pytest.approx(o["trained"].mean() - o["base"].mean())
+        assert b["gap_trained"] == pytest.approx(o["trained"].mean() - d["trained"].mean())
+        lo, hi = b["reachable_change_ci"]
+        assert lo <= b["reachable_change"] <= hi
+        assert b["n_left"] == int((o["base"] & ~o["trained"]).sum())
+    assert bc["budgets"]["8"]["O_base"] >= bc["budgets"]["4"]["O_base"]  # the first K are a subset of the 2K
+    # fresh seeds: the control's samples are not the audit's
+    audit_rows = runs[1].read_records()
+    first = audit_rows[audit_rows["probe"] == "temperature"].set_index(["question_id", "candidate"])["seed"]
+    fresh = ctrl[ctrl["probe"] == "temperature_trained_k8"].set_index(["question_id", "candidate"])["seed"]
+    assert not set(first.loc[first.index.intersection(fresh.index)]) & set(fresh)
 
 
 def test_budget_control_samples_fresh_2k(tmp_path):
     task = first_char_task(6)
     lm = load_model("tiny-llama", seed=1)
     cfg = config(k=4)
-    probe = budget_probe(cfg)
-    assert (probe.k, probe.seed, probe.name) == (8, 1, "temperature_k8")
+    probe = budget_probe(cfg, "trained")
+    assert (probe.k, probe.seed, probe.name) == (8, 1, "temperature_trained_k8")
+    assert budget_probe(cfg, "base").name == "temperature_base_k8"
     ids = ["fc-1", "fc-4"]
     out = budget_control(lm, task, ids, probe, Decoding(max_new_tokens=3))
-    assert list(out["question_id"]) == ids and (out["n"] == 8).all()
-    assert (out["o"] == (out["c"] > 0)).all()
+    assert sorted(set(out["question_id"])) == ids and out.groupby("question_id").size().eq(8).all()
+    assert list(reached(out, ids, 8)) == [bool(out[out["question_id"] == q]["correct"].any()) for q in ids]
+    with pytest.raises(ValueError, match="fewer than 9"):
+        reached(out, ids, 9)
     with pytest.raises(ValueError, match="not in task"):
         budget_control(lm, task, ["nope"], probe, Decoding(max_new_tokens=3))
+
+
+def test_prompt_formats_stated_warned_and_shared_prompt_share(tmp_path):
+    """Runs asked in different prompt formats are compared with a warning naming both;
+    a shared-prompt run (the trained model in the base format) gives the share of the
+    gain retained, and must really be in the base format."""
+    chat = {"template": "<|im_start|>user\n{user_message}<|im_end|>\n<|im_start|>assistant\n", "add_bos": False}
+    plain = {"template": "{user_message}", "add_bos": True}
+    qids = [f"q{i}" for i in range(10)]
+    base = hand_run(tmp_path / "b", {q: (i < 2, 1) for i, q in enumerate(qids)}, prompt_format=plain)
+    trained = hand_run(tmp_path / "t", {q: (i < 6, 1) for i, q in enumerate(qids)}, model="trained", prompt_format=chat)
+    shared = hand_run(tmp_path / "s", {q: (i < 3, 1) for i, q in enumerate(qids)}, model="trained", prompt_format=plain)
+    s = compare_runs(base, trained, tmp_path / "cmp", shared_prompt=shared)
+    pf = s["prompt_formats"]
+    assert pf["base"] == plain and pf["trained"] == chat and pf["same"] is False and "--shared-prompt" in pf["warning"]
+    sp = s["shared_prompt"]["D"]
+    assert (sp["native_change"], sp["shared_change"]) == (pytest.approx(0.4), pytest.approx(0.1))
+    assert sp["share_retained"] == pytest.approx(0.25)
+    assert s["shared_prompt"]["O_K"]["share_retained"] is None  # every question reachable both ways: no change to share
+    same = compare_runs(base, hand_run(tmp_path / "t2", {q: (True, 1) for q in qids}, model="trained", prompt_format=plain),
+                        tmp_path / "cmp2")
+    assert same["prompt_formats"]["same"] is True and same["prompt_formats"]["warning"] is None
+    with pytest.raises(ValueError, match="base run's prompt format"):
+        compare_runs(base, trained, tmp_path / "cmp3", shared_prompt=trained)
+    with pytest.raises(ValueError, match="must audit the trained model"):
+        compare_runs(base, trained, tmp_path / "cmp4", shared_prompt=base)
+
+
+def test_audit_records_prompt_format_and_prompt_like_asks_in_it(tmp_path):
+    """`rnr audit` records the prompt format; `--prompt-like RUN` asks in RUN's format
+    (a chat model asked in a plain model's format prompts with the plain text + BOS)."""
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+    from rnr_interp.models import PromptFormat
+
+    args = ["audit", "--task", "arithmetic", "--n", "2", "--k", "1", "--quiet", "--max-new-tokens", "2"]
+    res = CliRunner().invoke(app, [*args, "--model", "tiny-gpt2", "--out", str(tmp_path / "plain")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, [*args, "--model", "tiny-llama", "--out", str(tmp_path / "shared"),
+                                   "--prompt-like", str(tmp_path / "plain")])
+    assert res.exit_code == 0, res.output
+    plain_fmt, shared_fmt = (RunDir(tmp_path / x).config["prompt_format"] for x in ("plain", "shared"))
+    assert plain_fmt == shared_fmt == {"template": "{user_message}", "add_bos": True}
+    lm = load_model("tiny-llama")
+    assert lm.prompt_format.describe() != plain_fmt  # its own format is the chat template
+    lm.prompt_override = PromptFormat.from_description(plain_fmt)
+    assert lm.encode(lm.render("1+1=")) == load_model("tiny-gpt2").encode("1+1=")
+    res = CliRunner().invoke(app, [*args, "--model", "tiny-llama", "--out", str(tmp_path / "x"), "--prompt-like", str(tmp_path)])
+    assert res.exit_code == 2 and "not a run folder" in res.output
 
 
 def test_figures_and_command(random_pair, tmp_path):

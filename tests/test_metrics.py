@@ -96,6 +96,8 @@ def test_wilson_known_values(x: int, n: int, ref: tuple[float, float]) -> None:
 
 def test_wilson_empty_is_nan() -> None:
     assert all(math.isnan(v) for v in wilson_interval(0, 0))
+    assert [wilson_interval(0, n)[0] for n in (1, 3, 7)] == [0.0] * 3  # exact, no float round-off
+    assert [wilson_interval(n, n)[1] for n in (1, 3, 7)] == [1.0] * 3
 
 
 @pytest.mark.parametrize("b,c", [(0, 0), (0, 1), (1, 0), (3, 3), (2, 9), (12, 0), (7, 17)])

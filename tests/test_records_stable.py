@@ -1,9 +1,13 @@
 """Records are a published format: restructuring the code must not change one value.
 
-An audit and a repair run on a tiny model are hashed value by value (every column,
-every row, in stored order) and compared with hashes taken from the code as it was
-before the analysis layers were restructured (commit 15fe5fa). A change here means
-existing run folders would no longer resume, or old and new records would disagree.
+An audit and a repair run on a tiny model are hashed value by value (every column but
+`run_id`, every row, in stored order) and compared with hashes taken from the code as it
+was before the analysis layers were restructured (commit 15fe5fa; recomputed without
+`run_id` at e992296, whose records equal 15fe5fa's). `run_id` derives from the run
+config, which gains keys when a run records more about itself (prompt format, split);
+the records' values must not move. The repair run is decoded with the 8 new tokens that
+were then the multiple-choice default (every command now uses the task's own length). A
+change here means old and new records would disagree.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ from rnr_interp.repair import run_repair
 from rnr_interp.sampling import Probe
 from rnr_interp.tasks import load_task
 
-#: sha256 of the records' values, computed by `content_hash` at commit 15fe5fa, then
-#: once more when the task description gained `answer_kind` (grading by answer kind,
-#: issue 17): that changed `run_id` (a hash of the config) and nothing else; without
-#: the run_id column the hashes are those of 15fe5fa (95a12e8c... and 71105c9c...).
+#: sha256 of the records' values, computed by `content_hash` (without run_id) at e992296.
+#: History: main once updated these hashes (with run_id) when the task description
+#: gained `answer_kind` (grading by answer kind, issue 17): that changed `run_id` (a
+#: hash of the config) and nothing else; without the run_id column the hashes stay
+#: those of 15fe5fa / e992296 below.
 BEFORE = {
-    "audit": "6e31e18951ad5cb0c76a3450970c530fcc16a22fe34a3a6bb97c974ea2a182f2",
-    "repair": "4d4d8047ad2026522626442a9a806e96ddbcfba350e415071c6c3f89f13c7e2c",
+    "audit": "95a12e8c77a86f1f1a211e4fce96460145997a803c7d5ecf380e04d6d95a74c9",
+    "repair": "71105c9c440b19dfb2289258bf086f2831b2181a59fe960f7cde68dd953a2673",
 }
 
 
 def content_hash(run: RunDir) -> str:
-    records = run.read_records()
+    records = run.read_records().drop(columns=["run_id"])
     h = hashlib.sha256()
     h.update(repr(list(records.columns)).encode())
     h.update(repr([str(t) for t in records.dtypes]).encode())
@@ -52,5 +57,6 @@ def test_audit_records_unchanged(lm, tmp_path):
 
 
 def test_repair_records_unchanged(lm, tmp_path):
-    run_repair(lm, load_task("arithmetic_mc", n=6), tmp_path, panel=3, layers=[0, 1], batch_size=4, progress=False)
+    run_repair(lm, load_task("arithmetic_mc", n=6), tmp_path, panel=3, layers=[0, 1], batch_size=4, progress=False,
+               decoding=Decoding(max_new_tokens=8))
     assert content_hash(RunDir(tmp_path)) == BEFORE["repair"]

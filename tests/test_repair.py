@@ -14,12 +14,15 @@ from typer.testing import CliRunner
 from rnr_interp.generate import generate
 from rnr_interp.interventions import Ablate
 from rnr_interp.models import build_tiny, load_model
-from rnr_interp.recognition import option_sequences, rank, recognize
+from rnr_interp.metrics import paired_diff_ci
+from rnr_interp.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
-from rnr_interp.cohort import deployed_decoding, select_cohort
+from rnr_interp.cohort import PANEL_CAP, Split, select_cohort
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
-from rnr_interp.repair import COMPONENTS, run_repair, silencing_sweep
+from rnr_interp.metrics import wilson_interval
+from rnr_interp.repair import COMPONENTS, controls_table, localisation_summary, run_repair, silencing_sweep
+from rnr_interp.sampling import deployed_decoding
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.tasks import load_task
 from rnr_interp.tasks.synthetic import ArithmeticMC
@@ -95,6 +98,129 @@ def test_select_cohort_criteria():
     assert none.failure == [] and "none of the 5" in none.why_empty()
 
 
+def test_panel_defaults_to_every_right_question_up_to_the_cap():
+    task = load_task("arithmetic_mc", n=PANEL_CAP + 6)
+    qs = task.questions
+    recog = [{"question_id": q.id, "readout": "option:mean", "gold_first": False} for q in qs]
+    all_right = pd.DataFrame({"question_id": [q.id for q in qs], "correct": True})
+    c = select_cohort(qs, recog, all_right)
+    assert PANEL_CAP >= 64 and c.panel == qs[:PANEL_CAP]
+    assert f"cap {PANEL_CAP}, the first {PANEL_CAP} of {len(qs)}" in c.panel_criterion
+    few = select_cohort(qs, recog, all_right.assign(correct=[i % 7 == 0 for i in range(len(qs))]))
+    assert few.panel == qs[::7] and f"all {len(qs[::7])} taken" in few.panel_criterion
+
+
+def test_split_is_seeded_disjoint_and_covers_the_set():
+    qs = load_task("arithmetic_mc", n=31).questions
+    for seed in (0, 1):
+        sel, out = Split(seed=seed)(qs)
+        assert len(sel) == 16 and len(out) == 15 and not {q.id for q in sel} & {q.id for q in out}
+        assert {q.id for q in sel} | {q.id for q in out} == {q.id for q in qs}
+        assert sel == [q for q in qs if q in sel]  # task order kept inside each part
+        assert Split(seed=seed)(qs) == (sel, out)
+    assert Split(seed=0)(qs)[0] != Split(seed=1)(qs)[0]
+    assert Split(seed=0)(qs[:1]) == (qs[:1], [])
+    with pytest.raises(ValueError, match="fraction"):
+        Split(fraction=1.0)
+
+
+def hand_table(rows):
+    """A repair table from (layer, component, repair_sel, damage_sel, repair_out k/n, damage_out k/n)."""
+    out = []
+    for layer, c, rs, ds, (rk, rn), (dk, dn) in rows:
+        rlo, rhi = wilson_interval(rk, rn)
+        dlo, dhi = wilson_interval(dk, dn)
+        out.append({"layer": layer, "component": c, "repair_rate": 0.0, "damage_rate": 0.0, "selectivity": 0.0,
+                    "repair_rate_selection": rs, "damage_rate_selection": ds, "selectivity_selection": rs - ds,
+                    "repair_rate_heldout": rk / rn, "damage_rate_heldout": dk / dn,
+                    "repair_rate_heldout_lo": rlo, "repair_rate_heldout_hi": rhi,
+                    "damage_rate_heldout_lo": dlo, "damage_rate_heldout_hi": dhi,
+                    "n_failure_heldout": rn, "n_panel_heldout": dn})
+    return pd.DataFrame(out)
+
+
+def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
+    """The paper's controls: attention and whole layer at the MLP's chosen layer (held
+    out), never their own best layer; their own bests are reported apart, labelled."""
+    table = hand_table([
+        (0, "mlp", 0.2, 0.0, (1, 10), (0, 20)), (0, "attn", 0.9, 0.0, (8, 10), (1, 20)), (0, "layer", 0.1, 0.0, (1, 10), (0, 20)),
+        (1, "mlp", 0.8, 0.1, (6, 10), (2, 20)), (1, "attn", 0.1, 0.0, (2, 10), (0, 20)), (1, "layer", 0.5, 0.5, (5, 10), (9, 20)),
+        (2, "mlp", 0.9, 0.5, (9, 10), (10, 20)), (2, "attn", 0.0, 0.0, (0, 10), (0, 20)), (2, "layer", 0.6, 0.0, (7, 10), (3, 20)),
+    ])
+    s = localisation_summary(table)
+    assert s["chosen"]["layer"] == 1  # best selection selectivity (0.7), not best held-out repair (layer 2)
+    at = s["at_chosen_layer"]
+    assert {c: e["layer"] for c, e in at.items()} == {"mlp": 1, "attn": 1, "layer": 1}
+    assert at["attn"]["repair"] == {"rate": 0.2, "ci": list(wilson_interval(2, 10)), "k": 2, "n": 10}
+    assert at["layer"]["damage"]["rate"] == pytest.approx(9 / 20) and at["layer"]["damage"]["n"] == 20
+    assert s["own_best"]["attn"]["heldout"]["layer"] == 0 and s["own_best"]["layer"]["heldout"]["layer"] == 2
+    controls = controls_table(s)
+    assert list(controls["block"]) == ["chosen MLP (layer 1)", "attention at the chosen layer 1",
+                                       "whole layer at the chosen layer 1", "attention's own best (layer 0)",
+                                       "whole layer's own best (layer 2)"]
+    assert list(controls["repair_heldout"]) == [0.6, 0.2, 0.5, 0.8, 0.7]
+    only_mlp = localisation_summary(table[(table["component"] == "mlp") | (table["layer"] == 1)])
+    assert only_mlp["at_chosen_layer"] == at and set(only_mlp["own_best"]) == {"mlp"}  # no own best without a full sweep
+    nothing = localisation_summary(table.assign(repair_rate_selection=0.0))
+    assert nothing["chosen"] is None and controls_table(nothing).empty
+
+
+def test_cell_screen_applies_its_stated_criterion():
+    """A cell fails when recognition beats generation by the margin AND the paired
+    interval of the difference is above 0; either alone is not enough."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(4, 80))
+        rec, gen = rng.random(n) < rng.random(), rng.random(n) < rng.random()
+        crit = FailureCriterion(margin=float(rng.choice([0.0, 0.1, 0.2])))
+        cell = screen_cell(rec, gen, crit)
+        diff = rec.mean() - gen.mean()
+        lo, _ = paired_diff_ci(gen, rec)
+        assert cell["difference"] == pytest.approx(diff) and cell["difference_ci"][0] == pytest.approx(lo)
+        assert cell["n_recognised_not_generated"] == int((rec & ~gen).sum())
+        assert cell["failure"] == (diff >= crit.margin and lo > 0)
+    big_but_noisy = screen_cell([True, True, False], [False, False, False])  # +0.67, but 3 questions
+    assert big_but_noisy["difference"] > 0.1 and not big_but_noisy["failure"]
+    sure_but_small = screen_cell([True] * 1000 + [False] * 9000, [True] * 500 + [False] * 9500, FailureCriterion(margin=0.1))
+    assert sure_but_small["difference_ci"][0] > 0 and not sure_but_small["failure"]
+    assert "0.1" in FailureCriterion().describe() and "interval" in FailureCriterion().describe()
+    with pytest.raises(ValueError, match="equally many"):
+        screen_cell([True], [True, False])
+
+
+def test_failures_over_cells_writes_the_screen_and_its_scatter(tmp_path):
+    """`rnr failures` over models x tasks: one failures run per cell, the screen table
+    recounted from each cell's recognition table and deployed records, the criterion
+    applied, the scatter drawn; cells of one task decoded differently are refused."""
+    from rnr_interp.repair import run_failures, screen_table
+
+    app = typer.Typer()
+    app.command("failures")(failures_command)
+    app.command("noop")(lambda: None)
+    out = tmp_path / "screen"
+    res = CliRunner().invoke(app, ["failures", "--model", "tiny-llama:2", "--model", "tiny-qwen2:2", "--task", "arithmetic_mc",
+                                   "--n", "12", "--max-new-tokens", "3", "--margin", "0.05", "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    screen = RunDir(out)
+    table = screen.read_table("screen")
+    assert list(table["model"]) == ["tiny-llama:2", "tiny-qwen2:2"] and table["task"].str.startswith("arithmetic_mc (").all()
+    for row in table.itertuples():
+        cell = RunDir(row.path)
+        rec = cell.read_table("recognition").query("readout == 'option:mean'").set_index("question_id")["gold_first"]
+        dep = cell.read_records().query("probe == 'deployed'").set_index("question_id")["correct"]
+        assert row.recognition_score == pytest.approx(rec.mean()) and row.generation_score == pytest.approx(dep.mean())
+        assert row.failure == (row.difference >= 0.05 and row.difference_lo > 0)
+    assert screen.read_summary()["criterion"].startswith("recognition score - generation score >= 0.05")
+    assert (out / "figures" / "screen_scatter.html").is_file() and "cells are failure cells" in res.output
+    task = parity_task(4)
+    lm = load_model("tiny-llama:2")
+    a = run_failures(lm, task, tmp_path / "a", decoding=deployed_decoding(task, 2), progress=False)
+    run_failures(lm, task, tmp_path / "b", decoding=deployed_decoding(task, 3), progress=False)
+    assert a["screen"]["n_questions"] == 4
+    with pytest.raises(ValueError, match="decoded differently"):
+        screen_table([RunDir(tmp_path / "a"), RunDir(tmp_path / "b")])
+
+
 def test_sweep_rates_equal_separate_unbatched_runs(lm):
     task = parity_task(5)
     decoding = deployed_decoding(task, max_new_tokens=3)
@@ -102,8 +228,10 @@ def test_sweep_rates_equal_separate_unbatched_runs(lm):
     right = [q for q, g in zip(task.questions, base) if task.grade(task.extract(g[0].text), q)]
     wrong = [q for q in task.questions if q not in right]
     assert right and wrong, "the parity grader should split a random model's answers"
-    table = silencing_sweep(lm, task, wrong, right, decoding=decoding, batch_size=64)
+    split = Split(seed=3)
+    table = silencing_sweep(lm, task, wrong, right, decoding=decoding, batch_size=64, split=split)
     assert len(table) == lm.n_layers * len(COMPONENTS)
+    (w_sel, w_out), (r_sel, r_out) = split(wrong), split(right)
     changed = 0
     for row in table.itertuples():
         ok = {}
@@ -113,8 +241,33 @@ def test_sweep_rates_equal_separate_unbatched_runs(lm):
             ok[q.id] = task.grade(task.extract(g.text), q)
         assert row.repair_rate == pytest.approx(np.mean([ok[q.id] for q in wrong]))
         assert row.damage_rate == pytest.approx(np.mean([not ok[q.id] for q in right]))
+        assert row.repair_rate_selection == pytest.approx(np.mean([ok[q.id] for q in w_sel]))
+        fixed = sum(ok[q.id] for q in w_out)
+        assert row.n_failure_heldout == len(w_out) and row.repair_rate_heldout == pytest.approx(fixed / len(w_out))
+        assert (row.repair_rate_heldout_lo, row.repair_rate_heldout_hi) == pytest.approx(wilson_interval(fixed, len(w_out)))
+        damaged = [not ok[q.id] for q in r_out]
+        assert row.damage_rate_heldout == pytest.approx(np.mean(damaged) if damaged else float("nan"), nan_ok=True)
         changed += row.repair_rate > 0 or row.damage_rate > 0
     assert changed, "no ablation changed any answer: the comparison would be vacuous"
+
+
+def test_mlp_sweep_adds_same_layer_controls_at_the_chosen_layer_only(tmp_path, lm):
+    task = parity_task(24)
+    d = deployed_decoding(task, max_new_tokens=3)
+    s = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, sweep="mlp", progress=False)
+    table = RunDir(tmp_path / "r").read_table("repair")
+    assert sorted(table.loc[table["component"] == "mlp", "layer"]) == list(range(lm.n_layers))
+    if s["chosen"] is None:
+        assert set(table["component"]) == {"mlp"}
+        return
+    chosen = s["chosen"]["layer"]
+    assert set(zip(table.loc[table["component"] != "mlp", "component"], table.loc[table["component"] != "mlp", "layer"])) \
+        == {("attn", chosen), ("layer", chosen)}
+    assert {c: e["layer"] for c, e in s["at_chosen_layer"].items()} == {"mlp": chosen, "attn": chosen, "layer": chosen}
+    assert set(s["own_best"]) == {"mlp"}
+    full = run_repair(lm, task, tmp_path / "full", panel=8, decoding=d, progress=False)
+    assert full["chosen"]["layer"] == chosen
+    assert json.dumps(full["at_chosen_layer"]) == json.dumps(s["at_chosen_layer"])  # NaN-tolerant equality
 
 
 def test_repair_run_folder_and_cli(tmp_path, lm):
@@ -127,9 +280,13 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     assert res.exit_code == 0, res.output
     run = RunDir(out)
     s = run.read_summary()
-    assert s["kind"] == "repair" and set(s["best"]) == set(COMPONENTS)
+    assert s["kind"] == "repair" and set(s["own_best"]) == set(COMPONENTS) and "selection" in s["choice_rule"]
+    assert s["split"]["n_failure_selection"] + s["split"]["n_failure_heldout"] == s["n_failure"]
+    assert "cap 3" in s["panel_criterion"] and s["screen"]["criterion"]
     table = run.read_table("repair")
-    assert {"layer", "component", "repair_rate", "damage_rate", "n_failure", "n_panel"} <= set(table.columns)
+    assert {"layer", "component", "repair_rate", "damage_rate", "n_failure", "n_panel", "repair_rate_heldout",
+            "repair_rate_heldout_lo", "damage_rate_heldout_hi", "n_failure_heldout"} <= set(table.columns)
+    assert run.read_table("controls").equals(controls_table(s)) or controls_table(s).empty
     assert len(table) == 2 * 3
     failure = run.read_json("failure_set")
     assert failure["criterion"] and (table["n_failure"] == len(failure["question_ids"])).all()
@@ -139,6 +296,8 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     recs = run.read_records()
     assert set(recs["probe"]) >= {"deployed"} and (recs["probe"] == recs["intervention"].replace("", "deployed")).all()
     assert all((out / "figures" / f"{n}.html").is_file() for n in ("repair_heatmap", "damage_heatmap", "selectivity"))
+    assert (out / "figures" / "controls.html").is_file() == (not run.read_table("controls").empty)
+    assert ("held-out rates" in res.output) == (not run.read_table("controls").empty)
     # The same command on the same folder resumes without generating anything new.
     parts = len(run.parts())
     assert CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",

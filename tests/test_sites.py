@@ -55,6 +55,7 @@ def test_probe_labels_are_the_strings_records_hold():
         ProbeLabel.steer("rescue", 0.5): "steer:rescue:0.5",
         ProbeLabel.steer("induction", 2.0): "steer:induction:2",
         ProbeLabel.units("top", 16): "units:top:16",
+        ProbeLabel.units("random", 16, 3): "units:random:16:3",
         ProbeLabel.route("native", "mcts"): "native:mcts",
         ProbeLabel.route("skiponly", "genetic_blind"): "skiponly:genetic_blind",
     }

@@ -8,10 +8,11 @@ import typer
 from typer.testing import CliRunner
 
 from rnr_interp.generate import generate, last_logits
+from rnr_interp.metrics import wilson_interval
 from rnr_interp.interventions import Ablate, AblateUnits
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.repair import deployed_decoding
+from rnr_interp.sampling import deployed_decoding
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.commands.localise import steer as steer_command
 from rnr_interp.commands.localise import units as units_command
@@ -119,6 +120,32 @@ def test_unit_scores_match_manual_down_proj_contributions(lm, task):
     assert random_units(128, 8, seed=1) == random_units(128, 8, seed=1) != random_units(128, 8, seed=2)
 
 
+@pytest.mark.parametrize("family", ["tiny-llama:2", "tiny-gemma2:2"])
+def test_unit_contributions_are_in_the_residual_basis(family, task):
+    """Per prompt, the units' contributions sum to what the block writes into the
+    residual stream along v (after Gemma-2's post-MLP norm, when there is one); with a
+    non-trivial norm gain the plain W_out . v scores would not."""
+    from rnr_interp.steering import block_output, unit_contributions
+
+    model = load_model(family)
+    if family.startswith("tiny-gemma2"):
+        norm = model.hf_model.model.layers[1].post_feedforward_layernorm
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(0)))
+    failure, panel = halves(task)
+    v = direction(model, task, failure, panel, layer=1, component="mlp")
+    ps = prompts(model, task)
+    contrib = unit_contributions(model, ps, 1, v)
+    written = block_output(model, ps, 1, "mlp") @ v.float()
+    torch.testing.assert_close(contrib.sum(-1), written, atol=1e-3, rtol=1e-3)
+    if family.startswith("tiny-gemma2"):
+        from rnr_interp.steering import last_position
+
+        post = last_position(model, ps, [("mlp.hook_post", 1)])[("mlp.hook_post", 1)]
+        naive = (post * (model.bridge.blocks[1].mlp.W_out.detach().float() @ v.float())).sum(-1)
+        assert not torch.allclose(naive, written, atol=1e-2, rtol=1e-2)
+
+
 def test_all_units_recover_the_whole_block_repair(lm):
     from tests.test_repair import parity_task
 
@@ -167,15 +194,34 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     from rnr_interp.steering import run_steer, run_units
     from tests.test_repair import parity_task
 
-    t = parity_task(12)
+    t = parity_task(40)
     d = deployed_decoding(t, max_new_tokens=3)
-    s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 8.0), panel=3, decoding=d, progress=False)
+    s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False)
     assert "skipped" not in s, s.get("skipped")
-    table = RunDir(tmp_path / "s").read_table("steering")
+    run = RunDir(tmp_path / "s")
+    table = run.read_table("steering")
     assert (table[table["alpha"] == 0]["rate"] == 0).all()
-    assert (table["n"] == table["direction"].map({"rescue": s["n_failure"], "induction": s["n_panel"]})).all()
-    u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=3, decoding=d, progress=False)
-    units = RunDir(tmp_path / "u").read_table("units")
+    # chosen on the selection parts, scored on the held-out parts, with Wilson intervals
+    sp = s["split"]
+    assert (table["n"] == table["direction"].map({"rescue": sp["n_failure_heldout"], "induction": sp["n_panel_heldout"]})).all()
+    assert all((lo, hi) == pytest.approx(wilson_interval(k, n)) for lo, hi, k, n in zip(table["lo"], table["hi"], table["k"], table["n"]))
+    by_id = {q.id: q for q in t.questions}
+    f_sel = [by_id[i] for i in run.read_json("failure_set")["selection_ids"]]
+    p_sel = [by_id[i] for i in run.read_json("healthy_panel")["selection_ids"]]
+    v = torch.tensor(run.read_json("direction")["vector"])
+    assert torch.allclose(v, direction(lm, t, f_sel, p_sel, 1, "mlp"), atol=1e-5)
+    held = set(run.read_json("failure_set")["heldout_ids"])
+    steered = run.read_records()
+    assert set(steered.loc[steered["probe"].str.startswith("steer:rescue"), "question_id"]) == held
+    u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=6, decoding=d, progress=False)
+    ur = RunDir(tmp_path / "u")
+    units = ur.read_table("units")
     assert set(units["selection"]) == {"top", "random"} and set(units["k"]) == {2, 128}
+    assert u["random_draws"] >= 20 and (units[units["selection"] == "random"].groupby("k").size() == u["random_draws"]).all()
+    assert units[(units["selection"] == "random") & (units["k"] == 2)]["units"].nunique() > 1  # the draws differ
+    spread = ur.read_table("units_spread").set_index("k")
+    rnd = units[(units["selection"] == "random") & (units["k"] == 2)]["recovered_fraction"]
     if u["whole_block_repair"] > 0:
         assert (units[units["k"] == 128]["recovered_fraction"] == 1.0).all()
+        assert spread.at[2, "random_mean"] == pytest.approx(rnd.mean()) and spread.at[2, "random_max"] == pytest.approx(rnd.max())
+    assert set(ur.read_records().loc[lambda r: r["probe"].str.startswith("units:"), "question_id"]) <= held

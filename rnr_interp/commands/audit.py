@@ -36,13 +36,15 @@ def audit(
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 8,
     ci: Annotated[str, typer.Option("--ci", help="wilson | bootstrap")] = "wilson",
+    prompt_like: Annotated[Optional[Path], typer.Option(
+        "--prompt-like", help="audit run folder whose prompt format to ask in (e.g. the base model's, for compare --shared-prompt)")] = None,
     answer_type: AnswerTypeOpt = None,
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
     from rnr_interp.audit import run_audit
     from rnr_interp.generate import Decoding
-    from rnr_interp.sampling import Probe
+    from rnr_interp.sampling import Probe, deployed_decoding
 
     if ci not in ("wilson", "bootstrap"):
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
@@ -52,13 +54,32 @@ def audit(
     # the deployed decoding's own checks, before anything is loaded (its length comes with the task)
     built(Decoding, {"temperature": "--deployed-temperature"}, temperature=deployed_temperature, max_new_tokens=1)
 
+    shared_format = prompt_format_of(prompt_like) if prompt_like is not None else None
+
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type)
-        deployed = Decoding(temperature=deployed_temperature, max_new_tokens=max_new_tokens or t.max_new_tokens)
+        lm.prompt_override = shared_format
+        deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
 
     print_audit_table(execute(body))
     run_folder(out)
+
+
+def prompt_format_of(run: Path):
+    """The prompt format recorded in an audit run's manifest (one-line error if none)."""
+    from rnr_interp.models import PromptFormat
+    from rnr_interp.records import RunDir
+
+    if not (run / "manifest.json").is_file():
+        fail(f"{run} is not a run folder (no manifest.json)")
+    described = RunDir(run).config.get("prompt_format")
+    if described is None:
+        fail(f"run {run} records no prompt format (made before prompt formats were recorded); rerun its audit")
+    try:
+        return PromptFormat.from_description(described)
+    except (ValueError, KeyError) as exc:
+        fail(f"run {run}: bad prompt format record ({exc})")
 
 
 def print_audit_table(s: dict) -> None:

@@ -1,6 +1,5 @@
 """Commands of the localisation analyses: failures, repair, steer, units. Each writes
-its run folder through the analysis, then the report's figures into ``figures/``
-(`_localise`, the command skeleton they share)."""
+its run folder through the analysis, then the report's figures into ``figures/``."""
 
 from __future__ import annotations
 
@@ -14,13 +13,15 @@ from rnr_interp.commands.common import (
     BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, execute, fail,
     load_inputs, print_multiple_choice, run_folder,
 )
-from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_KS
+from rnr_interp.cohort import PANEL_CAP
+from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
 
 ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter")]
-PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel size (first N deployed-right questions)")]
+PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
+SplitSeedOpt = Annotated[int, typer.Option("--split-seed", help="seed of the selection / held-out split of failure set and panel")]
 LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="layers to sweep, e.g. '0-5,9' (default: all)")]
-LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (default: best of --repair-run, else found by a sweep)")]
-RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel and best block")]
+LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (default: chosen by --repair-run, else by a sweep; on the selection part)")]
+RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel, split and chosen block (same decoding required)")]
 
 _ALPHAS = ",".join(f"{a:g}" for a in DEFAULT_ALPHAS)
 _KS = ",".join(map(str, DEFAULT_KS))
@@ -61,10 +62,10 @@ def _figures(out: Path) -> None:
 
 def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
               per_model=lambda lm: {}, **options) -> dict:
-    """The localisation commands' body: load, run `analysis` with greedy short decoding
-    (`cohort.deployed_decoding`), figures into the run folder; `per_model(lm)` gives the
-    options that depend on the loaded model."""
-    from rnr_interp.cohort import deployed_decoding
+    """The localisation commands' body: load, run `analysis` with the task's deployed
+    decoding (`sampling.deployed_decoding`, as every command), figures into the run
+    folder; `per_model(lm)` gives the options that depend on the loaded model."""
+    from rnr_interp.sampling import deployed_decoding
 
     at_least("--batch-size", batch_size)
     at_least("--panel", options.get("panel"))
@@ -79,8 +80,10 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
     return summary
 
 
-def _print_curve(s: dict, what: str, headline: str, header: str, pivot: tuple[str, str, str], row) -> None:
-    """A steer/units summary: why it was skipped, or its table as one line per x."""
+def _print_curve(s: dict, what: str, headline: str, header: str, group: tuple[str, str] | None, row,
+                 rows: str = "table") -> None:
+    """A steer/units summary: why it was skipped, or one line per x: the summary's
+    `rows` records grouped by `group` = (x, kind) into {kind: record}, or as they are."""
     import pandas as pd
 
     if "skipped" in s:
@@ -88,45 +91,109 @@ def _print_curve(s: dict, what: str, headline: str, header: str, pivot: tuple[st
         return
     typer.echo(f"{s['model']} on {s['task']}: {headline}")
     typer.echo(header)
-    index, columns, values = pivot
-    for x, r in pd.DataFrame(s["table"]).pivot(index=index, columns=columns, values=values).iterrows():
-        typer.echo(row(x, r))
+    frame = pd.DataFrame(s[rows])
+    if group is None:
+        for r in frame.to_dict("records"):
+            typer.echo(row(r[next(iter(r))], r))
+        return
+    x, kind = group
+    for value, sub in frame.groupby(x):
+        typer.echo(row(value, {str(k): r for k, r in zip(sub[kind], sub.to_dict("records"))}))
+
+
+def _num(x) -> str:
+    return "  n/a" if x is None or x != x else f"{x:.3f}"
+
+
+def _rate(r: dict) -> str:
+    return f"{_num(r['rate'])} [{_num(r['lo'])}, {_num(r['hi'])}] of {r['n']}"
 
 
 def failures(
-    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
-    out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = None,
+    model: Annotated[list[str], typer.Option("--model", "-m", help="model spec (repeatable: one cell per model x task)")] = ["smollm2"],
+    task: Annotated[list[str], typer.Option("--task", "-t", help="multiple-choice task (repeatable)")] = ["arc_easy"],
+    data: DataOpt = None, n: NOpt = 24,
+    out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP,
+    margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
-    """Failure set (recognised but answered wrong) and healthy panel of an MC task."""
-    from rnr_interp.repair import run_failures
+    """Failure set (recognised but answered wrong) and healthy panel of an MC task; over
+    several models/tasks, one run per cell under OUT/cells and the cell-level screen
+    (recognition vs generation score, the criterion applied) in OUT."""
+    from rnr_interp.recognition import FailureCriterion
+    from rnr_interp.records import RunDir
+    from rnr_interp.repair import run_failures, write_screen
+    from rnr_interp.sampling import deployed_decoding
 
-    s = _localise(run_failures, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel)
-    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, deployed accuracy {s['deployed_accuracy']:.3f}")
-    typer.echo(f"  recognition (gold first): {s.get('recognition_accuracy')}")
-    typer.echo(f"  failure set: {s['n_failure']}   healthy panel: {s['n_panel']}")
-    if s["failure_empty_reason"]:
-        typer.echo(f"  failure set is empty: {s['failure_empty_reason']}")
-    print_multiple_choice(s)
+    if data is not None and len(task) > 1:
+        fail("--data names one task's file; pass it with a single --task")
+    cells = [(m, t) for m in model for t in task]
+    folders = {cell: out if len(cells) == 1 else out / "cells" / f"{cell[0].replace('/', '_').replace(':', '_')}__{cell[1]}"
+               for cell in cells}
+
+    def body():
+        from rnr_interp.models import load_model
+        from rnr_interp.tasks import load_task
+
+        criterion = FailureCriterion(margin=margin)
+        tasks = {t: load_task(t, data=data, n=n) for t in task}
+        summaries = []
+        for m in model:
+            lm = load_model(m)
+            for t in task:
+                summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout, panel=panel,
+                                              decoding=deployed_decoding(tasks[t], max_new_tokens), criterion=criterion,
+                                              batch_size=batch_size, progress=not quiet))
+        screen = write_screen(out, [RunDir(folders[c]) for c in cells], criterion) if len(cells) > 1 else None
+        return summaries, screen
+
+    summaries, screen = execute(body)
+    for s in summaries:
+        typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, deployed accuracy {s['deployed_accuracy']:.3f}")
+        typer.echo(f"  recognition (gold first): {s.get('recognition_accuracy')}")
+        typer.echo(f"  failure set: {s['n_failure']}   healthy panel: {s['n_panel']}")
+        if s["failure_empty_reason"]:
+            typer.echo(f"  failure set is empty: {s['failure_empty_reason']}")
+        sc = s["screen"]
+        typer.echo(f"  screen: recognition {sc['recognition_score']:.3f} vs generation {sc['generation_score']:.3f}, "
+                   f"difference {sc['difference']:+.3f} [{sc['difference_ci'][0]:+.3f}, {sc['difference_ci'][1]:+.3f}]: "
+                   f"{'a failure cell' if sc['failure'] else 'not a failure cell'}")
+        print_multiple_choice(s)
+    typer.echo(f"failure criterion: {summaries[0]['screen']['criterion']}")
+    if screen is not None:
+        _figures(out)
+        typer.echo(f"screen: {screen['n_failure_cells']} of {screen['n_cells']} cells are failure cells")
     run_folder(out)
 
 
 def repair(
     model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
-    out: OutOpt = Path("runs/repair"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8,
-    layers: LayersOpt = None, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    out: OutOpt = Path("runs/repair"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP,
+    split_seed: SplitSeedOpt = 0, layers: LayersOpt = None,
+    sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
+                                       "then attention and whole layer at the chosen layer only (a third of the cost)")] = "all",
+    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
-    """Silence every layer's MLP / attention / whole layer: repair and damage rates."""
-    from rnr_interp.repair import run_repair
+    """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
+    block chosen on half the failures and panel, scored on the other half."""
+    from rnr_interp.cohort import Split
+    from rnr_interp.repair import controls_table, run_repair
 
     s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel,
-                  per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
-    typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']}, panel {s['n_panel']}")
+                  split=Split(seed=split_seed), sweep=sweep, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
+    sp = s["split"]
+    typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']} ({sp['n_failure_selection']} choose, "
+               f"{sp['n_failure_heldout']} held out), panel {s['n_panel']} ({sp['n_panel_selection']} / {sp['n_panel_heldout']})")
     if s["failure_empty_reason"]:
         typer.echo(f"  no repair to find: {s['failure_empty_reason']}")
-    for c, b in s["best"].items():
-        typer.echo(f"  best {c:5s}: " + ("nothing repaired" if b is None else
-                   f"layer {b['layer']}  repair {b['repair_rate']:.3f}  damage {b['damage_rate']:.3f}"))
+    controls = controls_table(s)
+    if controls.empty:
+        typer.echo("  no MLP block repaired any failure of the selection part")
+    else:
+        typer.echo("  held-out rates (95% Wilson):")
+    for r in controls.itertuples():
+        typer.echo(f"    {r.block:38s} repair {r.repair_heldout:.3f} [{r.repair_lo:.3f}, {r.repair_hi:.3f}] of {r.n_failure_heldout}"
+                   f"   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] of {r.n_panel_heldout}")
     print_multiple_choice(s)
     run_folder(out)
 
@@ -137,20 +204,23 @@ def steer(
     component: Annotated[str, typer.Option("--component", help="mlp | attn | layer")] = "mlp",
     repair_run: RepairRunOpt = None,
     alphas: Annotated[str, typer.Option("--alphas", help="comma-separated alpha grid")] = _ALPHAS,
-    readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8, max_new_tokens: MaxTokOpt = None,
-    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
+    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
-    """Steer the chosen block along v: rescue the failures, induce failures in the panel."""
+    """Steer the chosen block along v (from the selection parts): rescue held-out
+    failures, induce failures in the held-out panel."""
+    from rnr_interp.cohort import Split
     from rnr_interp.interventions import COMPONENT_SITE
     from rnr_interp.steering import run_steer
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
     s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
-                  component=component, repair_run=repair_run, alphas=_numbers("--alphas", alphas), readout=readout, panel=panel)
+                  component=component, repair_run=repair_run, alphas=_numbers("--alphas", alphas), readout=readout, panel=panel,
+                  split=Split(seed=split_seed))
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
-                 "  alpha  rescue  induction", ("alpha", "direction", "rate"),
-                 lambda alpha, r: f"  {alpha:5g}  {r['rescue']:6.3f}  {r['induction']:9.3f}")
+                 "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
+                 lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     print_multiple_choice(s)
     run_folder(out)
 
@@ -159,16 +229,23 @@ def units(
     model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
     out: OutOpt = Path("runs/units"), layer: LayerOpt = None, repair_run: RepairRunOpt = None,
     ks: Annotated[str, typer.Option("--ks", help="comma-separated k grid")] = _KS,
-    seed: SeedOpt = 0, readout: ReadoutOpt = "option:mean", panel: PanelOpt = 8, max_new_tokens: MaxTokOpt = None,
-    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    seed: SeedOpt = 0,
+    draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
+    readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
+    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
-    """Silence the top-k MLP units along v vs k random units: share of the block's repair."""
+    """Silence the top-k MLP units along v vs k random units (many draws): share of the
+    block's held-out repair."""
+    from rnr_interp.cohort import Split
     from rnr_interp.steering import run_units
 
     s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
-                  repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, readout=readout, panel=panel)
-    _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), whole-MLP repair {s.get('whole_block_repair', 0):.3f}",
-                 "  k     top    random   (fraction of the whole-MLP repair)", ("k", "selection", "recovered_fraction"),
-                 lambda k, r: f"  {k:<5d} {r['top']:6.3f} {r['random']:8.3f}")
+                  repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
+                  panel=panel, split=Split(seed=split_seed))
+    _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), held-out whole-MLP repair "
+                 f"{s.get('whole_block_repair', 0):.3f}",
+                 f"  k     top    random: mean (sd; min-max of {s.get('random_draws')} draws)   (fraction of the whole-MLP repair)",
+                 None, lambda k, r: f"  {k:<5d} {_num(r['top'])}  {_num(r['random_mean'])} ({_num(r['random_sd'])}; "
+                                    f"{_num(r['random_min'])}-{_num(r['random_max'])})", rows="spread")
     print_multiple_choice(s)
     run_folder(out)

@@ -46,7 +46,7 @@ REGISTRY: tuple[FigureSet, ...] = (
     FigureSet("Routing", ROUTING_TABLES, routing_figures),
     FigureSet("Routing across cells", ("advantage",), cross_cell_figures),
     FigureSet("Selection gap vs temperature", ("temperature_sweep",), temperature_figures),
-    FigureSet("Repair, steering and units", ("repair", "steering", "units"), repair_figures.figures,
+    FigureSet("Failure screen, repair, steering and units", ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
               ("failure_set", "healthy_panel")),
     FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures),
 )

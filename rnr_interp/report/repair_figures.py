@@ -1,8 +1,9 @@
 """Figures of the failure-localisation analyses (plotly; each function returns a Figure).
 
 Inputs are the run-folder tables: `repair` (layer, component, repair_rate, damage_rate,
-n_failure, n_panel), `steering` (alpha, direction, rate, n), `units` (k, selection,
-recovered_fraction). `title` names model, task and budget (set sizes); the caller
+n_failure, n_panel, and the held-out columns), `controls` (the chosen block and its
+same-layer controls, held out), `steering` (alpha, direction, rate, lo, hi, n), `units`
+(k, selection, draw, recovered_fraction). `title` names model, task and budget (set sizes); the caller
 builds it. `figures(run, label)` draws every one the run folder has tables for (the
 report's registry entry).
 """
@@ -75,6 +76,24 @@ def selectivity_plot(table: pd.DataFrame, title: str = "") -> go.Figure:
     return fig
 
 
+def controls_figure(controls: pd.DataFrame, title: str = "") -> go.Figure:
+    """The paper's control table for one case: the chosen MLP block, attention and the
+    whole layer at that same layer, then each component's own best, with held-out
+    repair and damage (95% Wilson intervals, each on its own denominator)."""
+    def cell(rate, lo, hi, n):
+        return "n/a" if n == 0 else f"{rate:.1%} [{lo:.1%}, {hi:.1%}] of {n}"
+
+    rows = list(controls.itertuples())
+    fig = go.Figure(go.Table(
+        header={"values": ["silenced block", "repair (held-out failures)", "damage (held-out panel)"]},
+        cells={"values": [[r.block for r in rows],
+                          [cell(r.repair_heldout, r.repair_lo, r.repair_hi, r.n_failure_heldout) for r in rows],
+                          [cell(r.damage_heldout, r.damage_lo, r.damage_hi, r.n_panel_heldout) for r in rows]]},
+    ))
+    fig.update_layout(title=f"chosen block and same-layer controls, held out: {title}")
+    return fig
+
+
 def steering_curves(table: pd.DataFrame, title: str = "") -> go.Figure:
     """Rescue rate (-alpha v on the failure set) and induction rate (+alpha v on the
     panel) against alpha."""
@@ -83,24 +102,54 @@ def steering_curves(table: pd.DataFrame, title: str = "") -> go.Figure:
     for direction, sub in table.groupby("direction", sort=False):
         sub = sub.sort_values("alpha")
         n = int(sub["n"].iloc[0]) if len(sub) else 0
+        bars = ({"error_y": {"type": "data", "symmetric": False, "array": sub["hi"] - sub["rate"],
+                             "arrayminus": sub["rate"] - sub["lo"]}} if {"lo", "hi"} <= set(sub.columns) else {})
         fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["rate"], mode="lines+markers",
-                                 name=f"{names.get(str(direction), direction)}, n={n}"))
-    fig.update_layout(title=f"reciprocal steering: {title}", xaxis_title="alpha (multiple of v)",
+                                 name=f"{names.get(str(direction), direction)}, n={n}", **bars))
+    fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title="alpha (multiple of v)",
                       yaxis_title="fraction of questions flipped", yaxis_range=[-0.05, 1.05])
     return fig
 
 
 def units_curve(table: pd.DataFrame, title: str = "") -> go.Figure:
     """Fraction of the whole-MLP repair recovered by silencing k units: top-k by
-    directional contribution vs k random units."""
+    directional contribution vs k random units (the mean of the draws, the band their
+    min-max)."""
     fig = go.Figure()
     for selection, sub in table.groupby("selection", sort=False):
-        sub = sub.groupby("k", as_index=False)["recovered_fraction"].mean().sort_values("k")
-        fig.add_trace(go.Scatter(x=sub["k"], y=sub["recovered_fraction"], mode="lines+markers",
-                                 name=f"{selection} units"))
+        by_k = sub.groupby("k")["recovered_fraction"]
+        mean = by_k.mean().sort_index()
+        if selection == "random" and by_k.size().max() > 1:
+            lo, hi = by_k.min().sort_index(), by_k.max().sort_index()
+            fig.add_trace(go.Scatter(x=[*hi.index, *lo.index[::-1]], y=[*hi, *lo[::-1]], fill="toself", mode="none",
+                                     opacity=0.3, name=f"random units, min-max of {by_k.size().max()} draws"))
+        fig.add_trace(go.Scatter(x=mean.index, y=mean, mode="lines+markers",
+                                 name="random units (mean of draws)" if selection == "random" else f"{selection} units"))
     fig.add_hline(y=1, line_dash="dot", line_color="grey")
     fig.update_layout(title=f"repair recovered by silencing k MLP units: {title}", xaxis_title="k (units silenced)",
                       yaxis_title="fraction of the whole-MLP repair", xaxis_type="log")
+    return fig
+
+
+def screen_scatter(table: pd.DataFrame, margin: float, title: str = "") -> go.Figure:
+    """Generation score against recognition score per cell (the paper's Figure 4a):
+    y = x, the criterion's region (recognition - generation >= margin, shaded; a cell
+    there also needs its paired interval above 0), failure cells marked."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[margin, 1, 1, margin], y=[0, 0, 1 - margin, 0], fill="toself", mode="none",
+                             fillcolor="rgba(214,39,40,0.12)", name=f"recognition - generation >= {margin:g}"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"dash": "dot", "color": "grey"}, name="y = x"))
+    for failure, sub in table.groupby("failure"):
+        fig.add_trace(go.Scatter(
+            x=sub["recognition_score"], y=sub["generation_score"], mode="markers+text",
+            text=[f"{m} / {t}" for m, t in zip(sub["model"], sub["task"])], textposition="top center",
+            marker={"size": 10, "color": "#d62728" if failure else "#7f7f7f"},
+            name="failure cell" if failure else "not a failure cell",
+            customdata=sub[["n_questions", "difference_lo", "difference_hi"]].to_numpy(),
+            hovertemplate="%{text}<br>recognition %{x:.3f}, generation %{y:.3f}<br>n=%{customdata[0]}, "
+                          "difference CI [%{customdata[1]:.3f}, %{customdata[2]:.3f}]<extra></extra>"))
+    fig.update_layout(title=f"failure screen per cell: {title}", xaxis_title="recognition score (gold option ranked first)",
+                      yaxis_title="generation score (deployed answer right)", xaxis_range=[0, 1], yaxis_range=[0, 1])
     return fig
 
 
@@ -111,6 +160,10 @@ def figures(run: RunDir, label: str) -> Figures:
         figs += [(name, draw(t, label)) for name, draw in (
             ("selectivity_heatmap", selectivity_heatmap), ("repair_heatmap", repair_heatmap),
             ("damage_heatmap", damage_heatmap), ("selectivity", selectivity_plot))]
+    if (t := read_table(run, "screen")) is not None and len(t):
+        figs.append(("screen_scatter", screen_scatter(t, float(run.config["criterion"]["margin"]), label)))
+    if (t := read_table(run, "controls")) is not None and len(t):
+        figs.append(("controls", controls_figure(t, label)))
     if (t := read_table(run, "steering")) is not None and len(t):
         figs.append(("steering_curves", steering_curves(t, label)))
     if (t := read_table(run, "units")) is not None and len(t):
