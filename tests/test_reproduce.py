@@ -22,9 +22,12 @@ from rnr_interp.reproduce.profiles import SMOKE
 
 #: part -> the kinds of finished run folders the smoke profile leaves there
 EXPECTED_KINDS = {
-    "1_audit": {"audit"}, "2_routing": {"route"}, "3_temperature": {"audit"},
-    "4_localisation": {"failures", "repair", "steer", "units"}, "5_checkpoints": {"audit", "compare"},
+    "1_audit": {"audit"}, "2_routing": {"route", "route_cells"}, "3_temperature": {"temperature_sweep"},
+    "4_localisation": {"failures", "screen", "repair", "steer", "units"}, "5_checkpoints": {"audit", "compare"},
 }
+#: distinct claims of the findings table (routing, selectors, repair, steering, RLVR
+#: reachable, RLVR shrink, SFT widen, prompt format)
+N_CLAIMS = 8
 
 
 def _invoke(*args: str):
@@ -59,19 +62,21 @@ def test_smoke_profile_runs_every_part_into_run_folders(smoke):
     audits = {r.config["task"]["name"]: r for r in load_runs(root / "1_audit")}
     assert sorted(audits) == sorted(SMOKE.audit_tasks)
     assert all(r.config["probe"]["k"] == SMOKE.k for r in audits.values())
-    # the routing part: one cell per task x space, each with every method
-    cells = pd.concat([r.read_table("route_cells") for r in load_runs(root / "2_routing")])
+    # the routing part: one cell per task x space, each with every method, aggregated across cells
+    runs = [r for r in load_runs(root / "2_routing") if r.config["kind"] == "route"]
+    cells = pd.concat([r.read_table("route_cells") for r in runs])
     assert cells["cell"].nunique() == len(SMOKE.route_tasks) * len(SMOKE.spaces)
     assert set(cells["method"]) >= set(SMOKE.methods)
-    # the temperature part: one audit per temperature
-    temps = sorted(r.config["probe"]["temperature"] for r in load_runs(root / "3_temperature"))
-    assert temps == sorted(SMOKE.temperatures)
-    # the screen is written, and the cells that pass it are localised
-    screen = json.loads((root / "4_localisation" / "screen.json").read_text())
-    assert [row["cell"].split(" / ")[1] for row in screen] == list(SMOKE.screen_tasks)
-    for row in screen:
-        cell = root / "4_localisation" / row["cell"].split(" / ")[1]
-        assert (cell / "repair" / "summary.json").is_file() == row["passes"]
+    assert RunDir(root / "2_routing" / "route_cells").read_summary()["runs"] == [str(r.path) for r in runs]
+    # the temperature part: one audit per temperature, and the sweep table over them
+    sweep = RunDir(root / "3_temperature" / SMOKE.sweep_task).read_table("temperature_sweep")
+    assert sorted(sweep["temperature"]) == sorted(SMOKE.temperatures)
+    # the screen covers every MC cell, and exactly the cells it keeps are localised
+    screen = RunDir(root / "4_localisation" / "screen").read_summary()
+    assert [c["task"] for c in screen["cells"]] == list(SMOKE.screen_tasks)
+    assert screen["n_failure_cells"] >= 1, "the smoke screen must let a cell through, or localisation is not exercised"
+    for cell in screen["cells"]:
+        assert (root / "4_localisation" / cell["task"] / "repair" / "summary.json").is_file() == cell["failure"]
     # the checkpoint part: a checkpoint per recipe, trained, audited and compared with the budget control
     for recipe in SMOKE.recipes:
         assert (root / "5_checkpoints" / "checkpoints" / recipe / "finetune.json").is_file()
@@ -93,11 +98,12 @@ def test_findings_are_read_from_the_run_folders(smoke):
     rows = json.loads((root / "findings.json").read_text())
     assert rows == json.loads(json.dumps(_as_json(findings(root))))
     claims = {r["claim"] for r in rows}
-    assert len(claims) == 7  # routing, selectors, repair, steering, RLVR reachable, RLVR shrink, SFT widen
+    assert len(claims) == N_CLAIMS
     assert all(r["verdict"] in (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE) and r["why"] for r in rows)
-    # the routing row counts the cells the routing part wrote
+    # the routing row counts the clean cells of the routing part's aggregate
     routing = next(r for r in rows if r["claim"].startswith("random >= structured"))
-    assert routing["scope"] == f"{len(SMOKE.route_tasks) * len(SMOKE.spaces)} clean cells" or routing["verdict"] == NOT_TESTABLE
+    clean = RunDir(root / "2_routing" / "route_cells").read_summary()["clean_cells"]
+    assert routing["scope"] == f"{clean} clean cells" and routing["n"] == clean
     for r in rows:
         assert f"[{r['verdict']}]" in done.output
 
@@ -115,9 +121,12 @@ def test_index_links_every_part_and_draws_the_paper_figures(smoke):
         assert f'href="{part.name}/index.html"' in page
         assert (root / part.name / "index.html").is_file()
     names = set(re.findall(r'<figure data-name="([^"]+)"', page))
-    assert {"task_curves", "route_curves", "route_cell_difference", "temperature_gap", "failure_screen",
-            "checkpoint_change", "checkpoint_propensity", "grpo_transitions", "sft_transitions"} <= names, names
-    assert page.count('class="verdict"') == 7
+    assert {"task_curves", "route_curves", "route_cell_difference", "route_advantage", "temperature_sweep",
+            "screen_scatter", "checkpoint_change", "checkpoint_propensity", "grpo_transitions",
+            "sft_transitions"} <= names, names
+    assert any(n.endswith("_repair_heatmap") for n in names) and any(n.endswith("_steering_curves") for n in names)
+    rows = json.loads((root / "findings.json").read_text())
+    assert page.count('class="verdict"') == len(rows)
 
 
 def test_rerun_resumes_without_redoing_anything(smoke):
@@ -172,26 +181,45 @@ def test_interval_verdicts():
 
 
 def _route_run(path: Path, oracle: dict[str, dict[str, float]], excluded=()) -> None:
+    """A route run's tables as the routing analysis writes them (one cell per key)."""
     run = RunDir.create(path, {"kind": "route"})
-    run.write_table("route_cells", pd.DataFrame(
-        [{"cell": c, "method": m, "oracle": v, "excluded": c in excluded} for c, by in oracle.items() for m, v in by.items()]))
+    rows = []
+    for cell, by in oracle.items():
+        model, task, space = cell.split("/")
+        for m, v in by.items():
+            diff = by["random"] - v
+            rows.append({"cell": cell, "model": model, "task": task, "space": space, "method": m, "oracle": v,
+                         "random_minus": diff if m != "random" else 0.0, "random_minus_lo": diff - 0.1,
+                         "random_minus_hi": diff + 0.1, "k": 32, "n_questions": 40, "excluded": cell in excluded,
+                         "unparsed_rate": 0.9 if cell in excluded else 0.1})
+    run.write_table("route_cells", pd.DataFrame(rows))
     run.write_table("selectors", pd.DataFrame(
         [{"cell": c, "selector": "majority", "source": "routes", "gap_recovery": 0.05} for c in oracle]))
     run.write_summary({"kind": "route"})
 
 
+def _aggregate(folder: Path) -> None:
+    from rnr_interp.routing.cells import write_route_cells
+
+    write_route_cells(folder, folder / "route_cells")
+
+
 def test_routing_verdict_follows_the_cells(tmp_path):
     good = {"a/x/native": {"random": 0.6, "mcts": 0.4, "hill_climb": 0.5, "genetic": 0.6}}
     _route_run(tmp_path / "ok" / "x", good)
+    assert routing_findings(tmp_path / "ok")[0].verdict == NOT_TESTABLE  # not aggregated yet
+    _aggregate(tmp_path / "ok")
     rows = routing_findings(tmp_path / "ok")
     assert rows[0].verdict == REPRODUCED and rows[1].verdict == REPRODUCED
     # one cell where hill climbing reaches more: not reproduced; a collapsed cell is left out
     bad = {**good, "a/y/native": {"random": 0.3, "mcts": 0.2, "hill_climb": 0.5, "genetic": 0.1},
            "a/z/polar": {"random": 0.0, "mcts": 0.9, "hill_climb": 0.9, "genetic": 0.9}}
     _route_run(tmp_path / "bad" / "x", bad, excluded=("a/z/polar",))
+    _aggregate(tmp_path / "bad")
     row = routing_findings(tmp_path / "bad")[0]
     assert row.verdict == NOT_REPRODUCED and row.value == pytest.approx(-0.2) and "a/z/polar" in row.why
-    assert "5 of 6" in row.measured
+    assert row.ci == pytest.approx((-0.3, -0.1))
+    assert "1 of 2 clean cells" in row.measured
 
 
 def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_change: float, ci) -> None:
@@ -205,11 +233,12 @@ def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_c
 def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     _compare_run(tmp_path / "compare_grpo", 30, 0, -0.15, (-0.25, -0.05))
     _compare_run(tmp_path / "compare_sft", 5, 20, 0.2, (0.1, 0.3))
-    reach, shrink, widen = checkpoint_findings(tmp_path)
+    reach, shrink, widen, *prompt = checkpoint_findings(tmp_path)
     assert (reach.verdict, shrink.verdict, widen.verdict) == (REPRODUCED, REPRODUCED, REPRODUCED)
     assert reach.n == 30 and reach.value == 1.0
+    assert [p.verdict for p in prompt] == [NOT_TESTABLE, NOT_TESTABLE]
     _compare_run(tmp_path / "other" / "compare_grpo", 8, 23, 0.4, (0.24, 0.54))
-    reach, shrink, widen = checkpoint_findings(tmp_path / "other")
+    reach, shrink, widen, _ = checkpoint_findings(tmp_path / "other")
     assert (reach.verdict, shrink.verdict, widen.verdict) == (NOT_REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE)
     assert "no SFT comparison" in widen.why
 
@@ -231,7 +260,7 @@ def test_index_renders_in_chromium_without_network(smoke, tmp_path):
     dom = done.stdout
     assert n_figures >= 9 and dom.count('class="main-svg"') >= n_figures, done.stderr[-2000:]
     assert re.search(r'class="js-line"[^>]*d="M[\d.]+,[\d.]+L', dom), "lines have no path data"
-    assert "Findings: the paper" in dom and dom.count('class="verdict"') == 7
+    assert "Findings: the paper" in dom and dom.count('class="verdict"') == len(json.loads((root / "findings.json").read_text()))
     log = json.loads((tmp_path / "net.json").read_text())
     start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
     fetched = [e["params"]["url"] for e in log["events"] if e["type"] == start and "url" in e.get("params", {})

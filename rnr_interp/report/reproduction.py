@@ -4,11 +4,11 @@ the paper's figure kinds drawn across each part's runs:
 
 - audit: oracle pass@k and majority vote@k per task (`task_curves_figure`);
 - routing: the route figures over every cell of the part (oracle and vote curves,
-  sorted random - structured differences, selector gap recovery), via the registry's
-  routing figures on the concatenated tables;
-- temperature: the selection gap against T (`temperature_gap_figure`);
-- localisation: the failure screen scatter (`screen_figure`), then each passing cell's
-  repair/damage by layer and component, controls, steering and units (the registry);
+  sorted random - structured differences, selector gap recovery) on the concatenated
+  tables, and the cross-cell aggregate's advantage figure (the registry);
+- temperature: the selection gap against T (the registry's temperature sweep figure);
+- localisation: the failure screen scatter, then each passing cell's repair/damage by
+  layer and component, controls, steering and units (the registry);
 - checkpoints: change in D and O_K, per-question transitions and propensity bins
   (`compare_figures`) over the recipes.
 
@@ -18,7 +18,6 @@ the run folders; it computes nothing.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,10 +29,11 @@ from rnr_interp.report import compare_figures
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, read_table, routing_figures_of, summary_of
 from rnr_interp.report.html import INDEX_NAME, Page, _document, _e, _table_html, _write_page, write_report
 from rnr_interp.report.registry import REGISTRY, present_tables
-from rnr_interp.report.reproduction_figures import screen_figure, task_curves_figure, temperature_gap_figure
+from rnr_interp.report.reproduction_figures import task_curves_figure
 
-#: written by the localisation part: one row per screened cell
-SCREEN_JSON = "screen.json"
+#: the run folders a part writes beside its cells: the routing part's cross-cell
+#: aggregate and the localisation part's cell-level screen
+ROUTE_CELLS, SCREEN = "route_cells", "screen"
 
 
 def _finished(folder: Path, kind: str | None = None) -> list[RunDir]:
@@ -105,35 +105,40 @@ def _audit_section(page: Page, folder: Path, label: str) -> None:
         page.section("1 · Realization audit", figures=[("task_curves", task_curves_figure(curves, label))])
 
 
+def _registered(run: RunDir, label: str, prefix: str = "") -> Figures:
+    """Every registry figure of `run`, names prefixed (several runs share a page)."""
+    figs: Figures = []
+    for entry in REGISTRY:
+        if present_tables(run, entry):
+            figs += [(f"{prefix}{name}", fig) for name, fig in entry.draw(run, label)]
+    return figs
+
+
 def _routing_section(page: Page, folder: Path, label: str) -> None:
     runs = _finished(folder, "route")
     tables = [[t for r in runs if (t := read_table(r, name)) is not None and len(t)] for name in ROUTING_TABLES]
     figs = routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None,
                               f"{label} · {len(runs)} routing runs")
+    if summary_of(cells := RunDir(folder / ROUTE_CELLS)):
+        figs += _registered(cells, f"{label} · clean cells")
     if figs:
         page.section("2 · Routing cells across tasks and spaces", figures=figs)
 
 
 def _temperature_section(page: Page, folder: Path, label: str) -> None:
-    points = []
-    for run in _finished(folder, "audit"):
-        s = summary_of(run)
-        majority = s.get("majority") or {}
-        points.append({"temperature": s.get("temperature"), "gap": s.get("gap"), "gap_ci": s.get("gap_ci"),
-                       "selection_gap": majority.get("selection_gap"), "selection_gap_ci": majority.get("selection_gap_ci")})
-    if points:
-        page.section("3 · Selection gap vs temperature", figures=[("temperature_gap", temperature_gap_figure(points, label))])
+    figs = [f for run in _finished(folder, "temperature_sweep") for f in _registered(run, f"{label} · {run.path.name}")]
+    if figs:
+        page.section("3 · Selection gap vs temperature", figures=figs)
 
 
 def _localisation_section(page: Page, folder: Path, label: str) -> None:
-    screen = json.loads((folder / SCREEN_JSON).read_text()) if (folder / SCREEN_JSON).is_file() else []
     figs: Figures = []
-    if screen:
-        figs.append(("failure_screen", screen_figure(screen, screen[0].get("criterion", ""), label)))
-    entry = next(e for e in REGISTRY if "repair" in e.tables)
+    if summary_of(screen := RunDir(folder / SCREEN)):
+        figs += _registered(screen, label)
     for run in _finished(folder):
-        if present_tables(run, entry):
-            figs += [(f"{run.path.parent.name}_{name}", fig) for name, fig in entry.draw(run, f"{label} · {run.path.parent.name}")]
+        if run.config.get("kind") in ("repair", "steer", "units"):
+            cell = run.path.parent.name
+            figs += _registered(run, f"{label} · {cell}", prefix=f"{cell}_")
     if figs:
         page.section("4 · Failure screen, repair with same-layer controls, steering, units", figures=figs)
 

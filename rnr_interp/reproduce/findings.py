@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 
 from rnr_interp.metrics import wilson_interval
 from rnr_interp.records import RunDir, load_runs
+from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
 STRUCTURED = ("mcts", "hill_climb", "genetic")
@@ -90,16 +91,6 @@ def _runs(folder: Path, kind: str) -> list[RunDir]:
     return out
 
 
-def _table(runs: Iterable[RunDir], name: str) -> pd.DataFrame:
-    tables = []
-    for run in runs:
-        try:
-            tables.append(run.read_table(name))
-        except FileNotFoundError:
-            continue
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-
-
 # -- Experiment 1: routing and selection ---------------------------------------------
 
 
@@ -110,67 +101,50 @@ SELECTOR_PAPER = "median gap recovery -23.5% to +2.2% over clean cells (K=32)"
 
 
 def routing_findings(part: Path) -> list[Finding]:
-    runs = _runs(part, "route")
-    cells = _table(runs, "route_cells")
-    if cells.empty:
-        return [_untestable(ROUTING_CLAIM, ROUTING_PAPER, "no routing run finished"),
-                _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "no routing run finished")]
-    kept = cells[~cells["excluded"].astype(bool)]
-    excluded = sorted(set(cells["cell"]) - set(kept["cell"]))
-    note = f"; format-collapse cells excluded: {', '.join(excluded)}" if excluded else ""
-    return [_random_vs_structured(kept, note), _selectors(_table(runs, "selectors"), set(kept["cell"]), note)]
+    """From the routing part's cross-cell aggregate (`routing.cells`)."""
+    agg = part / ROUTE_CELLS
+    if not (agg / "summary.json").is_file():
+        return [_untestable(ROUTING_CLAIM, ROUTING_PAPER, "the routing part did not finish (no cross-cell aggregate)"),
+                _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "the routing part did not finish (no cross-cell aggregate)")]
+    run = RunDir(agg)
+    collapsed = run.read_table("collapsed")
+    note = f"; format-collapse cells left out: {', '.join(collapsed['cell'])}" if len(collapsed) else ""
+    return [_random_vs_structured(run.read_table("advantage"), run.read_table("counts"), note),
+            _selectors(run.read_table("selector_distribution"), note)]
 
 
-def _random_vs_structured(kept: pd.DataFrame, note: str) -> Finding:
-    from rnr_interp.report.figures import cell_difference
-
-    diff = cell_difference(kept.assign(excluded=False)) if len(kept) else pd.DataFrame()
-    if diff.empty:
-        return _untestable(ROUTING_CLAIM, ROUTING_PAPER, "no clean cell with random and a structured search" + note)
-    worst = diff.loc[diff["diff"].idxmin()]
-    ci = None
-    if {"random_minus_lo", "random_minus_hi"} <= set(kept.columns):
-        row = kept[(kept["cell"] == worst["cell"]) & (kept["method"] == worst["method"])].iloc[0]
-        ci = (float(row["random_minus_lo"]), float(row["random_minus_hi"]))
-    n_ok, n = int((diff["diff"] >= 0).sum()), len(diff)
-    medians = diff.groupby("method")["diff"].median()
-    measured = (f"random >= structured in {n_ok} of {n} (clean cell, search) pairs; smallest random - "
-                f"{worst['method']} = {worst['diff']:+.3f} ({worst['cell']}); median advantage "
-                + ", ".join(f"{m} {v:+.3f}" for m, v in medians.items()))
+def _random_vs_structured(advantage: pd.DataFrame, counts: pd.DataFrame, note: str) -> Finding:
+    if advantage.empty:
+        return _untestable(ROUTING_CLAIM, ROUTING_PAPER, "no clean cell" + note)
+    overall = counts[(counts["space"] == "all") & (counts["search"] == "all")].iloc[0]
+    per_search = counts[(counts["space"] == "all") & (counts["search"] != "all")]
+    worst = advantage.sort_values("advantage", kind="stable").iloc[0]
+    n_ok, n = int(overall["random_ge_structured"]), int(overall["cells"])
+    measured = (f"random >= every structured search in {n_ok} of {n} clean cells; smallest random - {worst['search']} "
+                f"{worst['advantage']:+.3f} [{worst['lo']:+.3f}, {worst['hi']:+.3f}] ({worst['cell']}); median advantage "
+                + ", ".join(f"{r.search} {r.median_advantage:+.3f}" for r in per_search.itertuples()))
     verdict = REPRODUCED if n_ok == n else NOT_REPRODUCED
-    why = ("random's oracle at matched K is at or above every structured search's in every clean cell" if n_ok == n
-           else f"a structured search beats random in {n - n_ok} pair(s)") + note
-    return Finding(ROUTING_CLAIM, ROUTING_PAPER, f"{kept['cell'].nunique()} clean cells", measured,
-                   float(worst["diff"]), ci, int(kept["cell"].nunique()), verdict, why)
+    why = ("random's oracle at matched K is at or above every structured search's in every clean cell (point "
+           "estimates, as the paper states it)" if n_ok == n else f"a structured search beats random in {n - n_ok} clean cell(s)")
+    return Finding(ROUTING_CLAIM, ROUTING_PAPER, f"{n} clean cells", measured, float(worst["advantage"]),
+                   (float(worst["lo"]), float(worst["hi"])), n, verdict, why + note)
 
 
-def _selectors(sel: pd.DataFrame, kept: set[str], note: str) -> Finding:
-    if sel.empty or "gap_recovery" not in sel:
-        return _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "no selectors table" + note)
-    if "source" in sel:
-        sel = sel[sel["source"] == "routes"]
-    sel = sel[sel["cell"].isin(kept)].dropna(subset=["gap_recovery"])
-    if sel.empty:
+def _selectors(dist: pd.DataFrame, note: str) -> Finding:
+    dist = dist.dropna(subset=["median"])
+    if dist.empty:
         return _untestable(SELECTOR_CLAIM, SELECTOR_PAPER,
                            "gap recovery is undefined in every clean cell (oracle = greedy: no gap to recover)" + note)
-    medians = sel.groupby("selector")["gap_recovery"].median().sort_values()
-    best = medians.index[-1]
-    rows = sel[sel["selector"] == best]
-    ci = None
-    if len(rows) == 1 and {"gap_recovery_lo", "gap_recovery_hi"} <= set(rows.columns):
-        ci = (float(rows["gap_recovery_lo"].iloc[0]), float(rows["gap_recovery_hi"].iloc[0]))
-    measured = "median gap recovery: " + ", ".join(f"{s} {v:+.2f}" for s, v in medians.items())
-    value = float(medians.iloc[-1])
-    if ci is not None:
-        verdict, why = at_most(value, ci, LITTLE_RECOVERY)
-        why = f"best selector {best}: {why}"
-    else:
-        ok = value <= LITTLE_RECOVERY
-        verdict = REPRODUCED if ok else NOT_REPRODUCED
-        why = (f"every selector's median recovery is at most {LITTLE_RECOVERY:g}" if ok
-               else f"{best} recovers a median {value:+.2f} of the gap (> {LITTLE_RECOVERY:g})")
-    return Finding(SELECTOR_CLAIM, SELECTOR_PAPER, f"{sel['cell'].nunique()} clean cells", measured, value, ci,
-                   int(sel["cell"].nunique()), verdict, why + note)
+    dist = dist.sort_values("median")
+    best = dist.iloc[-1]
+    measured = "median gap recovery over clean cells: " + ", ".join(f"{r.selector} {r.median:+.2f}" for r in dist.itertuples())
+    value = float(best["median"])
+    ok = value <= LITTLE_RECOVERY
+    why = (f"every selector's median recovery is at most {LITTLE_RECOVERY:g}" if ok
+           else f"{best['selector']} recovers a median {value:+.2f} of the gap (> {LITTLE_RECOVERY:g})")
+    return Finding(SELECTOR_CLAIM, SELECTOR_PAPER, f"{int(best['cells'])} clean cells", measured, value,
+                   (float(best["q25"]), float(best["q75"])), int(best["cells"]),
+                   REPRODUCED if ok else NOT_REPRODUCED, why + " (the interval column is the best selector's quartiles over cells)" + note)
 
 
 # -- Experiment 2: recognised but not generated ----------------------------------------
@@ -182,51 +156,37 @@ STEER_CLAIM = "reciprocal steering: -alpha v rescues failures, +alpha v induces 
 STEER_PAPER = "-8v repairs 97.5%, +4v breaks 95% of healthy questions"
 
 
-def _rate(entry: dict[str, Any] | None) -> tuple[float, tuple[float, float], int] | None:
+def _rate(entry: dict[str, Any]) -> tuple[float, tuple[float, float], int]:
     """(rate, interval, n) of a localisation summary entry {rate, ci, n}."""
-    if entry is None:
-        return None
-    if isinstance(entry, dict) and "ci" in entry:
-        return float(entry["rate"]), (float(entry["ci"][0]), float(entry["ci"][1])), int(entry["n"])
-    return None
-
-
-def _repair_numbers(s: dict[str, Any]) -> tuple[int, tuple, tuple, str] | None:
-    """(layer, repair, damage, how scored) of the chosen MLP block of a repair summary:
-    held out when the analysis split its sets, else in-sample (Wilson on the counts)."""
-    at = (s.get("at_chosen_layer") or {}).get("mlp")
-    if at is not None:
-        return int(at["layer"]), _rate(at["repair"]), _rate(at["damage"]), "held out"
-    best = (s.get("best") or {}).get("mlp")
-    if best is None:
-        return None
-    n_f, n_p = int(s["n_failure"]), int(s["n_panel"])
-    rep = (best["repair_rate"], wilson_interval(round(best["repair_rate"] * n_f), n_f), n_f)
-    dam = (best["damage_rate"], wilson_interval(round(best["damage_rate"] * n_p), n_p), n_p)
-    return int(best["layer"]), rep, dam, "in-sample (chosen and scored on the same questions)"
+    return float(entry["rate"]), (float(entry["ci"][0]), float(entry["ci"][1])), int(entry["n"])
 
 
 def localisation_findings(part: Path) -> list[Finding]:
     repairs = _runs(part, "repair")
-    screened = _runs(part, "failures")
     if not repairs:
+        screened = (part / SCREEN / "summary.json").is_file()
         why = ("no cell passed the failure screen" if screened else "the failure screen did not finish")
         return [_untestable(REPAIR_CLAIM, REPAIR_PAPER, why), _untestable(STEER_CLAIM, STEER_PAPER, why)]
     out = []
     for run in repairs:
         s = run.read_summary()
         scope = f"{s.get('model')} / {s.get('task')}"
-        got = _repair_numbers(s)
-        if got is None or got[1] is None:
-            out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, "no MLP block repaired anything", scope))
+        at = (s.get("at_chosen_layer") or {}).get("mlp")
+        if at is None:
+            out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, "no MLP block repaired anything on the selection part", scope))
         else:
-            layer, (r, r_ci, r_n), (d, d_ci, d_n), how = got
+            layer, (r, r_ci, r_n), (d, d_ci, d_n) = int(at["layer"]), _rate(at["repair"]), _rate(at["damage"])
+            if r_n == 0 or d_n == 0:
+                out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"MLP {layer} chosen, but the held-out "
+                                       f"{'failure set' if r_n == 0 else 'panel'} is empty", scope))
+                out.append(_steering_finding(run.path.parent / "steer", scope))
+                continue
             v_r, why_r = at_least(r, r_ci, MOST_REPAIRED)
             v_d, why_d = at_most(d, d_ci, LITTLE_DAMAGE)
             verdict = v_r if v_r == v_d else (NOT_REPRODUCED if NOT_REPRODUCED in (v_r, v_d) else NOT_TESTABLE)
             out.append(Finding(
                 REPAIR_CLAIM, REPAIR_PAPER, scope,
-                f"MLP {layer}, {how}: repair {r:.2f} [{r_ci[0]:.2f}, {r_ci[1]:.2f}] of {r_n}, "
+                f"MLP {layer}, held out: repair {r:.2f} [{r_ci[0]:.2f}, {r_ci[1]:.2f}] of {r_n}, "
                 f"damage {d:.2f} [{d_ci[0]:.2f}, {d_ci[1]:.2f}] of {d_n}", r, r_ci, r_n, verdict,
                 f"repair: {why_r}; damage: {why_d}"))
         out.append(_steering_finding(run.path.parent / "steer", scope))
@@ -286,7 +246,31 @@ def checkpoint_findings(part: Path) -> list[Finding]:
     sft = found.get("sft")
     out.append(_untestable(SFT_WIDEN, SFT_WIDEN_PAPER, "no SFT comparison finished", "SFT") if sft is None
                else _o_change(sft, SFT_WIDEN, SFT_WIDEN_PAPER, "SFT", shrink=False))
+    out += [_prompt_format(s, recipe.upper()) for recipe, s in found.items()]
     return out
+
+
+PROMPT_CLAIM = "prompt-format control: part of a trained gain is the prompt format's"
+PROMPT_PAPER = "a shared base prompt keeps 41.4-50.0% of the native-format gain"
+
+
+def _prompt_format(s: dict[str, Any], label: str) -> Finding:
+    """The share of the D gain kept when the trained model is asked in the base prompt
+    format. A ratio of two paired changes has no interval of its own, so this row
+    reports and does not judge."""
+    shared = s.get("shared_prompt")
+    formats = s.get("prompt_formats") or {}
+    if not shared:
+        why = ("base and trained asked in the same prompt format: no format effect to separate"
+               if formats.get("same") else "no shared-prompt audit was run")
+        return _untestable(PROMPT_CLAIM, PROMPT_PAPER, why, _scope(s, label))
+    d = shared["D"]
+    share = d.get("share_retained")
+    measured = (f"D change on the base prompt {d['shared_change']:+.3f} [{d['shared_change_ci'][0]:+.3f}, "
+                f"{d['shared_change_ci'][1]:+.3f}] vs native {d.get('native_change', float('nan')):+.3f}")
+    return Finding(PROMPT_CLAIM, PROMPT_PAPER, _scope(s, label), measured, share, None, int(s.get("n_questions") or 0),
+                   NOT_TESTABLE, "the share retained is a ratio of two paired changes with no interval of its own; "
+                                 "the changes and their intervals are shown")
 
 
 def _scope(s: dict[str, Any], label: str) -> str:

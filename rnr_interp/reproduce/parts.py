@@ -4,13 +4,17 @@ folder does (a killed part redoes no finished question, and no finished run).
 
 1. ``1_audit``: the realization audit (`audit.run_audit`) per task at K;
 2. ``2_routing``: one routing run per task (`routing.run_route_audit`) over the three
-   spaces, so each run holds one cell per space; the part's report aggregates the cells;
-3. ``3_temperature``: the audit at each temperature (the selection gap vs T);
-4. ``4_localisation``: the failure screen per multiple-choice cell (`repair.run_failures`),
-   then, on every cell that passes, repair (`run_repair`), reciprocal steering
+   spaces, so each run holds one cell per space, aggregated across cells into
+   ``2_routing/route_cells`` (`routing.cells.write_route_cells`);
+3. ``3_temperature``: the temperature sweep of the selection gap (`sweep.run_temperature_sweep`);
+4. ``4_localisation``: the failures run of each multiple-choice cell (`repair.run_failures`)
+   and the cell-level screen over them (``4_localisation/screen``, `repair.write_screen`),
+   then, on every cell the screen keeps, repair (`run_repair`), reciprocal steering
    (`run_steer`) and top-k units (`run_units`) on the repair run's cohort and block;
 5. ``5_checkpoints``: GRPO and SFT checkpoints (trained by ``experiments/finetune.py``
-   when absent), base and trained audits, `compare.compare_runs` with the budget control.
+   when absent), base and trained audits, `compare.compare_runs` with the budget control
+   (both models at K and 2K) and, when the runs asked in different prompt formats, the
+   prompt-format control (the trained model audited in the base format).
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import write_json_atomic
-from rnr_interp.report.reproduction import SCREEN_JSON
+from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 from rnr_interp.reproduce.profiles import Profile
 
 #: experiments/finetune.py of this checkout (absent in an installed package)
@@ -70,6 +73,7 @@ def audit_part(ctx: Context, folder: Path) -> None:
 
 def routing_part(ctx: Context, folder: Path) -> None:
     from rnr_interp.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.routing.cells import write_route_cells
 
     p = ctx.profile
     lm = ctx.model(p.model)
@@ -78,54 +82,44 @@ def routing_part(ctx: Context, folder: Path) -> None:
         cfg = RouteConfig(samples=p.route_k, budget=p.route_k, spaces=p.spaces, methods=p.methods,
                           min_len=p.route_min_len, batch_size=max(p.batch_size, 8))
         run_route_audit(lm, ctx.task(name, p.route_n), folder / name, cfg, progress=ctx.progress)
+    write_route_cells(folder, folder / ROUTE_CELLS)
 
 
 def temperature_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.audit import run_audit
-    from rnr_interp.sampling import Probe
+    from rnr_interp.sweep import run_temperature_sweep
 
     p = ctx.profile
-    lm, task = ctx.model(p.model), ctx.task(p.sweep_task, p.sweep_n)
-    for t in p.temperatures:
-        ctx.log(f"  temperature {t:g}: {p.sweep_task}, {p.sweep_n} questions, K={p.sweep_k}")
-        run_audit(lm, task, folder / f"T{t:g}", probe=Probe(k=p.sweep_k, temperature=t), batch_size=p.batch_size,
-                  progress=ctx.progress)
-
-
-def screen_row(cell: str, s: dict[str, Any]) -> dict[str, Any]:
-    """A failures summary's line of the cell-level screen: its recognition and
-    generation scores and whether the cell goes on to localisation, with the criterion.
-    The failure analysis's own screen decides when its summary has one; otherwise at
-    least two recognised-but-missed questions (one to choose the block, one to score it)."""
-    screen = s.get("screen")
-    if isinstance(screen, dict) and "failure" in screen:
-        return {"cell": cell, "recognition": screen["recognition_score"], "generation": screen["generation_score"],
-                "n_failure": s["n_failure"], "passes": bool(screen["failure"]), "criterion": screen["criterion"]}
-    return {"cell": cell, "recognition": (s.get("recognition_accuracy") or {}).get(s.get("readout")),
-            "generation": s["deployed_accuracy"], "n_failure": s["n_failure"], "passes": s["n_failure"] >= 2,
-            "criterion": "at least 2 recognised-but-not-generated questions"}
+    ctx.log(f"  temperatures {', '.join(f'{t:g}' for t in p.temperatures)}: {p.sweep_task}, {p.sweep_n} questions, K={p.sweep_k}")
+    run_temperature_sweep(ctx.model(p.model), ctx.task(p.sweep_task, p.sweep_n), folder / p.sweep_task, p.temperatures,
+                          k=p.sweep_k, batch_size=p.batch_size, progress=ctx.progress)
 
 
 def localisation_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.repair import run_failures, run_repair
+    from rnr_interp.recognition import FailureCriterion
+    from rnr_interp.records import RunDir
+    from rnr_interp.repair import run_failures, run_repair, write_screen
     from rnr_interp.steering import run_steer, run_units
 
     p = ctx.profile
     lm = ctx.model(p.model)
-    screened = []
-    for name in p.screen_tasks:
-        task, cell = ctx.task(name, p.screen_n), folder / name
-        s = run_failures(lm, task, cell / "failures", batch_size=p.batch_size, progress=ctx.progress)
-        screened.append(row := screen_row(f"{lm.spec} / {name}", s))
-        write_json_atomic(folder / SCREEN_JSON, screened)
-        ctx.log(f"  screen {name}: {s['n_failure']} recognised-but-missed of {s['n_questions']}: "
-                f"{'passes' if row['passes'] else 'does not pass'} ({row['criterion']})")
-        if not row["passes"]:
+    criterion = FailureCriterion(margin=p.screen_margin, level=p.screen_level)
+    tasks = {name: ctx.task(name, p.screen_n) for name in p.screen_tasks}
+    for name, task in tasks.items():
+        s = run_failures(lm, task, folder / name / "failures", criterion=criterion, batch_size=p.batch_size,
+                         progress=ctx.progress)
+        ctx.log(f"  screen {name}: recognition {s['screen']['recognition_score']:.2f}, "
+                f"generation {s['screen']['generation_score']:.2f}")
+    screen = write_screen(folder / SCREEN, [RunDir(folder / name / "failures") for name in tasks], criterion)
+    ctx.log(f"  {screen['n_failure_cells']} of {screen['n_cells']} cells pass ({screen['criterion']})")
+    for cell in screen["cells"]:
+        if not cell["failure"]:
             continue
-        run_repair(lm, task, cell / "repair", batch_size=p.batch_size, progress=ctx.progress)
-        run_steer(lm, task, cell / "steer", repair_run=cell / "repair", alphas=p.alphas, batch_size=p.batch_size,
+        name = cell["task"]
+        task, out = tasks[name], folder / name
+        run_repair(lm, task, out / "repair", batch_size=p.batch_size, progress=ctx.progress)
+        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, batch_size=p.batch_size,
                   progress=ctx.progress)
-        run_units(lm, task, cell / "units", repair_run=cell / "repair", ks=p.unit_ks, batch_size=p.batch_size,
+        run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, batch_size=p.batch_size,
                   progress=ctx.progress)
 
 
@@ -167,15 +161,39 @@ def checkpoint_part(ctx: Context, folder: Path) -> None:
     p = ctx.profile
     task = ctx.task(p.ckpt_task, p.ckpt_n)
     probe = Probe(k=p.ckpt_k, temperature=p.ckpt_temperature)
+    base_lm = ctx.model(p.model)
     ctx.log(f"  audit base {p.model}: {p.ckpt_task}, {p.ckpt_n} questions, K={p.ckpt_k}")
-    run_audit(ctx.model(p.model), task, folder / "audit_base", probe=probe, batch_size=p.batch_size, progress=ctx.progress)
+    run_audit(base_lm, task, folder / "audit_base", probe=probe, batch_size=p.batch_size, progress=ctx.progress)
+    base = RunDir(folder / "audit_base")
     for recipe in p.recipes:
         ckpt = train_checkpoint(ctx, recipe, folder / "checkpoints" / recipe)
         lm = ctx.model(str(ckpt))
-        ctx.log(f"  audit {recipe} checkpoint, compare with the 2K budget control")
+        ctx.log(f"  audit {recipe} checkpoint")
         run_audit(lm, task, folder / f"audit_{recipe}", probe=probe, batch_size=p.batch_size, progress=ctx.progress)
-        compare_runs(RunDir(folder / "audit_base"), RunDir(folder / f"audit_{recipe}"), folder / f"compare_{recipe}",
-                     control_lm=lm, control_task=task, batch_size=p.batch_size)
+        trained = RunDir(folder / f"audit_{recipe}")
+        shared = shared_prompt_audit(ctx, lm, base, trained, folder / f"audit_{recipe}_base_prompt", task, probe)
+        ctx.log(f"  compare {recipe} with the budget control (both models at K and 2K)")
+        compare_runs(base, trained, folder / f"compare_{recipe}", control_models={"base": base_lm, "trained": lm},
+                     control_task=task, shared_prompt=shared, batch_size=p.batch_size)
+
+
+def shared_prompt_audit(ctx: Context, lm: LoadedModel, base, trained, out: Path, task, probe):
+    """The prompt-format control: the trained model audited in the base run's prompt
+    format, when the two runs asked differently (None when they asked alike: the
+    control would repeat the trained audit; the comparison states the formats)."""
+    from rnr_interp.audit import run_audit
+    from rnr_interp.models import PromptFormat
+    from rnr_interp.records import RunDir
+
+    if base.config.get("prompt_format") == trained.config.get("prompt_format"):
+        return None
+    ctx.log("  audit the trained checkpoint in the base prompt format (prompt-format control)")
+    lm.prompt_override = PromptFormat.from_description(base.config["prompt_format"])
+    try:
+        run_audit(lm, task, out, probe=probe, batch_size=ctx.profile.batch_size, progress=ctx.progress)
+    finally:
+        lm.prompt_override = None
+    return RunDir(out)
 
 
 @dataclass(frozen=True)
