@@ -114,8 +114,8 @@ def localisation_part(ctx: Context, folder: Path) -> None:
     for cell in screen["cells"]:
         if not cell["failure"]:
             continue
-        name = cell["task"]
-        task, out = tasks[name], folder / name
+        out = Path(cell["path"]).parent  # the cell's folder: its failures run sits in it
+        task = tasks[out.name]
         run_repair(lm, task, out / "repair", batch_size=p.batch_size, progress=ctx.progress)
         run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, batch_size=p.batch_size,
                   progress=ctx.progress)
