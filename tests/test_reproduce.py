@@ -125,7 +125,9 @@ def test_index_links_every_part_and_draws_the_paper_figures(smoke):
     assert {"task_curves", "route_curves", "route_cell_difference", "route_advantage", "temperature_sweep",
             "screen_scatter", "checkpoint_change", "checkpoint_propensity", "grpo_transitions",
             "sft_transitions"} <= names, names
-    assert any(n.endswith("_repair_heatmap") for n in names) and any(n.endswith("_steering_curves") for n in names)
+    # every passing cell's silencing sweep (steering and units need a non-empty healthy
+    # panel, which the random-weight model does not have: those runs say they skipped)
+    assert any(n.endswith("_repair_heatmap") for n in names)
     rows = json.loads((root / "findings.json").read_text())
     assert page.count('class="verdict"') == len(rows)
 
