@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 
-.PHONY: setup vllm browser demo test bench clean
+.PHONY: setup vllm browser demo reproduce test bench clean
 
 $(BIN)/rnr: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -38,6 +38,10 @@ browser:
 demo: setup
 	$(BIN)/rnr audit --model smollm2 --task arithmetic --n 24 --k 32 --out runs/demo
 	$(BIN)/rnr report runs/demo
+
+# The paper end to end on the demo model (resumable: rerun to continue; see README).
+reproduce: setup
+	$(BIN)/rnr reproduce --profile demo --out runs/reproduce
 
 test: setup browser vllm
 	$(BIN)/python -m pytest -q -rs tests

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from rnr_interp.commands import audit, common, compare, localise, report, sweep
+from rnr_interp.commands import audit, common, compare, localise, report, reproduce, sweep
 
 
 class OneLineErrors(TyperGroup):
@@ -80,6 +80,7 @@ COMMANDS = {
     "compare": compare.compare,
     "report": report.report,
     "sweep": sweep.sweep,
+    "reproduce": reproduce.reproduce,
 }
 for name, command in COMMANDS.items():
     app.command(name)(command)

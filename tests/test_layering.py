@@ -1,5 +1,5 @@
 """Imports point down only: models/tasks/records/metrics -> interventions ->
-generate/sampling -> analyses -> report -> cli. Walks every module's imports (top level,
+generate/sampling -> analyses -> report -> reproduce -> cli. Walks every module's imports (top level,
 inside functions and under TYPE_CHECKING alike) and fails on any edge that points up."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ LAYERS: dict[str, int] = {
     "generate": 2, "sampling": 2, "vllm_backend": 2,
     "audit": 3, "routing": 3, "recognition": 3, "cohort": 3, "repair": 3, "steering": 3, "compare": 3, "sweep": 3,
     "report": 4,
-    "commands": 5, "cli": 5,
+    "reproduce": 5,
+    "commands": 6, "cli": 6,
 }
 
 
@@ -70,7 +71,7 @@ def test_the_walk_sees_upward_edges(tmp_path):
     """Not vacuous: imports inside functions, relative ones and module imports count."""
     sample = tmp_path / "x.py"
     sample.write_text("def f():\n    from rnr_interp.cli import fail\n")
-    assert upward(sample, "rnr_interp.repair")[0] == "rnr_interp.repair (layer 3) imports rnr_interp.cli (layer 5)"
+    assert upward(sample, "rnr_interp.repair")[0] == "rnr_interp.repair (layer 3) imports rnr_interp.cli (layer 6)"
     sample.write_text("from ..report import figures\n")
     assert upward(sample, "rnr_interp.routing.audit")[0].endswith("rnr_interp.report (layer 4)")
     sample.write_text("import rnr_interp.steering\n")

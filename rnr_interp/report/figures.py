@@ -32,7 +32,8 @@ def run_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
     probe = config.get("probe") or {}
     k = summary.get("k") or probe.get("k") or config.get("k")
     budget = [f"K={k}"] if k else []
-    if (t := summary.get("temperature", probe.get("temperature"))) is not None:
+    # a route run's summary holds its temperature candidates' results under "temperature"
+    if isinstance(t := summary.get("temperature", probe.get("temperature")), (int, float)):
         budget.append(f"T={t:g}")
     if (b := config.get("budget")) is not None:
         budget.append(f"budget={b}")

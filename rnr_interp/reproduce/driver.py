@@ -1,0 +1,103 @@
+"""The reproduction driver: run the parts in order under one root, resumably, time each
+part, then read the findings and write the index report.
+
+The root holds one folder per part (``1_audit`` ... ``5_checkpoints``, each a folder of
+ordinary run folders), ``reproduce.json`` (the profile, and per part its status and the
+wall seconds it has cost so far, summed over invocations until it finishes),
+``findings.json`` and ``index.html``. Rerunning with the same profile skips finished
+parts and resumes the others run by run; another profile is refused, naming the keys
+that differ. A part that fails is recorded with its error and the next part runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rnr_interp.records import write_json_atomic
+from rnr_interp.reproduce.findings import as_records, findings
+from rnr_interp.reproduce.parts import PARTS, Context, Part, read_json
+from rnr_interp.reproduce.profiles import Profile
+
+STATE = "reproduce.json"
+FINDINGS = "findings.json"
+DONE, FAILED, PENDING = "done", "failed", "not run"
+
+
+@dataclass
+class Reproduction:
+    root: Path
+    profile: Profile
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: Path, profile: Profile) -> "Reproduction":
+        """The root's state, new or resumed; a root made with another profile is refused."""
+        state = read_json(root / STATE)
+        if state:
+            # compared as stored (JSON has lists where the profile has tuples)
+            old, new = state.get("profile", {}), json.loads(json.dumps(profile.config()))
+            differ = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+            if differ:
+                raise ValueError(f"{root} was made with profile {state.get('profile_name')!r} and other sizes "
+                                 f"(differing: {', '.join(differ)}); use another --out or the same profile")
+        parts = state.get("parts", {})
+        for part in PARTS:
+            parts.setdefault(part.name, {"title": part.title, "status": PENDING, "seconds": 0.0})
+        return cls(root, profile, parts)
+
+    def save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.root / STATE, {"profile_name": self.profile.name, "profile": self.profile.config(),
+                                              "why": self.profile.why, "parts": self.parts})
+
+    def run_part(self, part: Part, ctx: Context) -> None:
+        entry = self.parts[part.name]
+        start = time.monotonic()
+        try:
+            part.run(ctx, self.root / part.name)
+            entry.update(status=DONE, error=None)
+        except KeyboardInterrupt:
+            entry.update(status=FAILED, error="interrupted")
+            raise
+        except Exception as exc:  # one part's failure must not cost the others
+            entry.update(status=FAILED, error=f"{type(exc).__name__}: {exc}",
+                         traceback=traceback.format_exc(limit=6))
+        finally:
+            entry["seconds"] = round(float(entry.get("seconds", 0.0)) + time.monotonic() - start, 1)
+            self.save()
+
+
+def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None = None,
+              checkpoints: dict[str, Path] | None = None, progress: bool = False,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) the chosen parts (default: all), then findings and the index
+    report; returns the state (per-part status and cost) with the findings."""
+    from rnr_interp.report.reproduction import write_reproduction_report
+
+    root = Path(root)
+    wanted = list(parts) if parts else [p.name for p in PARTS]
+    unknown = [p for p in wanted if p not in {q.name for q in PARTS}]
+    if unknown:
+        raise ValueError(f"unknown part {unknown[0]!r}; parts: {', '.join(p.name for p in PARTS)}")
+    state = Reproduction.open(root, profile)
+    state.save()
+    ctx = Context(profile, root, progress=progress, checkpoints=dict(checkpoints or {}), log=log)
+    for part in PARTS:
+        entry = state.parts[part.name]
+        if part.name not in wanted:
+            continue
+        if entry["status"] == DONE:
+            log(f"{part.name}: done before ({entry['seconds']:.0f} s), skipped")
+            continue
+        log(f"{part.name}: {part.title}")
+        state.run_part(part, ctx)
+        log(f"{part.name}: {entry['status']} after {entry['seconds']:.0f} s" + (f" ({entry['error']})" if entry.get("error") else ""))
+    rows = as_records(findings(root))
+    write_json_atomic(root / FINDINGS, rows)
+    page = write_reproduction_report(root, profile.name, profile.model, profile.why, state.parts, rows)
+    return {"parts": state.parts, "findings": rows, "index": str(page)}

@@ -1,0 +1,333 @@
+"""The paper's claims beside this model's numbers, read from the parts' run folders.
+
+Every number here is read from a summary or table an analysis wrote; nothing is
+recomputed except an interval on a count (Wilson) where a summary gives the count but
+not the interval. Each claim has a stated threshold, and the verdict compares the
+*interval* with it, so a small sample cannot claim either way:
+
+- ``reproduced``: the whole 95% interval is on the paper's side of the threshold;
+- ``not reproduced``: the whole interval is on the other side;
+- ``not testable here``: no run measured it (the reason names what is missing), or the
+  interval spans the threshold at this sample size.
+
+The routing claims are stated by the paper on point estimates per cell (random >=
+structured "in every clean cell"), so they are judged on those, with the narrowest
+cell's paired interval shown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from rnr_interp.metrics import wilson_interval
+from rnr_interp.records import RunDir, load_runs
+from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
+
+REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
+STRUCTURED = ("mcts", "hill_climb", "genetic")
+#: "little" gap recovery: the paper's six medians lie between -23.5% and +2.2%
+LITTLE_RECOVERY = 0.25
+#: "most" failures repaired, "little" damage (paper: 67.6-92.0% repair, 0-12% damage)
+MOST_REPAIRED, LITTLE_DAMAGE = 0.5, 0.15
+#: reciprocal steering flips "most" (paper: -8v repairs 97.5%, +4v breaks 95%)
+MOST_FLIPPED = 0.5
+#: "every newly realized answer was already base-reachable" (paper: 11-68 of 11-68)
+ALREADY_REACHABLE = 0.8
+
+
+@dataclass
+class Finding:
+    claim: str
+    paper: str
+    scope: str  # which cell / checkpoint
+    measured: str  # what the number is, in words
+    value: float | None
+    ci: tuple[float, float] | None
+    n: int | None
+    verdict: str
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def at_least(value: float, ci: Sequence[float], threshold: float) -> tuple[str, str]:
+    """Verdict of "value >= threshold" from its interval."""
+    lo, hi = ci
+    if lo >= threshold:
+        return REPRODUCED, f"the whole interval is at or above {threshold:g}"
+    if hi < threshold:
+        return NOT_REPRODUCED, f"the whole interval is below {threshold:g}"
+    return NOT_TESTABLE, f"the interval [{lo:.2f}, {hi:.2f}] spans {threshold:g} at this sample size"
+
+
+def at_most(value: float, ci: Sequence[float], threshold: float) -> tuple[str, str]:
+    """Verdict of "value <= threshold" from its interval."""
+    lo, hi = ci
+    if hi <= threshold:
+        return REPRODUCED, f"the whole interval is at or below {threshold:g}"
+    if lo > threshold:
+        return NOT_REPRODUCED, f"the whole interval is above {threshold:g}"
+    return NOT_TESTABLE, f"the interval [{lo:.2f}, {hi:.2f}] spans {threshold:g} at this sample size"
+
+
+def _untestable(claim: str, paper: str, why: str, scope: str = "all cells") -> Finding:
+    return Finding(claim, paper, scope, "", None, None, None, NOT_TESTABLE, why)
+
+
+def _runs(folder: Path, kind: str) -> list[RunDir]:
+    """Finished runs of one kind under `folder` (a summary written)."""
+    if not folder.is_dir():
+        return []
+    out = []
+    for run in load_runs(folder):
+        if (run.path / "summary.json").is_file() and run.config.get("kind") == kind:
+            out.append(run)
+    return out
+
+
+# -- Experiment 1: routing and selection ---------------------------------------------
+
+
+ROUTING_CLAIM = "random >= structured search in every clean cell"
+ROUTING_PAPER = "43/43 clean cells; random - structured +2.7 to +37.6 points"
+SELECTOR_CLAIM = "answer-blind selectors recover little of the oracle-greedy gap"
+SELECTOR_PAPER = "median gap recovery -23.5% to +2.2% over clean cells (K=32)"
+
+
+def routing_findings(part: Path) -> list[Finding]:
+    """From the routing part's cross-cell aggregate (`routing.cells`)."""
+    agg = part / ROUTE_CELLS
+    if not (agg / "summary.json").is_file():
+        return [_untestable(ROUTING_CLAIM, ROUTING_PAPER, "the routing part did not finish (no cross-cell aggregate)"),
+                _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "the routing part did not finish (no cross-cell aggregate)")]
+    run = RunDir(agg)
+    collapsed = run.read_table("collapsed")
+    note = f"; format-collapse cells left out: {', '.join(collapsed['cell'])}" if len(collapsed) else ""
+    return [_random_vs_structured(run.read_table("advantage"), run.read_table("counts"), note),
+            _selectors(run.read_table("selector_distribution"), note)]
+
+
+def _random_vs_structured(advantage: pd.DataFrame, counts: pd.DataFrame, note: str) -> Finding:
+    if advantage.empty:
+        return _untestable(ROUTING_CLAIM, ROUTING_PAPER, "no clean cell" + note)
+    overall = counts[(counts["space"] == "all") & (counts["search"] == "all")].iloc[0]
+    per_search = counts[(counts["space"] == "all") & (counts["search"] != "all")]
+    worst = advantage.sort_values("advantage", kind="stable").iloc[0]
+    n_ok, n = int(overall["random_ge_structured"]), int(overall["cells"])
+    measured = (f"random >= every structured search in {n_ok} of {n} clean cells; smallest random - {worst['search']} "
+                f"{worst['advantage']:+.3f} [{worst['lo']:+.3f}, {worst['hi']:+.3f}] ({worst['cell']}); median advantage "
+                + ", ".join(f"{r.search} {r.median_advantage:+.3f}" for r in per_search.itertuples()))
+    verdict = REPRODUCED if n_ok == n else NOT_REPRODUCED
+    why = ("random's oracle at matched K is at or above every structured search's in every clean cell (point "
+           "estimates, as the paper states it)" if n_ok == n else f"a structured search beats random in {n - n_ok} clean cell(s)")
+    return Finding(ROUTING_CLAIM, ROUTING_PAPER, f"{n} clean cells", measured, float(worst["advantage"]),
+                   (float(worst["lo"]), float(worst["hi"])), n, verdict, why + note)
+
+
+def _selectors(dist: pd.DataFrame, note: str) -> Finding:
+    dist = dist.dropna(subset=["median"])
+    if dist.empty:
+        return _untestable(SELECTOR_CLAIM, SELECTOR_PAPER,
+                           "gap recovery is undefined in every clean cell (oracle = greedy: no gap to recover)" + note)
+    dist = dist.sort_values("median")
+    best = dist.iloc[-1]
+    measured = "median gap recovery over clean cells: " + ", ".join(f"{r.selector} {r.median:+.2f}" for r in dist.itertuples())
+    value = float(best["median"])
+    ok = value <= LITTLE_RECOVERY
+    why = (f"every selector's median recovery is at most {LITTLE_RECOVERY:g}" if ok
+           else f"{best['selector']} recovers a median {value:+.2f} of the gap (> {LITTLE_RECOVERY:g})")
+    return Finding(SELECTOR_CLAIM, SELECTOR_PAPER, f"{int(best['cells'])} clean cells", measured, value,
+                   (float(best["q25"]), float(best["q75"])), int(best["cells"]),
+                   REPRODUCED if ok else NOT_REPRODUCED, why + " (the interval column is the best selector's quartiles over cells)" + note)
+
+
+# -- Experiment 2: recognised but not generated ----------------------------------------
+
+
+REPAIR_CLAIM = "silencing one MLP block repairs most recognised-but-not-generated failures with little damage"
+REPAIR_PAPER = "MLP repair 67.6-92.0%, healthy damage 0-12% (6 cases)"
+STEER_CLAIM = "reciprocal steering: -alpha v rescues failures, +alpha v induces them"
+STEER_PAPER = "-8v repairs 97.5%, +4v breaks 95% of healthy questions"
+
+
+def _rate(entry: dict[str, Any]) -> tuple[float, tuple[float, float], int]:
+    """(rate, interval, n) of a localisation summary entry {rate, ci, n}."""
+    return float(entry["rate"]), (float(entry["ci"][0]), float(entry["ci"][1])), int(entry["n"])
+
+
+def localisation_findings(part: Path) -> list[Finding]:
+    repairs = _runs(part, "repair")
+    if not repairs:
+        screened = (part / SCREEN / "summary.json").is_file()
+        why = ("no cell passed the failure screen" if screened else "the failure screen did not finish")
+        return [_untestable(REPAIR_CLAIM, REPAIR_PAPER, why), _untestable(STEER_CLAIM, STEER_PAPER, why)]
+    out = []
+    for run in repairs:
+        s = run.read_summary()
+        scope = f"{s.get('model')} / {s.get('task')}"
+        at = (s.get("at_chosen_layer") or {}).get("mlp")
+        if at is None:
+            out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, "no MLP block repaired anything on the selection part", scope))
+        else:
+            layer, (r, r_ci, r_n), (d, d_ci, d_n) = int(at["layer"]), _rate(at["repair"]), _rate(at["damage"])
+            if r_n == 0 or d_n == 0:
+                out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"MLP {layer} chosen, but the held-out "
+                                       f"{'failure set' if r_n == 0 else 'panel'} is empty", scope))
+                out.append(_steering_finding(run.path.parent / "steer", scope))
+                continue
+            v_r, why_r = at_least(r, r_ci, MOST_REPAIRED)
+            v_d, why_d = at_most(d, d_ci, LITTLE_DAMAGE)
+            verdict = v_r if v_r == v_d else (NOT_REPRODUCED if NOT_REPRODUCED in (v_r, v_d) else NOT_TESTABLE)
+            out.append(Finding(
+                REPAIR_CLAIM, REPAIR_PAPER, scope,
+                f"MLP {layer}, held out: repair {r:.2f} [{r_ci[0]:.2f}, {r_ci[1]:.2f}] of {r_n}, "
+                f"damage {d:.2f} [{d_ci[0]:.2f}, {d_ci[1]:.2f}] of {d_n}", r, r_ci, r_n, verdict,
+                f"repair: {why_r}; damage: {why_d}"))
+        out.append(_steering_finding(run.path.parent / "steer", scope))
+    return out
+
+
+def _steering_finding(folder: Path, scope: str) -> Finding:
+    if not (folder / "summary.json").is_file():
+        return _untestable(STEER_CLAIM, STEER_PAPER, "the steering run did not finish", scope)
+    run = RunDir(folder)
+    s = run.read_summary()
+    if "skipped" in s:
+        return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s['skipped']}", scope)
+    table = run.read_table("steering")
+    table = table[table["alpha"] > 0]
+    if table.empty:
+        return _untestable(STEER_CLAIM, STEER_PAPER, "no alpha > 0 in the steering grid", scope)
+    parts, verdicts, lows = [], [], []
+    for direction in ("rescue", "induction"):
+        sub = table[table["direction"] == direction]
+        top = sub.loc[sub["rate"].idxmax()]
+        n = int(top["n"])
+        ci = ((float(top["lo"]), float(top["hi"])) if {"lo", "hi"} <= set(sub.columns)
+              else wilson_interval(round(float(top["rate"]) * n), n))
+        verdicts.append(at_least(float(top["rate"]), ci, MOST_FLIPPED))
+        lows.append((float(top["rate"]), ci, n))
+        sign = "-" if direction == "rescue" else "+"
+        parts.append(f"{direction} {top['rate']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {sign}{top['alpha']:g}v")
+    kinds = [v for v, _ in verdicts]
+    verdict = kinds[0] if len(set(kinds)) == 1 else (NOT_REPRODUCED if NOT_REPRODUCED in kinds else NOT_TESTABLE)
+    weaker = min(lows, key=lambda x: x[0])
+    return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.get('layer')}", "; ".join(parts) + " (best alpha)",
+                   weaker[0], weaker[1], weaker[2], verdict,
+                   "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts)))
+
+
+# -- Experiment 3: where trained gains come from ------------------------------------------
+
+
+RLVR_REACHABLE = "RLVR's newly realized answers were already base-reachable"
+RLVR_REACHABLE_PAPER = "all of them (11-68 per cell, 4 clean cells)"
+RLVR_SHRINK = "RLVR may shrink reachability (O_K does not grow)"
+RLVR_SHRINK_PAPER = "O change +0.0 to -13.3 points (DAPO: 96.0 -> 82.7)"
+SFT_WIDEN = "SFT may widen reachability (O_K grows)"
+SFT_WIDEN_PAPER = "OLMo thinking-SFT / instruct raise both D and O"
+
+
+def checkpoint_findings(part: Path) -> list[Finding]:
+    found = {run.path.name.removeprefix("compare_"): run.read_summary() for run in _runs(part, "compare")}
+    out = []
+    grpo = found.get("grpo")
+    if grpo is None:
+        out += [_untestable(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, "no GRPO comparison finished", "GRPO"),
+                _untestable(RLVR_SHRINK, RLVR_SHRINK_PAPER, "no GRPO comparison finished", "GRPO")]
+    else:
+        out += [_gained_from(grpo), _o_change(grpo, RLVR_SHRINK, RLVR_SHRINK_PAPER, "GRPO", shrink=True)]
+    sft = found.get("sft")
+    out.append(_untestable(SFT_WIDEN, SFT_WIDEN_PAPER, "no SFT comparison finished", "SFT") if sft is None
+               else _o_change(sft, SFT_WIDEN, SFT_WIDEN_PAPER, "SFT", shrink=False))
+    out += [_prompt_format(s, recipe.upper()) for recipe, s in found.items()]
+    return out
+
+
+PROMPT_CLAIM = "prompt-format control: part of a trained gain is the prompt format's"
+PROMPT_PAPER = "a shared base prompt keeps 41.4-50.0% of the native-format gain"
+
+
+def _prompt_format(s: dict[str, Any], label: str) -> Finding:
+    """The share of the D gain kept when the trained model is asked in the base prompt
+    format. A ratio of two paired changes has no interval of its own, so this row
+    reports and does not judge."""
+    shared = s.get("shared_prompt")
+    formats = s.get("prompt_formats") or {}
+    if not shared:
+        why = ("base and trained asked in the same prompt format: no format effect to separate"
+               if formats.get("same") else "no shared-prompt audit was run")
+        return _untestable(PROMPT_CLAIM, PROMPT_PAPER, why, _scope(s, label))
+    d = shared["D"]
+    share = d.get("share_retained")
+    measured = (f"D change on the base prompt {d['shared_change']:+.3f} [{d['shared_change_ci'][0]:+.3f}, "
+                f"{d['shared_change_ci'][1]:+.3f}] vs native {d.get('native_change', float('nan')):+.3f}")
+    return Finding(PROMPT_CLAIM, PROMPT_PAPER, _scope(s, label), measured, share, None, int(s.get("n_questions") or 0),
+                   NOT_TESTABLE, "the share retained is a ratio of two paired changes with no interval of its own; "
+                                 "the changes and their intervals are shown")
+
+
+def _scope(s: dict[str, Any], label: str) -> str:
+    return f"{label}: {s.get('base_model')} -> trained, {s.get('task')}, {s.get('n_questions')} q, K={s.get('k')}"
+
+
+def _gained_from(s: dict[str, Any]) -> Finding:
+    reach, unreach = int(s["gained_from"]["base_reachable"]), int(s["gained_from"]["base_unreachable"])
+    n = reach + unreach
+    if n == 0:
+        return _untestable(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, "training realized no new answer", _scope(s, "GRPO"))
+    share = reach / n
+    ci = wilson_interval(reach, n)
+    verdict, why = at_least(share, ci, ALREADY_REACHABLE)
+    return Finding(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, _scope(s, "GRPO"),
+                   f"{reach} of {n} gained answers were base-reachable at K={s.get('k')}", share, ci, n, verdict, why)
+
+
+def _o_change(s: dict[str, Any], claim: str, paper: str, label: str, shrink: bool) -> Finding:
+    m = s["stats"]["O_K"]
+    ci = (float(m["change_ci"][0]), float(m["change_ci"][1]))
+    change = float(m["change"])
+    measured = f"O_K {m['base']:.3f} -> {m['trained']:.3f} (change {change:+.3f}); D {s['stats']['D']['base']:.3f} -> {s['stats']['D']['trained']:.3f}"
+    if shrink:
+        verdict, why = at_most(change, ci, 0.0)
+    else:
+        lo, hi = ci
+        verdict, why = ((REPRODUCED, "the whole interval is above 0") if lo > 0 else
+                        (NOT_REPRODUCED, "the whole interval is at or below 0") if hi <= 0 else
+                        (NOT_TESTABLE, f"the interval [{lo:.2f}, {hi:.2f}] spans 0 at this sample size"))
+    return Finding(claim, paper, _scope(s, label), measured, change, ci, int(s.get("n_questions") or 0), verdict, why)
+
+
+# -- all of them ------------------------------------------------------------------------
+
+
+def findings(root: Path) -> list[Finding]:
+    """Every claim's row, from the run folders under `root` (parts that did not run
+    give "not testable here" rows saying so)."""
+    root = Path(root)
+    return [*routing_findings(root / "2_routing"), *localisation_findings(root / "4_localisation"),
+            *checkpoint_findings(root / "5_checkpoints")]
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x))
+
+
+def as_records(rows: Sequence[Finding]) -> list[dict[str, Any]]:
+    """JSON-ready rows (NaN -> None)."""
+    out = []
+    for f in rows:
+        d = f.to_dict()
+        d["value"] = d["value"] if finite(d["value"]) else None
+        d["ci"] = list(d["ci"]) if d["ci"] is not None and all(finite(x) for x in d["ci"]) else None
+        out.append(d)
+    return out
+
+
+__all__ = ["Finding", "findings", "as_records", "at_least", "at_most", "REPRODUCED", "NOT_REPRODUCED", "NOT_TESTABLE"]
