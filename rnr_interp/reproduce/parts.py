@@ -105,7 +105,7 @@ def localisation_part(ctx: Context, folder: Path) -> None:
     criterion = FailureCriterion(margin=p.screen_margin, level=p.screen_level)
     tasks = {name: ctx.task(name, p.screen_n) for name in p.screen_tasks}
     for name, task in tasks.items():
-        s = run_failures(lm, task, folder / name / "failures", criterion=criterion, batch_size=p.batch_size,
+        s = run_failures(lm, task, folder / name / "failures", criterion=criterion, batch_size=p.rows_batch_size,
                          progress=ctx.progress)
         ctx.log(f"  screen {name}: recognition {s['screen']['recognition_score']:.2f}, "
                 f"generation {s['screen']['generation_score']:.2f}")
@@ -116,10 +116,10 @@ def localisation_part(ctx: Context, folder: Path) -> None:
             continue
         out = Path(cell["path"]).parent  # the cell's folder: its failures run sits in it
         task = tasks[out.name]
-        run_repair(lm, task, out / "repair", batch_size=p.batch_size, progress=ctx.progress)
-        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, batch_size=p.batch_size,
+        run_repair(lm, task, out / "repair", batch_size=p.rows_batch_size, progress=ctx.progress)
+        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, batch_size=p.rows_batch_size,
                   progress=ctx.progress)
-        run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, batch_size=p.batch_size,
+        run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, batch_size=p.rows_batch_size,
                   progress=ctx.progress)
 
 

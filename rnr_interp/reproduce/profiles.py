@@ -59,7 +59,11 @@ class Profile:
     screen_level: float = 0.95
     ckpt_temperature: float = 0.7
     recipes: tuple[str, ...] = ("grpo", "sft")
+    #: questions per batch in the sampling parts (each question fans out to K + 1 rows)
     batch_size: int = 8
+    #: rows (a question under one intervention set) per batch in localisation: 32 rows
+    #: ran 2.5x faster than 8 on this 2-core CPU (ARC-Challenge, greedy, 32 new tokens)
+    rows_batch_size: int = 32
     #: part -> why these sizes (printed with the plan, stated in the index report)
     why: dict[str, str] = field(default_factory=dict, compare=False)
 
