@@ -26,7 +26,9 @@ from rnr_interp.tasks import (
     load_logiqa,
     load_piqa,
     load_task,
+    rotate_options,
 )
+from rnr_interp.tasks.base import Question
 from rnr_interp.tasks.numeric import canonical_number, extract_number, numbers_equal
 
 # -- the real splits ------------------------------------------------------------
@@ -429,3 +431,41 @@ def test_hf_offline_is_a_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "ERR could not load hf://openai/gsm8k/main[test]" in out.stdout, out.stderr
     assert "--data" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_rotation_moves_each_option_and_the_gold_letter_by_the_shift(n):
+    texts = tuple(f"option text {i}" for i in range(n))
+    for gold in range(n):
+        q = Question(id=f"q{gold}", text="Which?", answer=LETTERS[gold], choices=texts, gold_index=gold)
+        r = rotate_options(q, 1)
+        # option i is shown at position (i + 1) mod n, the gold letter with it
+        assert all(r.choices[(i + 1) % n] == texts[i] for i in range(n))
+        assert r.gold_index == (gold + 1) % n and r.answer == LETTERS[(gold + 1) % n]
+        assert r.choices[r.gold_index] == texts[gold] and r.answer != q.answer
+        assert r.id == q.id and r.meta["rotated_by"] == 1 % n
+        # round trips: back by the shift, or n single steps
+        assert rotate_options(r, -1) == q and rotate_options(r, -1).meta["rotated_by"] == 0
+        again = q
+        for _ in range(n):
+            again = rotate_options(again, 1)
+        assert again == q
+        # the prompt lists the rotated options under their new letters
+        msg = MultipleChoiceTask([r]).user_message(r)
+        assert f"{r.answer}. option text {gold}" in msg and f"{LETTERS[(gold + 2) % n]}. option text {(gold + 1) % n}" in msg
+
+
+def test_rotated_question_is_graded_against_the_rotated_gold():
+    task = load_task("arithmetic_mc", n=3)
+    for q in task.questions:
+        r = rotate_options(q)
+        assert task.grade(task.read_answer(f"Answer: {r.answer}", r), r)
+        assert not task.grade(task.read_answer(f"Answer: {q.answer}", r), r)  # the old letter is now another option
+
+
+def test_rotation_refuses_questions_not_graded_by_letter():
+    with pytest.raises(ValueError, match="no options"):
+        rotate_options(Question(id="x", text="1+1?", answer="2"))
+    yes_no = Question(id="b", text="Is it?", answer="yes", choices=("yes", "no"), gold_index=0)
+    with pytest.raises(ValueError, match="not by its gold option's letter"):
+        rotate_options(yes_no)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .arc import ARC, load_arc
-from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
+from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task, rotate_options
 from .boolq import BoolQ, load_boolq
 from .gsm8k import GSM8K, load_gsm8k
 from .hellaswag import HellaSwag, load_hellaswag
@@ -101,5 +101,6 @@ __all__ = [
     "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlNumberTask", "JsonlTask", "LogiQA",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
-    "load_hf_disk", "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "shared_data_dirs",
+    "load_hf_disk", "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
+    "shared_data_dirs",
 ]

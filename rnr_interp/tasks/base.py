@@ -8,6 +8,7 @@ when they asked the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -38,6 +39,26 @@ class Question:
     gold_index: int | None = None
     context: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def rotate_options(q: Question, shift: int = 1) -> Question:
+    """q with its options rotated by `shift` positions: option i is shown at position
+    (i + shift) mod n, and the gold letter moves with the gold option, so a letter
+    answer is graded against the rotated gold. The id stays (records tell the rotated
+    rows apart by their probe); `meta["rotated_by"]` says how far `choices` moved from
+    the question as loaded. Only for questions graded by their gold option's letter
+    (BoolQ grades words: rotating its options changes nothing it grades)."""
+    if q.choices is None or q.gold_index is None:
+        raise ValueError(f"question {q.id!r} has no options to rotate")
+    n = len(q.choices)
+    if q.answer != LETTERS[q.gold_index]:
+        raise ValueError(f"question {q.id!r} is graded by {q.answer!r}, not by its gold option's letter "
+                         f"{LETTERS[q.gold_index]}: rotating its options would not move what is graded")
+    gold = (q.gold_index + shift) % n
+    return dataclasses.replace(
+        q, choices=tuple(q.choices[(j - shift) % n] for j in range(n)), gold_index=gold, answer=LETTERS[gold],
+        meta={**q.meta, "rotated_by": (q.meta.get("rotated_by", 0) + shift) % n},
+    )
 
 
 class Task:
