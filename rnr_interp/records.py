@@ -102,10 +102,13 @@ class ProbeLabel:
       silenced (the top K, or random draw DRAW of K);
     - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random, mcts,
       hill_climb, genetic (oracle reward) or mcts_blind, hill_climb_blind,
-      genetic_blind (the answer-blind confidence reward).
+      genetic_blind (the answer-blind confidence reward);
+    - ``rotated:SHIFT:LABEL``: probe LABEL (deployed, ablate, steer) asked with each
+      question's options rotated by SHIFT positions (`tasks.rotate_options`), the
+      letter-permutation control.
     """
 
-    kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route"
+    kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route" | "rotated"
     parts: tuple[str, ...] = ()
 
     def __str__(self) -> str:
@@ -140,10 +143,17 @@ class ProbeLabel:
         return cls("route", (space, method))
 
     @classmethod
+    def rotated(cls, label: "ProbeLabel", shift: int) -> "ProbeLabel":
+        return cls("rotated", (str(shift), *str(label).split(":")))
+
+    @classmethod
     def parse(cls, text: str) -> "ProbeLabel":
         if text == DEPLOYED:
             return cls.deployed()
         head, *rest = text.split(":")
+        if head == "rotated" and len(rest) >= 2 and rest[0].lstrip("-").isdigit() \
+                and cls.parse(":".join(rest[1:])).kind != "rotated":
+            return cls("rotated", tuple(rest))
         if head in ("ablate", "steer", "units") and len(rest) == 2 or head == "units" and len(rest) == 3:
             return cls(head, tuple(rest))
         if len(rest) == 1:

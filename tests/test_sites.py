@@ -58,12 +58,18 @@ def test_probe_labels_are_the_strings_records_hold():
         ProbeLabel.units("random", 16, 3): "units:random:16:3",
         ProbeLabel.route("native", "mcts"): "native:mcts",
         ProbeLabel.route("skiponly", "genetic_blind"): "skiponly:genetic_blind",
+        ProbeLabel.rotated(ProbeLabel.deployed(), 1): "rotated:1:deployed",
+        ProbeLabel.rotated(ProbeLabel.ablate("mlp", 3), 1): "rotated:1:ablate:mlp:3",
+        ProbeLabel.rotated(ProbeLabel.steer("rescue", 0.5), 2): "rotated:2:steer:rescue:0.5",
     }
     for label, text in cases.items():
         assert str(label) == text
         assert ProbeLabel.parse(text) == label
     with pytest.raises(ValueError, match="unrecognised probe label"):
         ProbeLabel.parse("a:b:c:d")
+    for text in ("rotated:1:a:b:c:d", "rotated:x:deployed", "rotated:1:rotated:1:deployed"):
+        with pytest.raises(ValueError, match="unrecognised probe label"):
+            ProbeLabel.parse(text)
 
 
 def test_every_spec_labels_itself():
