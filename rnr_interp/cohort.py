@@ -8,6 +8,9 @@
   baseline (`build_cohort`), each split by `Split` into a selection part (chooses the
   block, v, the units) and a held-out part (scores them).
 - `rates`: repair rate on the failure set and damage rate on the panel of one probe.
+- `run_permutation_control`: the chosen intervention re-scored on the held-out failures
+  with every question's options rotated (`tasks.rotate_options`), so a "repair" that
+  only moved a letter bias shows as such (issue 17).
 
 Run configs come from `sampling.run_config`, like every other analysis's.
 """
@@ -24,12 +27,12 @@ from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, generate
 from rnr_interp.interventions import Intervention, set_id
-from rnr_interp.metrics import answer_changes
+from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.recognition import READOUTS, gold_first, recognize
-from rnr_interp.records import DEPLOYED, RunDir
+from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
 from rnr_interp.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
-from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
+from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
 
 # -- generation rows -----------------------------------------------------------------
 
@@ -260,6 +263,88 @@ def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequenc
             out["answer_changes"][probe] = answer_changes(
                 [_answer(before.get(q.id)) for q in failure], [_answer(after.get(q.id)) for q in failure],
                 [q.answer for q in failure])
+    return out
+
+
+# -- letter-permutation control --------------------------------------------------------
+
+#: how far the permutation control rotates each question's options: one position, the
+#: smallest move that puts every gold option under another letter for any option count
+ROTATION = 1
+
+ROTATION_RULE = ("the same held-out failures asked with each question's options rotated by {shift}: option i shown "
+                 "at position (i + {shift}) mod n, the gold letter moved with its option, answers graded against "
+                 "the rotated gold")
+ROTATION_READING = ("a repair that survives rotation follows the option's content; one that does not follows the "
+                    "letter position: an intervention that only moved a letter bias (say from A to D) 'repairs' the "
+                    "questions whose gold is that letter, and after rotation their gold is another letter, so its "
+                    "rotated repairs drop and its repaired questions keep answering the old letter")
+
+
+def rotated_probe(probe: str, shift: int = ROTATION) -> str:
+    return str(ProbeLabel.rotated(ProbeLabel.parse(probe), shift))
+
+
+def check_permutation_control(task: Task) -> None:
+    """Refuse the control where rotating options moves nothing graded."""
+    if not isinstance(task, MultipleChoiceTask) or task.answer_kind != "letter":
+        raise ValueError(f"task {task.name!r} grades {task.answer_kind} answers, not option letters: the permutation "
+                         "control rotates lettered options and has nothing to move here")
+
+
+def run_permutation_control(lm: LoadedModel, task: Task, failure: Sequence[Question], probes: dict[str, tuple[Intervention, ...]],
+                        run: RunDir, *, decoding: Decoding, shift: int = ROTATION, batch_size: int = 32,
+                        progress: bool = False, level: float = 0.95) -> dict[str, Any]:
+    """Each of `probes` (label -> intervention set, already scored unrotated in `run`)
+    and the deployed generation, re-asked on `failure` (the held-out failures) with
+    options rotated by `shift`; rows stored as ``rotated:SHIFT:LABEL``. Returns
+    `permutation_summary`."""
+    rotated = [rotate_options(q, shift) for q in failure]
+    rows = [Row(q, specs, rotated_probe(probe, shift)) for probe, specs in {DEPLOYED: (), **probes}.items() for q in rotated]
+    run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="rotated", progress=progress)
+    return permutation_summary(run.read_records(), failure, list(probes), shift, level)
+
+
+def permutation_summary(records: pd.DataFrame, failure: Sequence[Question], probes: Sequence[str],
+                        shift: int = ROTATION, level: float = 0.95) -> dict[str, Any]:
+    """The control's reading, from records holding each probe unrotated and rotated
+    and the rotated deployed rows, on the questions of `failure` (as loaded):
+
+    - `baseline`: rotated, no intervention: right (against the rotated gold) / n;
+    - per probe, `repair`: rotated and intervened, right / n (Wilson), beside
+      `unrotated_repair`, the same probe's repair rate as the sweep measured it;
+      `answer_changes`: how the intervention moved the rotated deployed answers (to
+      the rotated gold, or to another option); `repairs`: of the questions it repaired
+      unrotated, how many answer the rotated gold under rotation (`follow_content`),
+      how many the letter that was gold before rotation (`follow_position`), and
+      `other` (another letter or none)."""
+    rotated = [rotate_options(q, shift) for q in failure]
+
+    def column(probe: str, name: str) -> list[Any]:
+        mine = records[records["probe"] == probe]
+        values = dict(zip(mine["question_id"], mine[name]))
+        return [values[q.id] for q in failure]
+
+    def answers(probe: str) -> list[str | None]:
+        return [_answer(a) for a in column(probe, "extracted")]
+
+    n = len(failure)
+    base = rotated_probe(DEPLOYED, shift)
+    out: dict[str, Any] = {"shift": shift, "rotation": ROTATION_RULE.format(shift=shift), "reading": ROTATION_READING,
+                           "n": n, "baseline": proportion(sum(map(bool, column(base, "correct"))), n, level), "probes": {}}
+    for probe in probes:
+        mine = rotated_probe(probe, shift)
+        after = answers(mine)
+        repaired = [i for i, ok in enumerate(column(probe, "correct")) if ok]
+        content = sum(after[i] == rotated[i].answer for i in repaired)
+        position = sum(after[i] == failure[i].answer != rotated[i].answer for i in repaired)
+        out["probes"][probe] = {
+            "repair": proportion(sum(map(bool, column(mine, "correct"))), n, level),
+            "unrotated_repair": proportion(len(repaired), n, level),
+            "answer_changes": answer_changes(answers(base), after, [q.answer for q in rotated]),
+            "repairs": {"n": len(repaired), "follow_content": content, "follow_position": position,
+                        "other": len(repaired) - content - position},
+        }
     return out
 
 

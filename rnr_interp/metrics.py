@@ -546,6 +546,31 @@ def answer_change_line(label: str, changes: dict[str, Any]) -> str:
             f"{changes['to_gold_by_chance']:.1f} to gold expected if they fell on the gold as often as these land)")
 
 
+def permutation_lines(control: dict[str, Any]) -> list[str]:
+    """A summary's `permutation_control` (`cohort.permutation_summary`) as the lines the
+    CLI prints and the report shows: what was rotated, the rotated baseline, per
+    intervention its rotated repair rate beside the unrotated one and where its
+    repairs went under rotation, and how to read that."""
+    if "skipped" in control:
+        return [f"permutation control: none ({control['skipped']})"]
+
+    def rate(p: dict[str, Any]) -> str:
+        return f"{p['k']} of {p['n']} ({p['rate']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}])" if p["n"] else "n/a (0 questions)"
+
+    lines = [f"permutation control: {control['rotation']}",
+             f"  rotated, no intervention, right: {rate(control['baseline'])}"]
+    for probe, c in control["probes"].items():
+        r = c["repairs"]
+        lines += [f"  {probe}: right as asked {rate(c['unrotated_repair'])}; right with options rotated {rate(c['repair'])} "
+                  "(95% Wilson)",
+                  f"    of its {r['n']} unrotated repairs, under rotation {r['follow_content']} answer the moved gold "
+                  f"(follow the content), {r['follow_position']} the letter that was gold (follow the position), "
+                  f"{r['other']} another letter or none",
+                  "    " + answer_change_line("rotated answers vs rotated deployed", c["answer_changes"])]
+    lines.append(f"  reading: {control['reading']}")
+    return lines
+
+
 def chance_blocks(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The chance baselines a summary carries, by label: {"": block} for one run,
     {"base": ..., "trained": ...} for a comparison; {} when it has none."""

@@ -16,6 +16,8 @@ answer right, and what does silencing it break?
   on its own denominator; each component's own best layer is reported apart, labelled.
 - Screen: the run's recognition score against its generation score under a stated
   `recognition.FailureCriterion` (one point of the paper's Figure 4a).
+- Permutation control (opt-in): the chosen block re-scored on the held-out failures
+  with each question's options rotated by one (`cohort.run_permutation_control`).
 
 Each generation is a standard record (probe "deployed" for the baseline,
 ``ablate:{component}:{layer}`` for sweep rows, see `records.ProbeLabel`), written per
@@ -33,8 +35,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from rnr_interp.cohort import (
-    PANEL_CAP, Row, Split, build_cohort, cohort_summary, localisation_config, multiple_choice_readings, outcome_counts,
-    run_rows,
+    PANEL_CAP, ROTATION, Row, Split, build_cohort, check_permutation_control, cohort_summary, localisation_config,
+    multiple_choice_readings, outcome_counts, run_permutation_control, run_rows,
 )
 from rnr_interp.generate import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
@@ -248,17 +250,23 @@ def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCrit
 def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
-               batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+               permutation_control: bool = False, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
-    scored on the held-out part. `sweep` is one of `SWEEPS`."""
+    scored on the held-out part. `sweep` is one of `SWEEPS`. `permutation_control`
+    re-scores the chosen block on the held-out failures with options rotated
+    (`cohort.run_permutation_control`; twice that part's rows again, so off by default)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
+    if permutation_control:
+        check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
+    # only when on, so a default run's config (and run_id) is what it always was
+    control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
     run = RunDir.create(out, localisation_config("repair", lm, task, decoding, readout, panel, batch_size, split,
-                                                 layers=layers, components=list(components), sweep=sweep))
+                                                 layers=layers, components=list(components), sweep=sweep, **control))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
     common = dict(decoding=decoding, split=split, run=run, batch_size=batch_size, progress=progress)
@@ -283,5 +291,19 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"),
                **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes)}
+    if permutation_control:
+        summary["permutation_control"] = chosen_block_rotated(lm, task, cohort.parts("failure")[1], summary["chosen"], run,
+                                                              decoding=decoding, batch_size=batch_size, progress=progress)
     run.write_summary(summary)
     return summary
+
+
+def chosen_block_rotated(lm: LoadedModel, task: Task, heldout: Sequence[Question], chosen: dict[str, Any] | None,
+                         run: RunDir, **kw: Any) -> dict[str, Any]:
+    """The permutation control of the chosen MLP block on the held-out failures; says
+    why there is none when no block was chosen or nothing is held out."""
+    if chosen is None or not heldout:
+        why = "no MLP block repaired any selection-part failure" if chosen is None else "no failure is held out"
+        return {"skipped": why}
+    probe = ablation_probe("mlp", chosen["layer"])
+    return {"block": probe, **run_permutation_control(lm, task, heldout, {probe: (Ablate("mlp", chosen["layer"]),)}, run, **kw)}

@@ -24,6 +24,10 @@ through it first (`unit_contributions`). Silencing the top-k units
 repair(top-k) / repair(whole MLP); `DEFAULT_DRAWS` (20) seeded draws of k random units
 are the control, reported with their spread (`units_spread`).
 
+Permutation control (opt-in): the rescue at every non-zero alpha re-scored on the
+held-out failures with each question's options rotated by one
+(`cohort.run_permutation_control`).
+
 Rows, the cohort and run configs come from `cohort.py`; tables go to the run folder and
 the report draws them.
 """
@@ -40,8 +44,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.cohort import (
-    PANEL_CAP, Cohort, Row, Split, build_cohort, cohort_summary, localisation_config, multiple_choice_readings,
-    outcome_counts, rates, run_rows,
+    PANEL_CAP, ROTATION, Cohort, Row, Split, build_cohort, check_permutation_control, cohort_summary, localisation_config,
+    multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
 )
 from rnr_interp.generate import Decoding, forward, left_pad
 from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
@@ -301,13 +305,20 @@ def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, colu
 def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
               repair_run: Path | None = None, alphas: Sequence[float] = DEFAULT_ALPHAS, readout: str = "option:mean",
               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
-              batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+              permutation_control: bool = False, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Direction for the chosen block from the selection parts; rescue and induction
-    on the held-out parts (kind "steer")."""
+    on the held-out parts (kind "steer"). `permutation_control` re-scores the rescue
+    at every non-zero alpha on the held-out failures with options rotated
+    (`cohort.run_permutation_control`; as many rows again as the rescue, so off by
+    default)."""
+    if permutation_control:
+        check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
+    # only when on, so a default run's config (and run_id) is what it always was
+    control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
     run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, split, layer=layer,
                                            component=component, repair_run=str(repair_run) if repair_run else None,
-                                           alphas=[float(a) for a in alphas]))
+                                           alphas=[float(a) for a in alphas], **control))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress)
     summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
@@ -329,6 +340,11 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
     summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues))
+    if permutation_control:
+        # every non-zero alpha: the sweep reports them all and chooses none
+        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, v, -a),) for a in alphas if a != 0}
+        summary["permutation_control"] = run_permutation_control(lm, task, f_out, steered, run, decoding=decoding,
+                                                                 batch_size=batch_size, progress=progress)
     run.write_summary(summary)
     return summary
 

@@ -17,14 +17,15 @@ from rnr_interp.models import build_tiny, load_model
 from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
-from rnr_interp.cohort import PANEL_CAP, Split, select_cohort
+from rnr_interp.cohort import PANEL_CAP, Split, permutation_summary, rotated_probe, select_cohort
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
 from rnr_interp.metrics import wilson_interval
 from rnr_interp.repair import COMPONENTS, controls_table, localisation_summary, run_repair, silencing_sweep
 from rnr_interp.sampling import deployed_decoding
 from rnr_interp.sampling import prompt_ids
-from rnr_interp.tasks import load_task
+from rnr_interp.tasks import LETTERS, BoolQ, load_task, rotate_options
+from rnr_interp.tasks.base import Question
 from rnr_interp.tasks.synthetic import ArithmeticMC
 
 
@@ -43,6 +44,22 @@ class ParityMC(ArithmeticMC):
 
 def parity_task(n: int) -> ParityMC:
     return ParityMC(load_task("arithmetic_mc", n=n).questions, source="test")
+
+
+class LetterHashMC(ArithmeticMC):
+    """arithmetic_mc whose answer letter is read off the first character's code (mod 4),
+    graded against the gold letter like any multiple-choice task: a random model gives
+    a letter nearly always, right about one time in four, so rotated questions have
+    answers to grade against their rotated gold."""
+
+    name = "letter_hash_mc"
+
+    def extract(self, generation):
+        return LETTERS[ord(generation[0]) % 4] if generation else None
+
+
+def letter_hash_task(n: int) -> LetterHashMC:
+    return LetterHashMC(load_task("arithmetic_mc", n=n).questions, source="test")
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +298,8 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     run = RunDir(out)
     s = run.read_summary()
     assert s["kind"] == "repair" and set(s["own_best"]) == set(COMPONENTS) and "selection" in s["choice_rule"]
+    assert "permutation_control" not in s and "permutation_control" not in run.config  # off by default
+    assert "permutation control" not in res.output
     assert s["split"]["n_failure_selection"] + s["split"]["n_failure_heldout"] == s["n_failure"]
     assert "cap 3" in s["panel_criterion"] and s["screen"]["criterion"]
     table = run.read_table("repair")
@@ -306,6 +325,101 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     res = CliRunner().invoke(app, ["failures", "--model", "tiny-llama:3", "--task", "arithmetic", "--n", "2",
                                    "--out", str(tmp_path / "f")])
     assert res.exit_code != 0 and "not multiple choice" in res.output
+    # --permute-control: a new config (another folder), the control in summary and output
+    res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",
+                                   "--panel", "3", "--max-new-tokens", "4", "--out", str(out), "--quiet", "--permute-control"])
+    assert res.exit_code == 2 and "different config" in res.output and "permutation_control" in res.output
+    res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",
+                                   "--panel", "3", "--max-new-tokens", "4", "--out", str(tmp_path / "p"), "--quiet",
+                                   "--permute-control"])
+    assert res.exit_code == 0, res.output
+    control = RunDir(tmp_path / "p").read_summary()["permutation_control"]
+    assert "permutation control: " in res.output
+    assert ("rotated by 1" in res.output) == ("skipped" not in control)
+
+
+def _records(rows):
+    """Records of (question, probe, extracted) graded against that question's gold."""
+    return pd.DataFrame([{"question_id": q.id, "probe": probe, "extracted": a, "gold": q.answer, "correct": a == q.answer}
+                         for q, probe, a in rows])
+
+
+def test_permutation_summary_tells_content_from_letter_position():
+    qs = [Question(id=f"q{i}", text="?", answer=LETTERS[g], choices=("w", "x", "y", "z"), gold_index=g)
+          for i, g in enumerate([0, 3, 1, 2, 2, 1])]
+    rot = [rotate_options(q) for q in qs]
+    assert [r.answer for r in rot] == ["B", "A", "C", "D", "D", "C"]
+    block = "ablate:mlp:1"
+    records = _records(
+        [(q, "deployed", "A") for q in qs]
+        # unrotated: q0, q4, q5 repaired; q1 repaired by a bias moved to D; q2 answered C (wrong); q3 none
+        + [(q, block, a) for q, a in zip(qs, ["A", "D", "C", None, "C", "B"])]
+        + [(r, rotated_probe("deployed"), "A") for r in rot]  # q1's rotated gold is A: the baseline gets it
+        # rotated: q0 and q5 follow their content, q1 keeps its letter D, q2 lands on its rotated gold,
+        # q4 moves to a third letter
+        + [(r, rotated_probe(block), a) for r, a in zip(rot, ["B", "D", "C", None, "A", "C"])])
+    s = permutation_summary(records, qs, [block])
+    assert s["shift"] == 1 and s["n"] == 6 and "(i + 1) mod n" in s["rotation"] and "letter position" in s["reading"]
+    assert (s["baseline"]["k"], s["baseline"]["n"]) == (1, 6)
+    c = s["probes"][block]
+    assert (c["repair"]["k"], c["repair"]["n"]) == (3, 6) and c["repair"]["ci"] == pytest.approx(list(wilson_interval(3, 6)))
+    assert (c["unrotated_repair"]["k"], c["unrotated_repair"]["n"]) == (4, 6)
+    assert c["repairs"] == {"n": 4, "follow_content": 2, "follow_position": 1, "other": 1}
+    ch = c["answer_changes"]
+    assert (ch["n"], ch["changed"], ch["to_gold"], ch["to_other"], ch["unchanged"]) == (6, 5, 3, 2, 1)
+    assert ch["after_counts"] == {"B": 1, "D": 1, "C": 2}
+
+
+def test_repair_permutation_control_rows_grading_and_resume(tmp_path, lm):
+    from rnr_interp.repair import ablation_probe
+
+    task = letter_hash_task(40)
+    d = deployed_decoding(task, max_new_tokens=3)
+    s = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, permutation_control=True, progress=False)
+    assert s["chosen"] is not None, "the fixture should choose a block"
+    run = RunDir(tmp_path / "r")
+    assert run.config["permutation_control"] == {"shift": 1}
+    held = run.read_json("failure_set")["heldout_ids"]
+    block = ablation_probe("mlp", s["chosen"]["layer"])
+    control = s["permutation_control"]
+    assert control["block"] == block and set(control["probes"]) == {block} and control["n"] == len(held) > 0
+    recs = run.read_records()
+    by_id = {q.id: q for q in task.questions}
+    for probe in (rotated_probe("deployed"), rotated_probe(block)):
+        mine = recs[recs["probe"] == probe]
+        assert sorted(mine["question_id"]) == sorted(held)
+        for row in mine.itertuples():
+            moved = rotate_options(by_id[row.question_id])
+            # graded against the rotated gold, which is never the gold as loaded
+            assert row.gold == moved.answer != by_id[row.question_id].answer
+            assert row.correct == (row.extracted == moved.answer)
+        k = int(mine["correct"].sum())
+        entry = control["baseline"] if probe == rotated_probe("deployed") else control["probes"][block]["repair"]
+        assert (entry["k"], entry["n"]) == (k, len(held))
+        assert entry["ci"] == pytest.approx(list(wilson_interval(k, len(held))))
+    unrotated = recs[(recs["probe"] == block) & recs["question_id"].isin(held)]
+    assert control["probes"][block]["unrotated_repair"]["k"] == int(unrotated["correct"].sum())
+    assert recs["correct"][recs["probe"].str.startswith("rotated:")].any(), "nothing right under rotation: vacuous"
+    # the report page shows the control, labelled, with the rotated rate and its interval
+    from rnr_interp.report.html import build_page
+
+    page, _ = build_page(run)
+    rotated = control["probes"][block]["repair"]
+    assert "permutation control (held-out failures)" in page and "option i shown at position (i + 1) mod n" in page
+    assert f"{rotated['k']} of {rotated['n']}: {rotated['rate']:.3f} [{rotated['ci'][0]:.3f}, {rotated['ci'][1]:.3f}]" in page
+    assert "follow the letter position" in page or "follows the letter position" in page
+    # resumed: the rotated rows are read back, not generated again
+    parts = len(run.parts())
+    again = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, permutation_control=True, progress=False)
+    assert len(RunDir(tmp_path / "r").parts()) == parts
+    assert json.dumps(again["permutation_control"]) == json.dumps(control)
+
+
+def test_permutation_control_refuses_tasks_not_graded_by_letter(tmp_path, lm):
+    boolq = BoolQ([Question(id="b0", text="Is it?", answer="yes", choices=("yes", "no"), gold_index=0, context="It is.")])
+    with pytest.raises(ValueError, match="not option letters"):
+        run_repair(lm, boolq, tmp_path / "b", permutation_control=True, progress=False)
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.slow

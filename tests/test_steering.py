@@ -174,7 +174,7 @@ def test_steer_and_units_commands(tmp_path):
     res = CliRunner().invoke(app, ["steer", *common, "--layer", "1", "--alphas", "0,4", "--out", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     s = RunDir(tmp_path / "s").read_summary()
-    assert s["kind"] == "steer"
+    assert s["kind"] == "steer" and "permutation_control" not in s  # off by default
     table = RunDir(tmp_path / "s").read_table("steering")
     if "skipped" in s:
         assert table.empty and s["skipped"] in res.output
@@ -182,6 +182,14 @@ def test_steer_and_units_commands(tmp_path):
         assert set(table["direction"]) == {"rescue", "induction"} and sorted(set(table["alpha"])) == [0.0, 4.0]
         # alpha = 0 is the deployed generation: nothing rescued, nothing induced.
         assert (table[table["alpha"] == 0]["rate"] == 0).all()
+    res = CliRunner().invoke(app, ["steer", *common, "--layer", "1", "--alphas", "0,4", "--permute-control",
+                                   "--out", str(tmp_path / "sp")])
+    assert res.exit_code == 0, res.output
+    sp = RunDir(tmp_path / "sp")
+    assert sp.config["permutation_control"] == {"shift": 1}
+    if "skipped" not in sp.read_summary():
+        assert set(sp.read_summary()["permutation_control"]["probes"]) == {"steer:rescue:4"}
+        assert "permutation control: the same held-out failures" in res.output
     res = CliRunner().invoke(app, ["units", *common, "--layer", "1", "--ks", "2,32", "--out", str(tmp_path / "u")])
     assert res.exit_code == 0, res.output
     u = RunDir(tmp_path / "u")
@@ -225,3 +233,36 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
         assert (units[units["k"] == 128]["recovered_fraction"] == 1.0).all()
         assert spread.at[2, "random_mean"] == pytest.approx(rnd.mean()) and spread.at[2, "random_max"] == pytest.approx(rnd.max())
     assert set(ur.read_records().loc[lambda r: r["probe"].str.startswith("units:"), "question_id"]) <= held
+
+
+def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path, lm):
+    from rnr_interp.cohort import rotated_probe
+    from rnr_interp.steering import run_steer
+    from rnr_interp.tasks import rotate_options
+    from tests.test_repair import letter_hash_task
+
+    t = letter_hash_task(40)
+    d = deployed_decoding(t, max_new_tokens=3)
+    s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 4.0, 8.0), panel=8, decoding=d, permutation_control=True,
+                  progress=False)
+    assert "skipped" not in s, s.get("skipped")
+    run = RunDir(tmp_path / "s")
+    held = run.read_json("failure_set")["heldout_ids"]
+    control = s["permutation_control"]
+    assert set(control["probes"]) == {"steer:rescue:4", "steer:rescue:8"} and control["n"] == len(held) > 0
+    recs = run.read_records()
+    by_id = {q.id: q for q in t.questions}
+    table = run.read_table("steering").set_index(["alpha", "direction"])
+    for probe in ("steer:rescue:4", "steer:rescue:8"):
+        mine = recs[recs["probe"] == rotated_probe(probe)]
+        assert sorted(mine["question_id"]) == sorted(held)
+        assert all(g == rotate_options(by_id[i]).answer for g, i in zip(mine["gold"], mine["question_id"]))
+        assert control["probes"][probe]["repair"]["k"] == int(mine["correct"].sum())
+        # the unrotated rate beside it is the sweep's own rescue rate
+        alpha = float(probe.rsplit(":", 1)[1])
+        assert control["probes"][probe]["unrotated_repair"]["k"] == table.loc[(alpha, "rescue"), "k"]
+    assert not recs["probe"].eq(rotated_probe("steer:rescue:0")).any()
+    parts = len(run.parts())
+    run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 4.0, 8.0), panel=8, decoding=d, permutation_control=True,
+              progress=False)
+    assert len(RunDir(tmp_path / "s").parts()) == parts  # resumed, nothing generated again

@@ -21,6 +21,9 @@ PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel 
 SplitSeedOpt = Annotated[int, typer.Option("--split-seed", help="seed of the selection / held-out split of failure set and panel")]
 LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="layers to sweep, e.g. '0-5,9' (default: all)")]
 LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (default: chosen by --repair-run, else by a sweep; on the selection part)")]
+PermuteOpt = Annotated[bool, typer.Option(
+    "--permute-control", help="letter-permutation control: re-score on the held-out failures with each question's "
+    "options rotated by one (off by default: it adds that part's rows again)")]
 RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel, split and chosen block (same decoding required)")]
 
 _ALPHAS = ",".join(f"{a:g}" for a in DEFAULT_ALPHAS)
@@ -178,7 +181,7 @@ def repair(
     split_seed: SplitSeedOpt = 0, layers: LayersOpt = None,
     sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
                                        "then attention and whole layer at the chosen layer only (a third of the cost)")] = "all",
-    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
@@ -186,7 +189,7 @@ def repair(
     from rnr_interp.repair import controls_table, run_repair
 
     s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel,
-                  split=Split(seed=split_seed), sweep=sweep, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
+                  split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s["split"]
     typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']} ({sp['n_failure_selection']} choose, "
                f"{sp['n_failure_heldout']} held out), panel {s['n_panel']} ({sp['n_panel_selection']} / {sp['n_panel_heldout']})")
@@ -211,7 +214,7 @@ def steer(
     repair_run: RepairRunOpt = None,
     alphas: Annotated[str, typer.Option("--alphas", help="comma-separated alpha grid")] = _ALPHAS,
     readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Steer the chosen block along v (from the selection parts): rescue held-out
     failures, induce failures in the held-out panel."""
@@ -223,7 +226,7 @@ def steer(
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
     s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
                   component=component, repair_run=repair_run, alphas=_numbers("--alphas", alphas), readout=readout, panel=panel,
-                  split=Split(seed=split_seed))
+                  split=Split(seed=split_seed), permutation_control=permute_control)
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")

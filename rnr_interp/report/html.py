@@ -120,6 +120,8 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         body += chance_html(block, label)
     if s.get("answer_changes"):
         body += "".join(f'<p class="facts">{_e(answer_change_line(p, c))}</p>' for p, c in s["answer_changes"].items())
+    if isinstance(s.get("permutation_control"), dict):
+        body += permutation_html(s["permutation_control"])
     if body:
         page.section(f"Summary ({s.get('kind', page.run.config.get('kind', 'run'))})", body)
 
@@ -158,6 +160,27 @@ def chance_html(chance: dict[str, Any], label: str = "") -> str:
     if chance.get("warning"):
         html += f'<p class="warning">{_e(prefix)}warning: {_e(chance["warning"])}</p>'
     return html
+
+
+def permutation_html(control: dict[str, Any]) -> str:
+    """The letter-permutation control (`cohort.permutation_summary`): a table of each
+    intervention's repair rate unrotated and rotated and where its repairs went under
+    rotation, with the rotation and its reading stated."""
+    if "skipped" in control:
+        return f'<p class="facts">permutation control: none ({_e(control["skipped"])})</p>'
+
+    def rate(p: dict[str, Any]) -> str:
+        return f"{p['k']} of {p['n']}: " + (_ci(p["rate"], p["ci"]) if p["n"] else "—")
+
+    rows = [("rotated, no intervention", rate(control["baseline"]), "", "", "", "")]
+    rows += [(probe, rate(c["repair"]), rate(c["unrotated_repair"]), str(c["repairs"]["follow_content"]),
+              str(c["repairs"]["follow_position"]), str(c["repairs"]["other"])) for probe, c in control["probes"].items()]
+    head = ["permutation control (held-out failures)", "right, options rotated [95% Wilson]", "repaired unrotated",
+            "of those: rotated gold (content)", "old gold letter (position)", "other / none"]
+    changes = "".join(f'<p class="facts">{_e(answer_change_line(f"{p}, rotated answers vs rotated deployed", c["answer_changes"]))}</p>'
+                      for p, c in control["probes"].items())
+    return (f'<p class="facts">permutation control: {_e(control["rotation"])}</p>' + _table_html(head, rows) + changes
+            + f'<p class="facts">reading: {_e(control["reading"])}</p>')
 
 
 def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
