@@ -136,6 +136,16 @@ def test_localisation_refuses_bad_option_before_creating_anything(tmp_path, bad)
     refused(command, *TINY, *MC, *option, "--out", out, absent=(out,))
 
 
+@pytest.mark.parametrize("command", ["repair", "steer"])
+def test_permute_control_refuses_options_that_are_not_lettered(tmp_path, command):
+    # BoolQ's options are the words yes/no: rotating them moves nothing that is graded
+    data = write_jsonl(tmp_path / "boolq.jsonl", [{"question": "is it", "passage": "It is.", "answer": True},
+                                                  {"question": "is it not", "passage": "It is.", "answer": False}])
+    out = tmp_path / "out"
+    refused(command, *TINY, "--task", "boolq", "--data", data, "--n", "2", "--permute-control", "--out", out,
+            absent=(out,), says=("not option letters",))
+
+
 def test_failures_refuses_a_task_without_options(tmp_path):
     out = tmp_path / "out"
     refused("failures", *TINY, "--task", "arithmetic", "--n", "2", "--out", out, absent=(out,), says=("multiple choice",))
