@@ -78,6 +78,9 @@ def test_smoke_profile_runs_every_part_into_run_folders(smoke):
     assert screen["n_failure_cells"] >= 1, "the smoke screen must let a cell through, or localisation is not exercised"
     for folder, cell in zip(folders, screen["cells"]):
         assert (folder / "repair" / "summary.json").is_file() == cell["failure"]
+        if cell["failure"]:  # the smoke's screened task is lettered: both runs carry the control
+            assert "permutation_control" in RunDir(folder / "repair").config
+            assert "permutation_control" in RunDir(folder / "steer").config
     # the checkpoint part: a checkpoint per recipe, trained, audited and compared with the budget control
     for recipe in SMOKE.recipes:
         assert (root / "5_checkpoints" / "checkpoints" / recipe / "finetune.json").is_file()

@@ -116,9 +116,11 @@ def localisation_part(ctx: Context, folder: Path) -> None:
             continue
         out = Path(cell["path"]).parent  # the cell's folder: its failures run sits in it
         task = tasks[out.name]
-        run_repair(lm, task, out / "repair", batch_size=p.rows_batch_size, progress=ctx.progress)
-        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, batch_size=p.rows_batch_size,
-                  progress=ctx.progress)
+        permute = p.permutation_control and task.answer_kind == "letter"  # BoolQ grades yes/no
+        run_repair(lm, task, out / "repair", permutation_control=permute, batch_size=p.rows_batch_size,
+                   progress=ctx.progress)
+        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, permutation_control=permute,
+                  batch_size=p.rows_batch_size, progress=ctx.progress)
         run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, batch_size=p.rows_batch_size,
                   progress=ctx.progress)
 

@@ -64,6 +64,10 @@ class Profile:
     #: rows (a question under one intervention set) per batch in localisation: 32 rows
     #: ran 2.5x faster than 8 on this 2-core CPU (ARC-Challenge, greedy, 32 new tokens)
     rows_batch_size: int = 32
+    #: the letter-permutation control (options rotated by one) in repair and steering,
+    #: on cells graded by option letter: it tells a repair that follows the content from
+    #: one that only moved the model's letter bias (issue 17)
+    permutation_control: bool = True
     #: part -> why these sizes (printed with the plan, stated in the index report)
     why: dict[str, str] = field(default_factory=dict, compare=False)
 
