@@ -272,3 +272,16 @@ def test_index_renders_in_chromium_without_network(smoke, tmp_path):
     fetched = [e["params"]["url"] for e in log["events"] if e["type"] == start and "url" in e.get("params", {})
                and e["params"].get("initiator") != "not an origin"]
     assert fetched == []
+
+
+def test_index_is_written_when_a_part_failed_before_its_aggregate(tmp_path):
+    """A part that failed early leaves its folder without the cross-cell aggregate or the
+    screen; the index still writes (it once died on the missing folder, losing the page)."""
+    from rnr_interp.report.reproduction import write_reproduction_report
+
+    for part in PARTS:
+        (tmp_path / part.name).mkdir()
+    parts = {p.name: {"title": p.title, "status": "failed" if p.name == "2_routing" else "not run", "seconds": 1.0}
+             for p in PARTS}
+    page = write_reproduction_report(tmp_path, "smoke", "tiny-llama", {}, parts, [])
+    assert page.is_file() and "2_routing" in page.read_text()

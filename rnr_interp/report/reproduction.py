@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.records import RunDir, load_runs
+from rnr_interp.records import MANIFEST, RunDir, load_runs
 from rnr_interp.report import compare_figures
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, read_table, routing_figures_of, summary_of
 from rnr_interp.report.html import INDEX_NAME, Page, _document, _e, _table_html, _write_page, write_report
@@ -40,6 +40,15 @@ def _finished(folder: Path, kind: str | None = None) -> list[RunDir]:
     if not folder.is_dir():
         return []
     return [r for r in load_runs(folder) if summary_of(r) and (kind is None or r.config.get("kind") == kind)]
+
+
+def _finished_at(path: Path) -> RunDir | None:
+    """The run folder at `path` once it has finished; None while it is absent (its
+    part failed or has not reached it) or unfinished."""
+    if not (path / MANIFEST).is_file():
+        return None
+    run = RunDir(path)
+    return run if summary_of(run) else None
 
 
 def write_reproduction_report(root: Path, profile: str, model: str, why: dict[str, str],
@@ -119,7 +128,7 @@ def _routing_section(page: Page, folder: Path, label: str) -> None:
     tables = [[t for r in runs if (t := read_table(r, name)) is not None and len(t)] for name in ROUTING_TABLES]
     figs = routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None,
                               f"{label} · {len(runs)} routing runs")
-    if summary_of(cells := RunDir(folder / ROUTE_CELLS)):
+    if cells := _finished_at(folder / ROUTE_CELLS):
         figs += _registered(cells, f"{label} · clean cells")
     if figs:
         page.section("2 · Routing cells across tasks and spaces", figures=figs)
@@ -133,7 +142,7 @@ def _temperature_section(page: Page, folder: Path, label: str) -> None:
 
 def _localisation_section(page: Page, folder: Path, label: str) -> None:
     figs: Figures = []
-    if summary_of(screen := RunDir(folder / SCREEN)):
+    if screen := _finished_at(folder / SCREEN):
         figs += _registered(screen, label)
     for run in _finished(folder):
         if run.config.get("kind") in ("repair", "steer", "units"):
