@@ -1,8 +1,9 @@
 """Our extraction against independent references, on stored real generations.
 
 `fixtures/smollm2_generations.jsonl` holds every candidate (deployed and K=8 samples,
-T=1.0) of the demo model on the first GSM8K test questions and the first 40 ARC-Easy
-test questions, as written by
+T=1.0) of the demo model on the first 8 GSM8K test questions (the first records chunk of
+the first command; the rest did not finish on the shared 2-core machine) and the first
+40 ARC-Easy test questions, as written by
 
     rnr audit --model smollm2 --task gsm8k --n 40 --k 8
     rnr audit --model smollm2 --task arc_easy --n 40 --k 8
