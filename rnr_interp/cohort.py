@@ -249,7 +249,8 @@ def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequenc
     (`sampling.chance_summary`; no K, these runs draw no samples), and `answer_changes`,
     for each probe in `probes`, how its answers on the failure set moved from the
     deployed ones (`metrics.answer_changes`: to the gold option, the repairs, or merely
-    to another option)."""
+    to another option), counted on the failure questions the probe was asked (steering's
+    rescue rows exist on the held-out part only)."""
     out: dict[str, Any] = {}
     deployed = records[records["probe"] == DEPLOYED]
     if (chance := chance_summary(task, deployed, None)) is not None:
@@ -260,9 +261,10 @@ def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequenc
         for probe in probes:
             mine = records[records["probe"] == probe]
             after = dict(zip(mine["question_id"], mine["extracted"]))
+            asked = [q for q in failure if q.id in after]
             out["answer_changes"][probe] = answer_changes(
-                [_answer(before.get(q.id)) for q in failure], [_answer(after.get(q.id)) for q in failure],
-                [q.answer for q in failure])
+                [_answer(before.get(q.id)) for q in asked], [_answer(after[q.id]) for q in asked],
+                [q.answer for q in asked])
     return out
 
 

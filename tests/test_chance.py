@@ -143,6 +143,23 @@ def test_multiple_choice_readings_recount_answer_moves() -> None:
     assert out["chance"]["deployed_counts"] == {"A": 5, "B": 0, "C": 0, "D": 0, "unparsed": 1}
 
 
+def test_answer_moves_count_only_the_questions_a_probe_was_asked() -> None:
+    """Steering rescues only the held-out failures: the others have no row for the probe
+    and are neither changed nor unchanged (they were once counted as changed to none)."""
+    import pandas as pd
+
+    from rnr_interp.cohort import multiple_choice_readings
+    from rnr_interp.tasks import load_task
+
+    task = load_task("arithmetic_mc", n=6)
+    failure = task.questions[:6]
+    rows = [{"question_id": q.id, "probe": "deployed", "extracted": "A"} for q in failure]
+    rows += [{"question_id": q.id, "probe": "steer:rescue:4", "extracted": "A"} for q in failure[:2]]
+    changes = multiple_choice_readings(task, pd.DataFrame(rows), failure, ["steer:rescue:4"])["answer_changes"]
+    assert changes["steer:rescue:4"] == {"n": 2, "changed": 0, "to_gold": 0, "to_other": 0, "unchanged": 2,
+                                         "after_counts": {}, "to_gold_by_chance": 0.0}
+
+
 def test_compare_shows_each_runs_chance(tmp_path) -> None:
     from test_compare import hand_run
 
