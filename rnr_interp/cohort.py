@@ -228,11 +228,16 @@ def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> d
 # -- rates and configs ----------------------------------------------------------------
 
 
+def probe_values(records: pd.DataFrame, probe: str, column: str) -> dict[str, Any]:
+    """question id -> `column` of one probe's records."""
+    mine = records[records["probe"] == probe]
+    return dict(zip(mine["question_id"], mine[column]))
+
+
 def outcome_counts(records: pd.DataFrame, questions: Sequence[Question], probe: str) -> tuple[int, int]:
     """(questions answered right, questions) among `questions` in one probe's records."""
-    mine = records[records["probe"] == probe]
-    correct = dict(zip(mine["question_id"], mine["correct"].astype(bool)))
-    return sum(correct[q.id] for q in questions), len(questions)
+    correct = probe_values(records, probe, "correct")
+    return sum(bool(correct[q.id]) for q in questions), len(questions)
 
 
 def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Question], probe: str) -> tuple[float, float]:
@@ -259,8 +264,7 @@ def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequenc
         before = dict(zip(deployed["question_id"], deployed["extracted"]))
         out["answer_changes"] = {}
         for probe in probes:
-            mine = records[records["probe"] == probe]
-            after = dict(zip(mine["question_id"], mine["extracted"]))
+            after = probe_values(records, probe, "extracted")
             asked = [q for q in failure if q.id in after]
             out["answer_changes"][probe] = answer_changes(
                 [_answer(before.get(q.id)) for q in asked], [_answer(after[q.id]) for q in asked],
@@ -287,9 +291,15 @@ def rotated_probe(probe: str, shift: int = ROTATION) -> str:
     return str(ProbeLabel.rotated(ProbeLabel.parse(probe), shift))
 
 
+def permutation_applies(task: Task) -> bool:
+    """Whether rotating `task`'s options moves what is graded (lettered options only;
+    BoolQ grades the words yes/no)."""
+    return isinstance(task, MultipleChoiceTask) and task.answer_kind == "letter"
+
+
 def check_permutation_control(task: Task) -> None:
     """Refuse the control where rotating options moves nothing graded."""
-    if not isinstance(task, MultipleChoiceTask) or task.answer_kind != "letter":
+    if not permutation_applies(task):
         raise ValueError(f"task {task.name!r} grades {task.answer_kind} answers, not option letters: the permutation "
                          "control rotates lettered options and has nothing to move here")
 
@@ -323,8 +333,7 @@ def permutation_summary(records: pd.DataFrame, failure: Sequence[Question], prob
     rotated = [rotate_options(q, shift) for q in failure]
 
     def column(probe: str, name: str) -> list[Any]:
-        mine = records[records["probe"] == probe]
-        values = dict(zip(mine["question_id"], mine[name]))
+        values = probe_values(records, probe, name)
         return [values[q.id] for q in failure]
 
     def answers(probe: str) -> list[str | None]:
@@ -332,6 +341,7 @@ def permutation_summary(records: pd.DataFrame, failure: Sequence[Question], prob
 
     n = len(failure)
     base = rotated_probe(DEPLOYED, shift)
+    before, rotated_gold = answers(base), [q.answer for q in rotated]
     out: dict[str, Any] = {"shift": shift, "rotation": ROTATION_RULE.format(shift=shift), "reading": ROTATION_READING,
                            "n": n, "baseline": proportion(sum(map(bool, column(base, "correct"))), n, level), "probes": {}}
     for probe in probes:
@@ -343,7 +353,7 @@ def permutation_summary(records: pd.DataFrame, failure: Sequence[Question], prob
         out["probes"][probe] = {
             "repair": proportion(sum(map(bool, column(mine, "correct"))), n, level),
             "unrotated_repair": proportion(len(repaired), n, level),
-            "answer_changes": answer_changes(answers(base), after, [q.answer for q in rotated]),
+            "answer_changes": answer_changes(before, after, rotated_gold),
             "repairs": {"n": len(repaired), "follow_content": content, "follow_position": position,
                         "other": len(repaired) - content - position},
         }

@@ -95,6 +95,7 @@ def temperature_part(ctx: Context, folder: Path) -> None:
 
 
 def localisation_part(ctx: Context, folder: Path) -> None:
+    from rnr_interp.cohort import permutation_applies
     from rnr_interp.recognition import FailureCriterion
     from rnr_interp.records import RunDir
     from rnr_interp.repair import run_failures, run_repair, write_screen
@@ -116,7 +117,7 @@ def localisation_part(ctx: Context, folder: Path) -> None:
             continue
         out = Path(cell["path"]).parent  # the cell's folder: its failures run sits in it
         task = tasks[out.name]
-        permute = p.permutation_control and task.answer_kind == "letter"  # BoolQ grades yes/no
+        permute = p.permutation_control and permutation_applies(task)
         run_repair(lm, task, out / "repair", permutation_control=permute, batch_size=p.rows_batch_size,
                    progress=ctx.progress)
         run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, permutation_control=permute,
