@@ -35,6 +35,7 @@ import platform
 import re
 import socket
 import sys
+import time
 import tomllib
 import warnings
 import weakref
@@ -404,12 +405,29 @@ def _read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.
 # -- the writer lock ----------------------------------------------------------------
 
 
+_NO_DETAILS = "a process that left no details"
+
+
 def _holder_text(raw: bytes) -> str:
     try:
         h = json.loads(raw.decode())
         return f"pid {h['pid']} on {h['host']} since {h['started']} ({h['command']})"
     except (ValueError, KeyError, TypeError):
-        return "a process that left no details"
+        return _NO_DETAILS
+
+
+def _read_holder(fd: int) -> str:
+    """Who holds the lock on `fd`. A holder writes its details just after taking the
+    flock, so a racing reader can find the file still empty: it looks again for up to a
+    second before saying the holder left none."""
+    for _ in range(20):
+        raw = os.pread(fd, 4096, 0)
+        if raw.strip():
+            text = _holder_text(raw)
+            if text != _NO_DETAILS:
+                return text
+        time.sleep(0.05)
+    return _holder_text(os.pread(fd, 4096, 0))
 
 
 class _WriterLock:
@@ -426,7 +444,7 @@ class _WriterLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                holder = _holder_text(os.pread(fd, 4096, 0))
+                holder = _read_holder(fd)
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise RunLockedError(

@@ -387,6 +387,28 @@ def test_second_writer_refused_and_killed_writers_lock_taken_over(run_copy):
     assert not (run_copy / LOCK).exists()
 
 
+def test_lock_holder_named_when_its_details_land_just_after_the_flock(tmp_path):
+    """The window CI once hit: the holder has the flock but has not yet written who it
+    is. The refused writer waits for the details instead of saying there are none."""
+    import fcntl
+    import threading
+
+    from rnr_interp.records import RunLockedError, _writer_lock
+
+    tmp_path.mkdir(exist_ok=True)
+    fd = os.open(tmp_path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    details = json.dumps({"pid": 4242, "host": "h", "started": "t", "command": "rnr audit"}).encode()
+    late = threading.Timer(0.3, os.pwrite, (fd, details, 0))
+    late.start()
+    try:
+        with pytest.raises(RunLockedError, match="being written by pid 4242 on h"):
+            _writer_lock(tmp_path)
+    finally:
+        late.join()
+        os.close(fd)
+
+
 def test_two_audits_racing_for_one_folder(tmp_path):
     out = tmp_path / "race"
     procs = [python("-m", "rnr_interp.cli", *AUDIT, "--out", str(out)) for _ in range(2)]
