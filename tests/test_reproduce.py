@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,7 @@ from rnr_interp.records import RunDir, load_runs
 from rnr_interp.reproduce.findings import (
     NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, at_least, at_most, checkpoint_findings, findings, routing_findings,
 )
+from rnr_interp.reproduce.findings import _steering_finding
 from rnr_interp.reproduce.parts import PARTS
 from rnr_interp.reproduce.profiles import SMOKE
 
@@ -147,6 +149,32 @@ def test_rerun_resumes_without_redoing_anything(smoke):
     assert _record_parts(root) == n_parts
 
 
+def test_terminated_run_records_the_interrupted_part_and_its_cost(tmp_path):
+    """`kill` (SIGTERM) is how a background run is stopped: the running part is marked
+    interrupted with the seconds it cost, and a rerun resumes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "rnr_interp.cli", "reproduce", "--profile", "smoke", "--out", str(root),
+                             "--parts", "2_routing", "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("2_routing:"):
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        proc.kill()
+    entry = json.loads((root / "reproduce.json").read_text())["parts"]["2_routing"]
+    assert entry["status"] == "failed" and entry["error"] == "interrupted" and entry["seconds"] >= 1.0
+
+
 def test_another_profile_on_the_same_root_is_refused(smoke):
     root, _ = smoke
     before = (root / "reproduce.json").read_text()
@@ -247,6 +275,28 @@ def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     reach, shrink, widen, _ = checkpoint_findings(tmp_path / "other")
     assert (reach.verdict, shrink.verdict, widen.verdict) == (NOT_REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE)
     assert "no SFT comparison" in widen.why
+
+
+def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10) -> None:
+    run = RunDir.create(path, {"kind": "steer"})
+    rows = [{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.3, 0.0), "hi": min(r + 0.3, 1.0), "k": round(r * n),
+             "n": n} for (d, a), r in rates.items()]
+    run.write_table("steering", pd.DataFrame(rows))
+    run.write_summary({"kind": "steer", "layer": 3})
+
+
+def test_steering_is_judged_at_the_papers_alphas_not_the_best_of_the_grid(tmp_path):
+    """The rates exist on the held-out questions only: the best alpha over the grid,
+    picked on them, would flatter the verdict. -8v and +4v are judged; the best is shown."""
+    lucky = {("rescue", 2.0): 0.9, ("rescue", 8.0): 0.1, ("induction", 4.0): 0.9, ("induction", 8.0): 0.2}
+    _steer_run(tmp_path / "lucky", lucky)
+    row = _steering_finding(tmp_path / "lucky", "m / t")
+    assert row.verdict == NOT_REPRODUCED and row.value == pytest.approx(0.1)
+    assert "rescue 0.10" in row.measured and "at -8v" in row.measured and "rescue 0.90 at -2v" in row.measured
+    # a grid without 8: its largest alpha is judged
+    _steer_run(tmp_path / "small", {("rescue", 1.0): 0.0, ("rescue", 2.0): 0.95, ("induction", 2.0): 0.95})
+    row = _steering_finding(tmp_path / "small", "m / t")
+    assert "rescue 0.95 [0.65, 1.00] of 10 at -2v" in row.measured and row.verdict != NOT_REPRODUCED
 
 
 # -- in a real browser ------------------------------------------------------------------

@@ -11,7 +11,10 @@ that differ. A part that fails is recorded with its error and the next part runs
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ class Reproduction:
         try:
             part.run(ctx, self.root / part.name)
             entry.update(status=DONE, error=None)
+            entry.pop("traceback", None)  # an earlier invocation's failure no longer applies
         except KeyboardInterrupt:
             entry.update(status=FAILED, error="interrupted")
             raise
@@ -87,17 +91,38 @@ def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None
     state = Reproduction.open(root, profile)
     state.save()
     ctx = Context(profile, root, progress=progress, checkpoints=dict(checkpoints or {}), log=log)
-    for part in PARTS:
-        entry = state.parts[part.name]
-        if part.name not in wanted:
-            continue
-        if entry["status"] == DONE:
-            log(f"{part.name}: done before ({entry['seconds']:.0f} s), skipped")
-            continue
-        log(f"{part.name}: {part.title}")
-        state.run_part(part, ctx)
-        log(f"{part.name}: {entry['status']} after {entry['seconds']:.0f} s" + (f" ({entry['error']})" if entry.get("error") else ""))
+    with _terminate_as_interrupt():
+        for part in PARTS:
+            entry = state.parts[part.name]
+            if part.name not in wanted:
+                continue
+            if entry["status"] == DONE:
+                log(f"{part.name}: done before ({entry['seconds']:.0f} s), skipped")
+                continue
+            log(f"{part.name}: {part.title}")
+            state.run_part(part, ctx)
+            log(f"{part.name}: {entry['status']} after {entry['seconds']:.0f} s"
+                + (f" ({entry['error']})" if entry.get("error") else ""))
     rows = as_records(findings(root))
     write_json_atomic(root / FINDINGS, rows)
     page = write_reproduction_report(root, profile.name, profile.model, profile.why, state.parts, rows)
     return {"parts": state.parts, "findings": rows, "index": str(page)}
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (`kill`, a batch scheduler's time limit) stops the run as Ctrl-C does, so
+    the running part is recorded as interrupted with the time it cost. A job started in
+    the background ignores SIGINT, so TERM is how such a run is stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -193,6 +193,12 @@ def localisation_findings(part: Path) -> list[Finding]:
     return out
 
 
+#: the alpha each direction is judged at: the paper's quoted pair (-8v rescues, +4v
+#: induces). Fixed before looking, because the steering rates exist on the held-out
+#: questions only and the best alpha over the grid, picked on them, would be optimistic.
+JUDGED_ALPHA = {"rescue": 8.0, "induction": 4.0}
+
+
 def _steering_finding(folder: Path, scope: str) -> Finding:
     if not (folder / "summary.json").is_file():
         return _untestable(STEER_CLAIM, STEER_PAPER, "the steering run did not finish", scope)
@@ -204,23 +210,29 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
     table = table[table["alpha"] > 0]
     if table.empty:
         return _untestable(STEER_CLAIM, STEER_PAPER, "no alpha > 0 in the steering grid", scope)
-    parts, verdicts, lows = [], [], []
+    parts, verdicts, lows, best = [], [], [], []
     for direction in ("rescue", "induction"):
         sub = table[table["direction"] == direction]
-        top = sub.loc[sub["rate"].idxmax()]
-        n = int(top["n"])
-        ci = ((float(top["lo"]), float(top["hi"])) if {"lo", "hi"} <= set(sub.columns)
-              else wilson_interval(round(float(top["rate"]) * n), n))
-        verdicts.append(at_least(float(top["rate"]), ci, MOST_FLIPPED))
-        lows.append((float(top["rate"]), ci, n))
+        # the paper's alpha when the grid has it, else the grid's largest
+        at = sub[sub["alpha"] == JUDGED_ALPHA[direction]]
+        row = (at if not at.empty else sub[sub["alpha"] == sub["alpha"].max()]).iloc[0]
+        rate, n = float(row["rate"]), int(row["n"])
+        ci = ((float(row["lo"]), float(row["hi"])) if {"lo", "hi"} <= set(sub.columns)
+              else wilson_interval(round(rate * n), n))
+        verdicts.append(at_least(rate, ci, MOST_FLIPPED))
+        lows.append((rate, ci, n))
         sign = "-" if direction == "rescue" else "+"
-        parts.append(f"{direction} {top['rate']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {sign}{top['alpha']:g}v")
+        parts.append(f"{direction} {rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {sign}{row['alpha']:g}v")
+        top = sub.loc[sub["rate"].idxmax()]
+        best.append(f"{direction} {float(top['rate']):.2f} at {sign}{top['alpha']:g}v")
     kinds = [v for v, _ in verdicts]
     verdict = kinds[0] if len(set(kinds)) == 1 else (NOT_REPRODUCED if NOT_REPRODUCED in kinds else NOT_TESTABLE)
     weaker = min(lows, key=lambda x: x[0])
-    return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.get('layer')}", "; ".join(parts) + " (best alpha)",
+    return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.get('layer')}",
+                   "; ".join(parts) + f" (best over the grid, picked on the same questions: {'; '.join(best)})",
                    weaker[0], weaker[1], weaker[2], verdict,
-                   "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts)))
+                   "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts))
+                   + " (judged at the paper's -8v and +4v, fixed in advance)")
 
 
 # -- Experiment 3: where trained gains come from ------------------------------------------
