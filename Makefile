@@ -13,6 +13,9 @@ $(BIN)/rnr: pyproject.toml
 	# torch first, pinned: the CPU wheel on disk; an unpinned resolve pulls CUDA.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,scale]'
+	# lm-eval's own filter classes, to check the grading references' copies against
+	# (tests/grading_references.py); --no-deps: the filters need none of its forty packages.
+	$(BIN)/pip install -q --no-deps lm_eval==0.4.13
 	touch $(BIN)/rnr
 
 setup: $(BIN)/rnr

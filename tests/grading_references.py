@@ -1,8 +1,8 @@
 """Independent answer extraction to check ours against: lm-eval-harness's filters,
-reimplemented verbatim from lm-eval 0.4.13 (installing lm-eval with its dependencies
-would add some forty packages to the test environment for three regexes; the
-test `test_references_match_lm_eval_itself` checks these copies against the real
-classes whenever `lm_eval` is importable). math-verify is used as installed.
+reimplemented verbatim from lm-eval 0.4.13, so that the comparisons read as plain
+code. `make setup` installs lm-eval 0.4.13 itself without its dependencies (some forty
+packages the filters do not need), and `test_references_match_lm_eval_itself` checks
+these copies against its real classes. math-verify is used as installed.
 
 Sources (lm-eval 0.4.13):
 - lm_eval/tasks/gsm8k/gsm8k-cot-zeroshot.yaml: strict-match regex

@@ -165,8 +165,8 @@ def test_letters_against_lm_eval_multiple_choice(shared_data: Path) -> None:
 # -- the copies are lm-eval's own -----------------------------------------------------
 
 def test_references_match_lm_eval_itself(shared_data: Path) -> None:
-    """Whenever lm-eval is importable (it is not a test dependency: see
-    grading_references), its own filter classes agree with the copies on every row."""
+    """lm-eval's own filter classes (installed by `make setup`, without its
+    dependencies) agree with the copies on every row."""
     extraction = pytest.importorskip("lm_eval.filters.extraction")
     gsm = _rows("gsm8k")
     strict = extraction.RegexFilter(regex_pattern=ref.GSM8K_STRICT)
