@@ -230,6 +230,8 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
     facts the sampler needs: chat template and stop tokens."""
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
+    from rnr_interp import fast_attention  # imports TransformerLens: only when a model is wrapped
+
     model.eval()
     architecture = (model.config.architectures or [type(model).__name__])[0]
     try:
@@ -239,6 +241,10 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
     except Exception as exc:  # the bridge raises many types for unknown adapters
         raise ModelSpecError(f"model spec {spec!r}: architecture {architecture} is not supported by TransformerLens ({exc})") from exc
     bridge.eval()
+    # The bridge's eager attention copies the KV cache every step to expand GQA heads;
+    # while no hook reads the attention pattern, a fused SDPA path computes the same
+    # (fast_attention.py says when it falls back to eager).
+    fast_attention.install(bridge)
     bridge._tokenizer = tokenizer  # lets bridge.to_tokens/to_string work for users
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
