@@ -19,6 +19,7 @@ whichever engine produced the generations.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -118,7 +119,78 @@ def new_cache():
 
     # No config: layers are appended as slots are first written, so a route longer
     # than the model (repeats) gets one slot per position.
-    return DynamicCache()
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _growing_layer_class()
+    return cache
+
+
+#: free positions a cache layer keeps after its last token (a new buffer every this many steps)
+CACHE_HEADROOM = 32
+
+
+@functools.cache
+def _growing_layer_class():
+    """`DynamicLayer` appends by `torch.cat`, copying a layer's whole cache every
+    decoding step (and the K rows of a fanned-out prompt each hold a copy). This layer
+    keeps keys and values in a buffer with `CACHE_HEADROOM` free positions and writes a
+    step's token in place; `keys`/`values` are views of the filled part, and the batch
+    selections (rows fanned out, finished rows leaving) act on the buffer, headroom and
+    all. A position once written is never rewritten: whenever anything else replaces
+    `keys` (crop, reset, offload: DynamicLayer's own methods), the next update copies into
+    a fresh buffer, so views handed out earlier (`prompt_states`) keep their values."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        _key_buffer: Float[Tensor, "batch kv_heads capacity d_head"] | None = None
+        _value_buffer: Float[Tensor, "batch kv_heads capacity d_head"] | None = None
+        #: the `keys`, `values` views this layer last handed out (anything else there: rebuffer)
+        _views: tuple[Tensor, Tensor] | None = None
+
+        def update(self, key_states: Float[Tensor, "batch kv_heads new d_head"],
+                   value_states: Float[Tensor, "batch kv_heads new d_head"], *args, **kwargs):
+            if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
+                return super().update(key_states, value_states, *args, **kwargs)  # no in-place writes under autograd
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, end = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+            if (not self._holds_views() or end > self._key_buffer.shape[-2]
+                    or self._key_buffer.shape[:-2] != key_states.shape[:-2]):
+                self._key_buffer = _rebuffer(self.keys, key_states, end)
+                self._value_buffer = _rebuffer(self.values, value_states, end)
+            self._key_buffer[..., n:end, :] = key_states
+            self._value_buffer[..., n:end, :] = value_states
+            self._show(end)
+            return self.keys, self.values
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if not self._holds_views():
+                return super().batch_repeat_interleave(repeats)
+            self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
+            self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
+            self._show(self.get_seq_length())
+
+        def batch_select_indices(self, indices: Tensor) -> None:
+            if not self._holds_views():
+                return super().batch_select_indices(indices)
+            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+            self._show(self.get_seq_length())
+
+        def _holds_views(self) -> bool:
+            return self._views is not None and self.keys is self._views[0] and self.values is self._views[1]
+
+        def _show(self, length: int) -> None:
+            self.keys, self.values = self._key_buffer[..., :length, :], self._value_buffer[..., :length, :]
+            self._views = (self.keys, self.values)
+
+    return GrowingLayer
+
+
+def _rebuffer(filled: Tensor, incoming: Tensor, length: int) -> Tensor:
+    """A buffer for `length` positions plus the headroom, holding `filled` at its start."""
+    buffer = incoming.new_empty((*incoming.shape[:-2], length + CACHE_HEADROOM, incoming.shape[-1]))
+    if filled.numel():
+        buffer[..., :filled.shape[-2], :] = filled
+    return buffer
 
 
 @dataclass

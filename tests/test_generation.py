@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rnr_interp.generate import Decoding, generate, left_pad
+from rnr_interp.generate import CACHE_HEADROOM, Decoding, generate, left_pad, new_cache
 from rnr_interp.models import _smollm2_dir, load_model
 
 QUESTIONS = ["What is 17 + 25?", "Name a colour.", "What is 9 times 8?", "Say hello."]
@@ -111,3 +111,49 @@ def test_stop_strings_end_rows():
             continue
         [[g]] = generate(lm, [row], decoding=Decoding(max_new_tokens=20), stop_strings=[text[3:5]])
         assert g.finish == "stop" and g.text == text[:3]
+
+
+def test_cache_layer_equals_concatenation():
+    """The engine's cache layer (in-place writes into a buffer with headroom) holds what
+    transformers' DynamicLayer (torch.cat) holds, through every operation the engine
+    uses, and never rewrites a view it handed out earlier."""
+    from transformers.cache_utils import DynamicLayer
+
+    ours, reference = new_cache().layer_class_to_replicate(), DynamicLayer()
+    noise = torch.Generator().manual_seed(0)
+
+    def update(positions: int):
+        k, v = (torch.randn(reference.keys.shape[0] if reference.is_initialized else 2, 2, positions, 4, generator=noise)
+                for _ in range(2))
+        got, want = ours.update(k, v), reference.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+    update(7)  # the prefill
+    handed_out = ours.keys[1, :, -5:]
+    kept = handed_out.clone()
+    for layer in (ours, reference):
+        layer.batch_repeat_interleave(3)
+    for _ in range(CACHE_HEADROOM * 2 + 3):  # past the headroom twice: new buffers
+        update(1)
+    for layer in (ours, reference):
+        layer.batch_select_indices(torch.tensor([0, 2, 5]))
+    update(1)
+    handed_out_before_crop = ours.values[..., -3:, :]  # positions the crop frees and the next update refills
+    kept_before_crop = handed_out_before_crop.clone()
+    for layer in (ours, reference):
+        layer.crop(-4)
+    update(2)
+    assert ours.get_seq_length() == reference.get_seq_length() == 7 + CACHE_HEADROOM * 2 + 3 + 1 - 4 + 2
+    assert torch.equal(handed_out, kept) and torch.equal(handed_out_before_crop, kept_before_crop)
+
+
+def test_cached_equals_uncached_past_the_cache_headroom():
+    lm = load_model("tiny-llama")
+    prompts = [lm.encode(lm.render(q)) for q in QUESTIONS]
+    kwargs = dict(n=3, decoding=Decoding(max_new_tokens=CACHE_HEADROOM * 2 + 5), temperatures=[0.0, 1.0, 1.0],
+                  seeds=[[b * 10 + j for j in range(3)] for b in range(len(prompts))])
+    cached = [[g.tokens for g in row] for row in generate(lm, prompts, use_cache=True, **kwargs)]
+    uncached = [[g.tokens for g in row] for row in generate(lm, prompts, use_cache=False, **kwargs)]
+    assert cached == uncached
+    lengths = {len(tokens) for row in cached for tokens in row}
+    assert max(lengths) > CACHE_HEADROOM * 2 and len(lengths) > 1  # crossed the headroom; rows left the batch
