@@ -47,8 +47,13 @@ _PER_HEAD_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result")
 
 
 def _hooked(module: torch.nn.Module) -> bool:
+    """Any hook that would see this module's output: its own (TransformerLens registers
+    hooks as torch forward hooks) or a global module hook."""
+    from torch.nn.modules import module as torch_module
+
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+                or module._backward_pre_hooks or torch_module._global_forward_hooks
+                or torch_module._global_forward_pre_hooks)
 
 
 class SDPAAttentionBridge(PositionEmbeddingsAttentionBridge):

@@ -49,13 +49,15 @@ def real_positions(lm, prompts, logits: torch.Tensor) -> torch.Tensor:
 
 
 # tiny-llama and tiny-qwen2: 4 query heads over 2 KV heads; tiny-gemma: 4 over 1.
-# The HF attention setting only changes the mask the bridge is handed (float, bool or none).
+# The HF attention setting only changes the mask the bridge is handed: a float mask
+# (eager), a bool mask (sdpa, with padding or a cache) or none (sdpa, one unpadded prompt).
+@pytest.mark.parametrize("questions", [QUESTIONS, QUESTIONS[:1]], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("hf_mask", ["eager", "sdpa"])
 @pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2", "tiny-gemma"])
-def test_fused_equals_eager_with_padding_and_cache(spec, hf_mask, monkeypatch):
+def test_fused_equals_eager_with_padding_and_cache(spec, hf_mask, questions, monkeypatch):
     lm = load_model(spec)
     lm.hf_model.config._attn_implementation = hf_mask
-    prompts = [lm.encode(lm.render(q)) for q in QUESTIONS]
+    prompts = [lm.encode(lm.render(q)) for q in questions]
     calls = fused_calls(monkeypatch)
     fused = prefill_and_decode(lm, prompts)
     assert len(calls) == 5 * lm.n_layers  # every layer of the prefill and of each step was fused
