@@ -17,6 +17,7 @@ import hashlib
 import pandas as pd
 import pytest
 
+from rnr_interp import fast_attention
 from rnr_interp.audit import run_audit
 from rnr_interp.generate import Decoding
 from rnr_interp.models import load_model
@@ -47,16 +48,38 @@ def content_hash(run: RunDir) -> str:
 
 @pytest.fixture(scope="module")
 def lm():
-    return load_model("tiny-llama")
+    """tiny-llama on the bridge's eager attention, the path the hashes were taken on. The
+    fused attention path (`fast_attention`) moves log-probs in their last float32 bits;
+    `test_fused_attention_records_equal_eager_records` bounds that difference."""
+    model = load_model("tiny-llama")
+    fast_attention.uninstall(model.bridge)
+    return model
+
+
+def audit_records(lm, folder) -> RunDir:
+    run_audit(lm, load_task("arithmetic", n=5), folder, probe=Probe(k=3, temperature=1.0, seed=1),
+              deployed=Decoding(max_new_tokens=6), batch_size=2, progress=False)
+    return RunDir(folder)
+
+
+def repair_records(lm, folder) -> RunDir:
+    run_repair(lm, load_task("arithmetic_mc", n=6), folder, panel=3, layers=[0, 1], batch_size=4, progress=False,
+               decoding=Decoding(max_new_tokens=8))
+    return RunDir(folder)
 
 
 def test_audit_records_unchanged(lm, tmp_path):
-    run_audit(lm, load_task("arithmetic", n=5), tmp_path, probe=Probe(k=3, temperature=1.0, seed=1),
-              deployed=Decoding(max_new_tokens=6), batch_size=2, progress=False)
-    assert content_hash(RunDir(tmp_path)) == BEFORE["audit"]
+    assert content_hash(audit_records(lm, tmp_path)) == BEFORE["audit"]
 
 
 def test_repair_records_unchanged(lm, tmp_path):
-    run_repair(lm, load_task("arithmetic_mc", n=6), tmp_path, panel=3, layers=[0, 1], batch_size=4, progress=False,
-               decoding=Decoding(max_new_tokens=8))
-    assert content_hash(RunDir(tmp_path)) == BEFORE["repair"]
+    assert content_hash(repair_records(lm, tmp_path)) == BEFORE["repair"]
+
+
+@pytest.mark.parametrize("records", [audit_records, repair_records])
+def test_fused_attention_records_equal_eager_records(lm, records, tmp_path):
+    """Every value equal, but log-probs, which agree to float32 rounding."""
+    eager = records(lm, tmp_path / "eager").read_records()
+    fused = records(load_model("tiny-llama"), tmp_path / "fused").read_records()
+    pd.testing.assert_frame_equal(fused.drop(columns=["logprob"]), eager.drop(columns=["logprob"]))
+    assert (fused["logprob"] - eager["logprob"]).abs().max() < 1e-4
