@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 from torch.nn import functional as F
+from torch.nn.modules import module as torch_module
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
     PositionEmbeddingsAttentionBridge,
@@ -49,8 +50,6 @@ _PER_HEAD_FLAGS = ("use_split_qkv_input", "use_attn_in", "use_attn_result")
 def _hooked(module: torch.nn.Module) -> bool:
     """Any hook that would see this module's output: its own (TransformerLens registers
     hooks as torch forward hooks) or a global module hook."""
-    from torch.nn.modules import module as torch_module
-
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or module._backward_pre_hooks or torch_module._global_forward_hooks
                 or torch_module._global_forward_pre_hooks)
