@@ -170,7 +170,8 @@ def localisation_findings(part: Path) -> list[Finding]:
     out = []
     for run in repairs:
         s = run.read_summary()
-        scope = f"{s.get('model')} / {s.get('task')}"
+        # the cell's folder names the split ("arc" is ARC-Easy's and ARC-Challenge's task name)
+        scope = f"{s.get('model')} / {run.path.parent.name}"
         at = (s.get("at_chosen_layer") or {}).get("mlp")
         if at is None:
             out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, "no MLP block repaired anything on the selection part", scope))
