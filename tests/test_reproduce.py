@@ -297,6 +297,7 @@ def test_steering_is_judged_at_the_papers_alphas_not_the_best_of_the_grid(tmp_pa
     _steer_run(tmp_path / "small", {("rescue", 1.0): 0.0, ("rescue", 2.0): 0.95, ("induction", 2.0): 0.95})
     row = _steering_finding(tmp_path / "small", "m / t")
     assert "rescue 0.95 [0.65, 1.00] of 10 at -2v" in row.measured and row.verdict != NOT_REPRODUCED
+    assert "judged at -2v and +2v" in row.why
 
 
 # -- in a real browser ------------------------------------------------------------------
