@@ -30,6 +30,7 @@ class OneLineErrors(TyperGroup):
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         common.debug = bool(os.environ.get("RNR_DEBUG"))
+        device = os.environ.get("RNR_DEVICE")  # `--device` sets it for one invocation only
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # usage errors: bad option values, unknown options
@@ -51,6 +52,10 @@ class OneLineErrors(TyperGroup):
             code = 1
         finally:
             common.debug = False  # one invocation's --debug must not outlive it (tests invoke many)
+            if device is None:
+                os.environ.pop("RNR_DEVICE", None)
+            else:
+                os.environ["RNR_DEVICE"] = device
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
@@ -61,9 +66,17 @@ app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
 
 
 @app.callback()
-def _options(debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False) -> None:
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="where models run: cpu (default), cuda, cuda:N or auto "
+                                                "(sets RNR_DEVICE for this invocation)")] = None,
+) -> None:
     if debug:
         common.debug = True
+    if device is not None:
+        from rnr_interp.models import resolve_device
+
+        os.environ["RNR_DEVICE"] = resolve_device(device)
 
 
 COMMANDS = {

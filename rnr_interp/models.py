@@ -52,6 +52,22 @@ class PromptTooLongError(ValueError):
     """A prompt (plus the tokens to generate after it) longer than the model's context."""
 
 
+def resolve_device(device: str | None = None) -> str:
+    """The torch device models load on: `device`, else `RNR_DEVICE`, else "cpu".
+    "auto" means the first CUDA device when one is visible. CPU is the default so that
+    a run's records do not depend on which machine happened to start it."""
+    name = (device or os.environ.get("RNR_DEVICE") or "cpu").strip()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(name).type
+    except RuntimeError as exc:
+        raise ModelSpecError(f"device {name!r} is not a torch device (use cpu, cuda, cuda:N or auto)") from exc
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ModelSpecError(f"device {name!r}: no CUDA device is visible to torch here (use cpu or auto)")
+    return name
+
+
 def cache_dir() -> Path:
     root = os.environ.get("RNR_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rnr_interp"
     return Path(root)
@@ -191,8 +207,10 @@ class LoadedModel:
         }
 
 
-def load_model(spec: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
-    """Load any supported spec (see module docstring) as a `LoadedModel`."""
+def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
+    """Load any supported spec (see module docstring) as a `LoadedModel`, on `device`
+    (default: `resolve_device()`: RNR_DEVICE, else the CPU)."""
+    device = resolve_device(device)
     name, colon, arg = spec.partition(":")
     if name in TINY_ARCHITECTURES:
         if colon and not (arg.isdigit() and 1 <= int(arg) <= MAX_TINY_LAYERS):

@@ -181,11 +181,9 @@ def _model(spec: str, backend: str):
 
             _loaded[key] = load_vllm(spec)
         else:
-            import torch
-
             from rnr_interp.models import load_model
 
-            _loaded[key] = load_model(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+            _loaded[key] = load_model(spec, device="auto")
     return _loaded[key]
 
 

@@ -90,3 +90,32 @@ def test_model_info_cli_prints_one_json_object():
     assert facts["n_layers"] == 2 and facts["architecture"] == "Qwen2ForCausalLM"
     bad = CliRunner().invoke(app, ["model-info", "nonsense"])
     assert bad.exit_code == 2 and "unknown model spec" in bad.output
+
+
+def test_device_defaults_to_cpu_and_names_bad_devices(monkeypatch):
+    from rnr_interp.models import resolve_device
+
+    monkeypatch.delenv("RNR_DEVICE", raising=False)
+    assert resolve_device() == "cpu" and load_model("tiny-llama:1").device.type == "cpu"
+    monkeypatch.setenv("RNR_DEVICE", "auto")
+    assert resolve_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ModelSpecError, match="'gpu0' is not a torch device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelSpecError, match="no CUDA device"):
+            load_model("tiny-llama:1", device="cuda")
+
+
+def test_device_option_holds_for_one_invocation(monkeypatch):
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    monkeypatch.delenv("RNR_DEVICE", raising=False)
+    ok = CliRunner().invoke(app, ["--device", "cpu", "model-info", "tiny-llama:1"])
+    assert ok.exit_code == 0, ok.output
+    import os
+
+    assert "RNR_DEVICE" not in os.environ  # the next invocation (tests run many) is not steered
+    bad = CliRunner().invoke(app, ["--device", "tpu9", "model-info", "tiny-llama:1"])
+    assert bad.exit_code == 2 and "'tpu9' is not a torch device" in bad.output

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from rnr_interp.cli import app
@@ -97,6 +98,17 @@ def test_cost_per_part_is_printed_and_recorded(smoke):
         line = re.search(rf"^\s+{part.name}\s+done\s+(\d+) s", done.output, flags=re.M)
         assert line, done.output
         assert int(line.group(1)) == round(state["parts"][part.name]["seconds"])
+        # where the seconds were spent: all of them on this machine's CPU
+        assert list(state["parts"][part.name]["seconds_by_device"]) == [f"cpu ({torch.get_num_threads()} threads)"]
+        assert sum(state["parts"][part.name]["seconds_by_device"].values()) == pytest.approx(state["parts"][part.name]["seconds"], abs=0.2)
+
+
+def test_a_part_resumed_on_another_device_names_both_shares():
+    from rnr_interp.report.reproduction import where_spent
+
+    assert where_spent({"seconds": 5, "seconds_by_device": {"cpu (2 threads)": 5}}) == ""
+    both = {"seconds": 130, "seconds_by_device": {"cpu (2 threads)": 100, "cuda (NVIDIA H200)": 30}}
+    assert where_spent(both) == "cpu (2 threads): 100 s; cuda (NVIDIA H200): 30 s"
 
 
 def test_findings_are_read_from_the_run_folders(smoke):

@@ -32,6 +32,7 @@ def reproduce(
     """Reproduce the paper on one model: audit, routing cells, temperature sweep, failure
     screen + localisation, checkpoint audit; findings table and one index report."""
     from rnr_interp.reproduce import get_profile, reproduce as run_reproduction
+    from rnr_interp.report.reproduction import where_spent
 
     chosen = execute(lambda: get_profile(profile))
     check_out(out)
@@ -42,7 +43,8 @@ def reproduce(
                                               log=typer.echo))
     typer.echo("\ncost per part (wall seconds, summed over invocations):")
     for name, p in result["parts"].items():
-        typer.echo(f"  {name:<16} {p['status']:<8} {p['seconds']:8.0f} s" + (f"  {p['error']}" if p.get("error") else ""))
+        where = f" ({where_spent(p)})" if where_spent(p) else ""
+        typer.echo(f"  {name:<16} {p['status']:<8} {p['seconds']:8.0f} s{where}" + (f"  {p['error']}" if p.get("error") else ""))
     typer.echo("\nfindings:")
     for f in result["findings"]:
         typer.echo(f"  [{f['verdict']}] {f['claim']} ({f['scope']}): {f['measured'] or f['why']}")

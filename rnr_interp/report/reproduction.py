@@ -92,11 +92,21 @@ def _findings_section(page: Page, findings: Sequence[dict[str, Any]]) -> None:
                       "with the stated threshold; an interval that spans it is 'not testable here' at this size.")
 
 
+def where_spent(part: dict[str, Any]) -> str:
+    """A part's seconds by the device they were spent on, when it ran on more than one
+    or not on the CPU ("" for a CPU-only part recorded before devices were)."""
+    by_device = part.get("seconds_by_device") or {}
+    if not by_device or (len(by_device) == 1 and next(iter(by_device)).startswith("cpu")):
+        return ""
+    return "; ".join(f"{dev}: {sec:.0f} s" for dev, sec in by_device.items())
+
+
 def _parts_section(page: Page, parts: dict[str, dict[str, Any]], links: dict[str, str], why: dict[str, str]) -> None:
     rows = []
     for name, p in parts.items():
         link = f'<a href="{_e(links[name])}">{_e(name)}</a>' if name in links else _e(name)
-        rows.append((link, _e(p.get("title", "")), _e(p.get("status", "")), _e(f"{p.get('seconds', 0):.0f}"),
+        seconds = f"{p.get('seconds', 0):.0f}" + (f" ({where_spent(p)})" if where_spent(p) else "")
+        rows.append((link, _e(p.get("title", "")), _e(p.get("status", "")), _e(seconds),
                      _e(p.get("error") or why.get(name, why.get("all", "")))))
     page.section("Parts: status and cost", _table_html(["part", "what", "status", "wall seconds", "sizes / error"], rows, raw=True),
                  note="Wall seconds summed over invocations until the part finished (a resumed part keeps what it cost).")

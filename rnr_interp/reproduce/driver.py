@@ -72,8 +72,24 @@ class Reproduction:
             entry.update(status=FAILED, error=f"{type(exc).__name__}: {exc}",
                          traceback=traceback.format_exc(limit=6))
         finally:
-            entry["seconds"] = round(float(entry.get("seconds", 0.0)) + time.monotonic() - start, 1)
+            spent = time.monotonic() - start
+            entry["seconds"] = round(float(entry.get("seconds", 0.0)) + spent, 1)
+            # A part resumed on another machine: its cost says where each share was spent.
+            by_device = entry.setdefault("seconds_by_device", {})
+            by_device[device_label()] = round(float(by_device.get(device_label(), 0.0)) + spent, 1)
             self.save()
+
+
+def device_label() -> str:
+    """Where this process's models run, as a cost row names it."""
+    import torch
+
+    from rnr_interp.models import resolve_device
+
+    device = resolve_device()
+    if device.startswith("cuda"):
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"cpu ({torch.get_num_threads()} threads)"
 
 
 def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None = None,
