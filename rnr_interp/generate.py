@@ -227,14 +227,6 @@ def prompt_states(lm: LoadedModel, prompts: Sequence[Sequence[int]]) -> list[Pro
     return states
 
 
-def shared_prefix(path: Sequence[int]) -> int:
-    """How many leading blocks a route runs exactly as the full path does."""
-    p = 0
-    while p < len(path) and path[p] == p:
-        p += 1
-    return p
-
-
 def _padded(rows: Sequence[Tensor], width: int) -> Tensor:
     """Left-pad [..., pos, d] tensors on the position axis (dim -2) to `width`."""
     out = rows[0].new_zeros((len(rows), *rows[0].shape[:-2], width, rows[0].shape[-1]))
@@ -325,7 +317,7 @@ def generate(
     ids, mask = left_pad(prompts, lm.pad_id, device)
     with applied(lm, interventions, batch_size=B) as active:
         cache = new_cache() if use_cache else None
-        p = _reusable_prefix(active) if (reuse is not None and use_cache) else 0
+        p = active.replayable_prefix() if (reuse is not None and use_cache) else 0
         if p:
             with replaying(lm, *_replay_args(reuse, p, ids.shape[1]), cache):
                 logits, cache = forward(lm, ids, mask, cache, last_only=True)
@@ -390,16 +382,6 @@ def generate(
             row.append(Generation(tokens=out_tokens[r], text=text, logprob=out_logp[r], finish=finish[r]))
         results.append(row)
     return results
-
-
-def _reusable_prefix(active: Active) -> int:
-    """Leading full-path blocks the active route can replay (0: nothing to reuse).
-    Hooks would have to fire inside those blocks, so any other intervention, on any
-    row, disables reuse."""
-    if active.route is None or any(active.row_sets):
-        return 0
-    p = shared_prefix(active.route.path)
-    return p if p < len(active.route.path) else 0
 
 
 def _hits_stop_string(tokenizer, tokens: list[int], stop_strings: Sequence[str]) -> bool:

@@ -201,6 +201,34 @@ class Route:
         return []
 
 
+def shared_prefix(path: Sequence[int]) -> int:
+    """How many leading blocks a route runs exactly as the full path does."""
+    p = 0
+    while p < len(path) and path[p] == p:
+        p += 1
+    return p
+
+
+def route_schedule(paths: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """One layer list that holds every path as a subsequence, and the positions each
+    path takes in it. Each step appends the smallest layer that some unfinished path
+    runs next: a route space's routes (the full path with skips and in-place repeats)
+    then share one list, the full path with each distinct repeated block inserted once."""
+    heads = [0] * len(paths)
+    schedule: list[int] = []
+    slots: list[list[int]] = [[] for _ in paths]
+    while True:
+        wanted = [p[h] for p, h in zip(paths, heads) if h < len(p)]
+        if not wanted:
+            return tuple(schedule), [tuple(s) for s in slots]
+        layer = min(wanted)
+        for i, p in enumerate(paths):
+            if heads[i] < len(p) and p[heads[i]] == layer:
+                slots[i].append(len(schedule))
+                heads[i] += 1
+        schedule.append(layer)
+
+
 Intervention = Union[Ablate, Steer, AblateUnits, Route]
 InterventionSet = tuple[Intervention, ...]
 KINDS: dict[str, type] = {cls.__name__: cls for cls in (Ablate, Steer, AblateUnits, Route)}
@@ -244,11 +272,14 @@ class Active:
     reorders the batch (dropping finished rows, expanding a prompt to K samples)."""
 
     def __init__(self, row_sets: list[InterventionSet], device: torch.device, shared: bool = False,
-                 route: Route | None = None):
+                 route: Route | None = None, row_slots: list[tuple[int, ...]] | None = None):
         self.row_sets = row_sets
         self.device = device
-        #: the Route every row runs (applied by swapping the layer list), or None
+        #: the layer list every row goes through (applied by swapping the decoder's list), or None
         self.route = route
+        #: rows with routes of their own: the positions of `route` each row runs (the
+        #: others pass its residual stream through); None when every row runs all of it
+        self.row_slots = row_slots
         # One set for every row, whatever the batch size: no per-row masks needed.
         self.shared = shared
         # Fixed at entry: hooks stay registered even when select() drops every row of a spec.
@@ -258,6 +289,11 @@ class Active:
         self._rebuild()
 
     def _rebuild(self):
+        if self.row_slots is not None:
+            keep = torch.zeros((len(self.route.path), len(self.row_slots)), dtype=torch.bool)
+            for r, slots in enumerate(self.row_slots):
+                keep[list(slots), r] = True
+            self._slot_keep = keep.to(self.device)
         if self.shared:
             self._masks = {s: None for s in self._specs}
             return
@@ -272,13 +308,33 @@ class Active:
             return
         index = [int(i) for i in index]
         self.row_sets = [self.row_sets[i] for i in index]
+        if self.row_slots is not None:
+            self.row_slots = [self.row_slots[i] for i in index]
         self._rebuild()
 
     def repeat_interleave(self, k: int) -> None:
         if self.shared:
             return
         self.row_sets = [s for s in self.row_sets for _ in range(k)]
+        if self.row_slots is not None:
+            self.row_slots = [s for s in self.row_slots for _ in range(k)]
         self._rebuild()
+
+    def gate(self, slot: int, before: Float[Tensor, "batch pos d"], after: Float[Tensor, "batch pos d"]) -> Tensor:
+        """Route position `slot`'s output: the block's for the rows whose route runs it,
+        the unchanged residual stream for the others."""
+        return torch.where(self._slot_keep[slot].view(-1, 1, 1), after, before)
+
+    def replayable_prefix(self) -> int:
+        """Leading full-path blocks every row runs first, so a prefill may replay them
+        from stored states (0: nothing to reuse). Hooks would have to fire inside those
+        blocks, so any other intervention, on any row, disables reuse."""
+        if self.route is None or any(self.row_sets):
+            return 0
+        p = shared_prefix(self.route.path)
+        if self.row_slots is not None:
+            p = min([p, *(shared_prefix(slots) for slots in self.row_slots)])
+        return p if p < len(self.route.path) else 0
 
     # Hook functions read the masks at call time, so select() needs no re-registration.
     def _mask(self, spec: Intervention, act: Tensor) -> Tensor:
@@ -362,22 +418,25 @@ def applied(
 ) -> Iterator[Active]:
     """Install interventions for the body of the block.
 
-    ``rows`` is either one set (applies to every row) or one set per batch row. All rows
-    must share the same `Route` (or none): a route changes depth, so routes are batched
-    across questions, not mixed within a batch.
+    ``rows`` is either one set (applies to every row) or one set per batch row. Rows may
+    carry different `Route`s (a row without one runs the full path): the decoder then
+    runs `route_schedule` of them, each row passing the residual stream through the
+    positions its own route does not run, with its own KV-cache slot per position.
     """
     row_sets, shared = _normalise_rows(rows, batch_size)
     all_specs = {s for r in row_sets for s in r}
     _validate(lm, all_specs)
-    routes = {next((s for s in r if isinstance(s, Route)), None) for r in row_sets}
-    if len(routes) > 1:
-        raise ValueError("rows carry different routes; batch rows by route (one Route per batch)")
-    route = routes.pop() if routes else None
+    routes = [next((s for s in r if isinstance(s, Route)), None) for r in row_sets]
+    route, row_slots = routes[0] if routes else None, None
+    if len(set(routes)) > 1:
+        full = tuple(range(lm.n_layers))
+        schedule, row_slots = route_schedule([r.path if r is not None else full for r in routes])
+        route = Route(schedule)
     row_sets = [tuple(s for s in r if not isinstance(s, Route)) for r in row_sets]
-    active = Active(row_sets, lm.device, shared=shared, route=route)
+    active = Active(row_sets, lm.device, shared=shared, route=route, row_slots=row_slots)
     with contextlib.ExitStack() as stack:
         if route is not None:
-            stack.enter_context(routed(lm, route.path))
+            stack.enter_context(routed(lm, route.path, gate=active.gate if row_slots is not None else None))
         hooks = active.hooks(lm)
         if hooks:
             stack.enter_context(lm.bridge.hooks(fwd_hooks=hooks))
@@ -409,21 +468,31 @@ def capturing(lm, names: Sequence[str], keep: Callable[[Tensor], Tensor] = lambd
 # -- routes ------------------------------------------------------------------------
 
 
+Gate = Callable[[int, Tensor, Tensor], Tensor]
+
+
 class _RouteSlot(nn.Module):
     """Route position `slot` running block `layer`: the block itself, told to write its
-    KV cache at entry `slot` rather than at its own index."""
+    KV cache at entry `slot` rather than at its own index; with a `gate`, the rows
+    whose own route skips this position keep the residual stream they came in with."""
 
-    def __init__(self, block: nn.Module, layer: int, slot: int, attention_type: str | None):
+    def __init__(self, block: nn.Module, layer: int, slot: int, attention_type: str | None, gate: Gate | None = None):
         super().__init__()
         self.block = block
-        self.offset = slot - layer
+        self.slot, self.offset, self.gate = slot, slot - layer, gate
         if attention_type is not None:
             self.attention_type = attention_type
 
     def forward(self, *args, **kwargs):
         if self.offset:
             kwargs["cycle_offset"] = self.offset
-        return self.block(*args, **kwargs)
+        out = self.block(*args, **kwargs)
+        if self.gate is None:
+            return out
+        before = args[0] if args else kwargs["hidden_states"]
+        if isinstance(out, tuple):
+            return (self.gate(self.slot, before, out[0]), *out[1:])
+        return self.gate(self.slot, before, out)
 
 
 def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
@@ -470,13 +539,14 @@ def _current_layers(lm) -> tuple[list[nn.Module], list[str] | None]:
 
 
 @contextlib.contextmanager
-def routed(lm, path: Sequence[int]) -> Iterator[None]:
-    """Swap the decoder's block list for `path`, one KV-cache slot per position."""
+def routed(lm, path: Sequence[int], gate: Gate | None = None) -> Iterator[None]:
+    """Swap the decoder's block list for `path`, one KV-cache slot per position
+    (`gate`: which rows each position applies to, for rows with routes of their own)."""
     blocks, layer_types = _current_layers(lm)
     slots = []
     for slot, layer in enumerate(path):
         atype = layer_types[layer] if layer_types is not None else None
-        slots.append(_RouteSlot(blocks[layer], layer, slot, getattr(blocks[layer], "attention_type", atype)))
+        slots.append(_RouteSlot(blocks[layer], layer, slot, getattr(blocks[layer], "attention_type", atype), gate))
     with _layer_list(lm, slots, [layer_types[i] for i in path] if layer_types is not None else None):
         yield
 

@@ -168,6 +168,3 @@ def test_bad_specs_give_clear_errors():
     with pytest.raises(ValueError, match="layers 0..2"):
         with applied(lm, [Ablate("mlp", 7)]):
             pass
-    with pytest.raises(ValueError, match="different routes"):
-        with applied(lm, [[Route((0, 1))], [Route((0, 2))]]):
-            pass

@@ -190,7 +190,8 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
 
 @pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6"])
 def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
-    from rnr_interp.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states, shared_prefix
+    from rnr_interp.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states
+    from rnr_interp.interventions import shared_prefix
     from rnr_interp.interventions import Route, applied, replaying
 
     lm = load_model(spec)
@@ -252,20 +253,48 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
     assert write_report(tmp_path).is_file()
 
 
-def test_mixed_skip_batches_equal_one_route_per_batch():
-    """Different skip-only routes in one batch (per-row layer skips) generate exactly
-    what each route generates in a batch of its own."""
+@pytest.mark.parametrize("reuse", [True, False])
+def test_rows_on_different_routes_equal_one_route_per_batch(reuse):
+    """Rows on different routes (skips, in-place repeats, a repeated block, a skipped
+    first layer) in one batch generate what each route generates in a batch of its
+    own, and take fewer batches."""
     lm = load_model("tiny-llama:6")
     task = load_task("arithmetic", n=3)
-    routes = [tuple(range(6)), (0, 1, 3, 4, 5), (0, 2, 3, 5), (1, 2, 3, 4, 5)]
+    routes = [tuple(range(6)), (0, 1, 3, 4, 5), (0, 2, 3, 5), (1, 2, 3, 4, 5),
+              (0, 1, 2, 2, 3, 4, 5), (0, 1, 2, 3, 1, 2, 3, 4, 5), (0, 1, 1, 2, 4, 4, 5)]
     requests = [(q.id, r) for q in task.questions for r in routes]
-    per_route = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8)
-    for r in routes:
-        per_route._one_route(r, [q.id for q in task.questions])
-    mixed = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8)
+    per_route = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=1, reuse_prefix=reuse)
+    for req in requests:
+        per_route([req])
+    mixed = RouteEvaluator(lm, task, Decoding(max_new_tokens=8), batch_size=8, reuse_prefix=reuse)
     rows = mixed(requests)
-    assert mixed.n_generated == len(requests)
+    assert mixed.n_generated == len(requests) and per_route.n_batches == len(requests)
+    assert mixed.n_batches < len(requests) / 2
     for req, row in zip(requests, rows):
         ref = per_route.cache[req]
         assert (row["text"], row["intervention"]) == (ref["text"], ref["intervention"])
         assert row["logprob"] == pytest.approx(ref["logprob"], abs=1e-4)
+
+
+def test_route_schedule_holds_every_route_once_per_repeat():
+    from rnr_interp.interventions import route_schedule
+
+    routes = [(0, 1, 2, 3, 4), (0, 2, 3, 4), (0, 1, 1, 2, 3, 4), (0, 1, 2, 3, 2, 3, 4), (1, 2, 3)]
+    schedule, slots = route_schedule(routes)
+    # the full path with each distinct repeated block inserted once
+    assert schedule == (0, 1, 1, 2, 3, 2, 3, 4)
+    for route, pos in zip(routes, slots):
+        assert tuple(schedule[i] for i in pos) == route and list(pos) == sorted(set(pos))
+    assert route_schedule([(3, 1)] * 2) == ((3, 1), [(0, 1), (0, 1)])
+
+
+def test_a_batch_schedule_stays_within_max_depth():
+    lm = load_model("tiny-llama:6")
+    task = load_task("arithmetic", n=2)
+    ev = RouteEvaluator(lm, task, Decoding(max_new_tokens=2), batch_size=16)
+    ev.max_depth = 7
+    pairs = [("q", (0, 1, 1, 2, 3, 4, 5)), ("q", (0, 1, 2, 3, 3, 4, 5)), ("q", (0, 1, 2, 3, 4, 5, 5))]
+    # two repeats make a schedule of 8 > 7: each route alone
+    assert [len(g) for g in ev._groups(pairs)] == [1, 1, 1]
+    ev.max_depth = 8
+    assert [len(g) for g in ev._groups(pairs)] == [2, 1]

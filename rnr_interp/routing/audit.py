@@ -36,7 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
-from rnr_interp.interventions import Ablate, Route, set_id
+from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
@@ -98,17 +98,21 @@ class RouteConfig:
 
 
 class RouteEvaluator:
-    """Greedy generation of (question, route) pairs, batched by route and cached, so a
-    route any method has already tried for a question costs nothing again. With
-    `reuse_prefix`, each prompt's full-path prefill is kept and a route that starts
-    with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
+    """Greedy generation of (question, route) pairs, batched (rows on different routes
+    share a batch) and cached, so a route any method has already tried for a question
+    costs nothing again. With `reuse_prefix`, each prompt's full-path prefill is kept
+    and a batch whose rows all start with blocks 0..p-1 unchanged replays them instead
+    of recomputing its prefill."""
 
     def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
         self.states: dict[str, PromptStates] | None = {} if reuse_prefix else None
-        self.n_generated = 0
+        #: a batch's schedule may run this many blocks: the spaces' longest default route
+        self.max_depth = lm.n_layers + lm.n_layers // 3
+        self.n_generated = 0  # (question, route) pairs generated
+        self.n_batches = 0  # batched generations they took
 
     def _states(self, questions: list[Question]) -> list[PromptStates] | None:
         if self.states is None:
@@ -126,49 +130,37 @@ class RouteEvaluator:
                 self.states.pop(q, None)
 
     def __call__(self, requests: list[tuple[str, tuple[int, ...]]]) -> list[dict[str, Any]]:
-        todo: dict[tuple[int, ...], list[str]] = {}
-        for qid, route in requests:
-            if (qid, route) not in self.cache:
-                todo.setdefault(route, [])
-                if qid not in todo[route]:
-                    todo[route].append(qid)
-        self._mixed_skip_batches([(qid, route) for route, qids in todo.items() if _skips_only(route) for qid in qids])
-        for route, qids in todo.items():
-            if not _skips_only(route):  # a repeat changes depth: one layer list per batch
-                self._one_route(route, qids)
+        # Sorted, so routes that share a prefix (and the replay of it) share a batch.
+        todo = sorted(dict.fromkeys(req for req in requests if req not in self.cache), key=lambda req: (req[1], req[0]))
+        for group in self._groups(todo):
+            chunk = [self.by_id[qid] for qid, _ in group]
+            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
+                            interventions=[[Route(route)] for _, route in group], stop_strings=self.task.stop_strings,
+                            reuse=self._states(chunk))
+            self.n_generated += len(group)
+            self.n_batches += 1
+            for (qid, route), [g] in zip(group, gens):
+                self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, intervention=set_id([Route(route)]))
         return [self.cache[req] for req in requests]
 
-    def _store(self, chunk: list[Question], routes: list[tuple[int, ...]], gens) -> None:
-        self.n_generated += len(chunk)
-        for q, route, [g] in zip(chunk, routes, gens):
-            self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
-
-    def _one_route(self, route: tuple[int, ...], qids: list[str]) -> None:
-        """One route for many questions: the layer list swapped once per batch."""
-        for start in range(0, len(qids), self.batch_size):
-            chunk = [self.by_id[q] for q in qids[start:start + self.batch_size]]
-            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                            interventions=[Route(route)], stop_strings=self.task.stop_strings,
-                            reuse=self._states(chunk))
-            self._store(chunk, [route] * len(chunk), gens)
-
-    def _mixed_skip_batches(self, pairs: list[tuple[str, tuple[int, ...]]]) -> None:
-        """Different skip-only routes in one batch: row r skips its layers by passing the
-        residual stream through them (`Ablate("layer", l)`, which is what skipping a
-        block is), so the adaptive searches' many one-question routes share forwards
-        instead of running one batch of one row each (the cost that dominated)."""
-        full = range(self.lm.n_layers)
-        for start in range(0, len(pairs), self.batch_size):
-            part = pairs[start:start + self.batch_size]
-            chunk = [self.by_id[qid] for qid, _ in part]
-            rows = [[Ablate("layer", layer) for layer in full if layer not in set(route)] for _, route in part]
-            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                            interventions=rows, stop_strings=self.task.stop_strings)
-            self._store(chunk, [route for _, route in part], gens)
-
-
-def _skips_only(route: tuple[int, ...]) -> bool:
-    return all(a < b for a, b in zip(route, route[1:]))
+    def _groups(self, pairs: list[tuple[str, tuple[int, ...]]]):
+        """Batches of up to `batch_size` (question, route) pairs, each row on its own
+        route: the batch runs one schedule holding every row's route
+        (`interventions.route_schedule`), so the adaptive searches' many one-question
+        routes share forwards instead of running a batch of one row each (the cost
+        that dominated). A pair joins the batch while the schedule stays within
+        `max_depth` positions, which bounds what a row pays for blocks it passes by."""
+        group: list[tuple[str, tuple[int, ...]]] = []
+        schedule: tuple[int, ...] = ()
+        for qid, route in pairs:
+            merged, _ = route_schedule([schedule, route]) if group else (route, None)
+            if group and (len(group) >= self.batch_size or len(merged) > max(self.max_depth, len(route))):
+                yield group
+                group, merged = [], route
+            group.append((qid, route))
+            schedule = merged
+        if group:
+            yield group
 
 
 def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space, method: str, budget: int,
