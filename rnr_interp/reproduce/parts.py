@@ -80,7 +80,7 @@ def routing_part(ctx: Context, folder: Path) -> None:
     for name in p.route_tasks:
         ctx.log(f"  route {name}: {p.route_n} questions x {len(p.spaces)} spaces, K={p.route_k}")
         cfg = RouteConfig(samples=p.route_k, budget=p.route_k, spaces=p.spaces, methods=p.methods,
-                          min_len=p.route_min_len, batch_size=max(p.batch_size, 8))
+                          min_len=p.route_min_len, batch_size=p.route_batch_size)
         run_route_audit(lm, ctx.task(name, p.route_n), folder / name, cfg, progress=ctx.progress)
     write_route_cells(folder, folder / ROUTE_CELLS)
 
