@@ -127,6 +127,7 @@ FULL = Profile(
     name="full", model="smollm2",
     audit_tasks=PAPER_TASKS, audit_n=100, k=32,
     route_tasks=("gsm8k", "arc_challenge", "arithmetic"), route_n=40, route_k=32, route_batch_size=40,
+    route_min_len=27,  # as the demo's: unbounded routes break SmolLM2's answer format
     sweep_task="arc_challenge", sweep_n=100, sweep_k=8,
     screen_tasks=MC_TASKS, screen_n=300,
     ckpt_task="arithmetic", ckpt_n=200, ckpt_k=32, train_steps=30,
