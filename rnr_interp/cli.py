@@ -30,7 +30,8 @@ class OneLineErrors(TyperGroup):
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         common.debug = bool(os.environ.get("RNR_DEBUG"))
-        device = os.environ.get("RNR_DEVICE")  # `--device` sets it for one invocation only
+        # `--device` and `--dtype` set these for one invocation only
+        saved = {name: os.environ.get(name) for name in ("RNR_DEVICE", "RNR_DTYPE")}
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # usage errors: bad option values, unknown options
@@ -52,10 +53,11 @@ class OneLineErrors(TyperGroup):
             code = 1
         finally:
             common.debug = False  # one invocation's --debug must not outlive it (tests invoke many)
-            if device is None:
-                os.environ.pop("RNR_DEVICE", None)
-            else:
-                os.environ["RNR_DEVICE"] = device
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
@@ -70,6 +72,8 @@ def _options(
     debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False,
     device: Annotated[str | None, typer.Option("--device", help="where models run: cpu (default), cuda, cuda:N or auto "
                                                 "(sets RNR_DEVICE for this invocation)")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="model weights: float32 (default), bfloat16 or float16 "
+                                              "(sets RNR_DTYPE for this invocation; recorded in every run's config)")] = None,
 ) -> None:
     if debug:
         common.debug = True
@@ -77,6 +81,10 @@ def _options(
         from rnr_interp.models import resolve_device
 
         os.environ["RNR_DEVICE"] = resolve_device(device)
+    if dtype is not None:
+        from rnr_interp.models import resolve_dtype
+
+        os.environ["RNR_DTYPE"] = str(resolve_dtype(dtype)).removeprefix("torch.")
 
 
 COMMANDS = {

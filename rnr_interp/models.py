@@ -68,6 +68,22 @@ def resolve_device(device: str | None = None) -> str:
     return name
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None = None) -> torch.dtype:
+    """The weights' dtype: `dtype`, else `RNR_DTYPE`, else float32. Recorded in every
+    run's model facts, so runs in another dtype never resume into each other. bfloat16
+    runs the matrix products on a CPU's AMX units (several times float32's rate where
+    there are some: README, "Engine speed") at the cost of bfloat16's rounding."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = (dtype or os.environ.get("RNR_DTYPE") or "float32").strip().removeprefix("torch.")
+    if name not in DTYPES:
+        raise ModelSpecError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 def cache_dir() -> Path:
     root = os.environ.get("RNR_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rnr_interp"
     return Path(root)
@@ -207,10 +223,11 @@ class LoadedModel:
         }
 
 
-def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
+def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype | str | None = None, seed: int = 0) -> LoadedModel:
     """Load any supported spec (see module docstring) as a `LoadedModel`, on `device`
-    (default: `resolve_device()`: RNR_DEVICE, else the CPU)."""
-    device = resolve_device(device)
+    (default: `resolve_device()`: RNR_DEVICE, else the CPU) in `dtype` (default:
+    `resolve_dtype()`: RNR_DTYPE, else float32)."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     name, colon, arg = spec.partition(":")
     if name in TINY_ARCHITECTURES:
         if colon and not (arg.isdigit() and 1 <= int(arg) <= MAX_TINY_LAYERS):
@@ -222,7 +239,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype = tor
         return wrap(spec, model.to(device=device, dtype=dtype), tok, prepend_bos=True)
     if spec == "smollm2":
         model, tok = _load_hf_dir(_smollm2_dir(), dtype)
-        return wrap(spec, model.to(device), tok)
+        return wrap(spec, model.to(device=device, dtype=dtype), tok)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

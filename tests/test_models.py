@@ -119,3 +119,25 @@ def test_device_option_holds_for_one_invocation(monkeypatch):
     assert "RNR_DEVICE" not in os.environ  # the next invocation (tests run many) is not steered
     bad = CliRunner().invoke(app, ["--device", "tpu9", "model-info", "tiny-llama:1"])
     assert bad.exit_code == 2 and "'tpu9' is not a torch device" in bad.output
+
+
+def test_dtype_is_chosen_recorded_and_named_when_bad(monkeypatch):
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+    from rnr_interp.generate import Decoding, generate
+    from rnr_interp.models import resolve_dtype
+
+    monkeypatch.delenv("RNR_DTYPE", raising=False)
+    assert resolve_dtype() == torch.float32
+    lm = load_model("tiny-llama:2", dtype="bfloat16")
+    assert lm.facts()["dtype"] == "bfloat16"  # in every run's config: no resume across dtypes
+    [[g]] = generate(lm, [lm.encode(lm.render("2+2="))], decoding=Decoding(max_new_tokens=4))
+    assert len(g.tokens) >= 1 and g.logprob <= 0
+    out = CliRunner().invoke(app, ["--dtype", "bfloat16", "model-info", "tiny-llama:1"])
+    assert out.exit_code == 0 and json.loads(out.stdout.strip())["dtype"] == "bfloat16"
+    import os
+
+    assert "RNR_DTYPE" not in os.environ
+    bad = CliRunner().invoke(app, ["--dtype", "fp8", "model-info", "tiny-llama:1"])
+    assert bad.exit_code == 2 and "dtype 'fp8' is not one of float32, bfloat16, float16" in bad.output

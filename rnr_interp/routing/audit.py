@@ -198,7 +198,7 @@ def verify_scores(lm: LoadedModel, task: Task, q: Question, answers: Sequence[st
     if not distinct:
         return [float("-inf")] * len(answers)
     prompts = [lm.encode(lm.render(VERIFY_PROMPT.format(question=task.user_message(q), answer=a))) for a in distinct]
-    logp = torch.log_softmax(last_logits(lm, prompts), -1)
+    logp = torch.log_softmax(last_logits(lm, prompts).float(), -1)
     margin = torch.logsumexp(logp[:, yes], -1) - torch.logsumexp(logp[:, no], -1)
     by_answer = dict(zip(distinct, margin.tolist()))
     return [by_answer.get(a, float("-inf")) if a is not None else float("-inf") for a in answers]
