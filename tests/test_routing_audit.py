@@ -286,6 +286,12 @@ def test_route_schedule_holds_every_route_once_per_repeat():
     for route, pos in zip(routes, slots):
         assert tuple(schedule[i] for i in pos) == route and list(pos) == sorted(set(pos))
     assert route_schedule([(3, 1)] * 2) == ((3, 1), [(0, 1), (0, 1)])
+    # merging one route at a time into the schedule so far (how batches are grown) gives
+    # the schedule of all of them at once (what a batch runs)
+    grown = routes[0]
+    for route in routes[1:]:
+        grown = route_schedule([grown, route])[0]
+    assert grown == schedule
 
 
 def test_a_batch_schedule_stays_within_max_depth():

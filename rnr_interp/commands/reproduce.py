@@ -43,8 +43,9 @@ def reproduce(
                                               log=typer.echo))
     typer.echo("\ncost per part (wall seconds, summed over invocations):")
     for name, p in result["parts"].items():
-        where = f" ({where_spent(p)})" if where_spent(p) else ""
-        typer.echo(f"  {name:<16} {p['status']:<8} {p['seconds']:8.0f} s{where}" + (f"  {p['error']}" if p.get("error") else ""))
+        where = where_spent(p)
+        typer.echo(f"  {name:<16} {p['status']:<8} {p['seconds']:8.0f} s" + (f" ({where})" if where else "")
+                   + (f"  {p['error']}" if p.get("error") else ""))
     typer.echo("\nfindings:")
     for f in result["findings"]:
         typer.echo(f"  [{f['verdict']}] {f['claim']} ({f['scope']}): {f['measured'] or f['why']}")

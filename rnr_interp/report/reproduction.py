@@ -105,7 +105,8 @@ def _parts_section(page: Page, parts: dict[str, dict[str, Any]], links: dict[str
     rows = []
     for name, p in parts.items():
         link = f'<a href="{_e(links[name])}">{_e(name)}</a>' if name in links else _e(name)
-        seconds = f"{p.get('seconds', 0):.0f}" + (f" ({where_spent(p)})" if where_spent(p) else "")
+        where = where_spent(p)
+        seconds = f"{p.get('seconds', 0):.0f}" + (f" ({where})" if where else "")
         rows.append((link, _e(p.get("title", "")), _e(p.get("status", "")), _e(seconds),
                      _e(p.get("error") or why.get(name, why.get("all", "")))))
     page.section("Parts: status and cost", _table_html(["part", "what", "status", "wall seconds", "sizes / error"], rows, raw=True),

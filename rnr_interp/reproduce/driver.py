@@ -75,8 +75,8 @@ class Reproduction:
             spent = time.monotonic() - start
             entry["seconds"] = round(float(entry.get("seconds", 0.0)) + spent, 1)
             # A part resumed on another machine: its cost says where each share was spent.
-            by_device = entry.setdefault("seconds_by_device", {})
-            by_device[device_label()] = round(float(by_device.get(device_label(), 0.0)) + spent, 1)
+            by_device, device = entry.setdefault("seconds_by_device", {}), device_label()
+            by_device[device] = round(float(by_device.get(device, 0.0)) + spent, 1)
             self.save()
 
 

@@ -157,7 +157,9 @@ class RouteEvaluator:
         group: list[tuple[str, tuple[int, ...]]] = []
         schedule: tuple[int, ...] = ()
         for qid, route in pairs:
-            merged, _ = route_schedule([schedule, route]) if group else (route, None)
+            # Merging into the group's schedule gives the schedule of the whole group
+            # (the same smallest-next-layer steps), the one `applied` will run.
+            merged = route_schedule([schedule, route])[0] if 0 < len(group) < self.batch_size else route
             if group and (len(group) >= self.batch_size or len(merged) > max(self.max_depth, len(route))):
                 yield group
                 group, merged = [], route
