@@ -185,6 +185,34 @@ def test_terminated_run_records_the_interrupted_part_and_its_cost(tmp_path):
         proc.kill()
     entry = json.loads((root / "reproduce.json").read_text())["parts"]["2_routing"]
     assert entry["status"] == "failed" and entry["error"] == "interrupted" and entry["seconds"] >= 1.0
+    # what was finished by then still reaches the findings and the index
+    rows = {r["claim"]: r for r in json.loads((root / "findings.json").read_text())}
+    assert rows["random >= structured search in every clean cell"]["verdict"] == NOT_TESTABLE
+    assert "2_routing" in (root / "index.html").read_text()
+
+
+def test_routing_part_stopped_in_a_later_task_keeps_the_table_of_the_finished_ones(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from rnr_interp.reproduce.parts import Context, routing_part
+    from rnr_interp.routing import audit
+
+    real, calls = audit.run_route_audit, []
+
+    def stop_at_second(lm, task, out, cfg, **kw):
+        calls.append(out.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(lm, task, out, cfg, **kw)
+
+    monkeypatch.setattr(audit, "run_route_audit", stop_at_second)
+    profile = replace(SMOKE, route_tasks=(SMOKE.route_tasks[0], "arithmetic_mc"))
+    folder = tmp_path / "2_routing"
+    with pytest.raises(KeyboardInterrupt):
+        routing_part(Context(profile, tmp_path), folder)
+    assert calls == list(profile.route_tasks)
+    summary = RunDir(folder / "route_cells").read_summary()
+    assert summary["runs"] == [str(RunDir(folder / SMOKE.route_tasks[0]).path)]
 
 
 def test_another_profile_on_the_same_root_is_refused(smoke):

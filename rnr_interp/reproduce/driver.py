@@ -1,5 +1,6 @@
 """The reproduction driver: run the parts in order under one root, resumably, time each
-part, then read the findings and write the index report.
+part, then read the findings and write the index report (also when stopped, from the
+runs finished by then).
 
 The root holds one folder per part (``1_audit`` ... ``5_checkpoints``, each a folder of
 ordinary run folders), ``reproduce.json`` (the profile, and per part its status and the
@@ -96,9 +97,7 @@ def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None
               checkpoints: dict[str, Path] | None = None, progress: bool = False,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or resume) the chosen parts (default: all), then findings and the index
-    report; returns the state (per-part status and cost) with the findings."""
-    from rnr_interp.report.reproduction import write_reproduction_report
-
+    report (also when stopped); returns the state (per-part status and cost) with the findings."""
     root = Path(root)
     wanted = list(parts) if parts else [p.name for p in PARTS]
     unknown = [p for p in wanted if p not in {q.name for q in PARTS}]
@@ -107,22 +106,36 @@ def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None
     state = Reproduction.open(root, profile)
     state.save()
     ctx = Context(profile, root, progress=progress, checkpoints=dict(checkpoints or {}), log=log)
-    with _terminate_as_interrupt():
-        for part in PARTS:
-            entry = state.parts[part.name]
-            if part.name not in wanted:
-                continue
-            if entry["status"] == DONE:
-                log(f"{part.name}: done before ({entry['seconds']:.0f} s), skipped")
-                continue
-            log(f"{part.name}: {part.title}")
-            state.run_part(part, ctx)
-            log(f"{part.name}: {entry['status']} after {entry['seconds']:.0f} s"
-                + (f" ({entry['error']})" if entry.get("error") else ""))
+    try:
+        with _terminate_as_interrupt():
+            for part in PARTS:
+                entry = state.parts[part.name]
+                if part.name not in wanted:
+                    continue
+                if entry["status"] == DONE:
+                    log(f"{part.name}: done before ({entry['seconds']:.0f} s), skipped")
+                    continue
+                log(f"{part.name}: {part.title}")
+                state.run_part(part, ctx)
+                log(f"{part.name}: {entry['status']} after {entry['seconds']:.0f} s"
+                    + (f" ({entry['error']})" if entry.get("error") else ""))
+    except KeyboardInterrupt:
+        # A stopped run's finished work still reaches the findings and the index (a few
+        # seconds; the TERM handler is back to the default, so a second `kill` ends it).
+        log("interrupted: writing the findings and the index from the finished runs")
+        write_outcome(root, profile, state)
+        raise
+    rows, page = write_outcome(root, profile, state)
+    return {"parts": state.parts, "findings": rows, "index": str(page)}
+
+
+def write_outcome(root: Path, profile: Profile, state: Reproduction) -> tuple[list[dict[str, Any]], Path]:
+    """The findings table and the index page, from the run folders under `root` as they are."""
+    from rnr_interp.report.reproduction import write_reproduction_report
+
     rows = as_records(findings(root))
     write_json_atomic(root / FINDINGS, rows)
-    page = write_reproduction_report(root, profile.name, profile.model, profile.why, state.parts, rows)
-    return {"parts": state.parts, "findings": rows, "index": str(page)}
+    return rows, write_reproduction_report(root, profile.name, profile.model, profile.why, state.parts, rows)
 
 
 @contextlib.contextmanager

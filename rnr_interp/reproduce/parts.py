@@ -5,7 +5,7 @@ folder does (a killed part redoes no finished question, and no finished run).
 1. ``1_audit``: the realization audit (`audit.run_audit`) per task at K;
 2. ``2_routing``: one routing run per task (`routing.run_route_audit`) over the three
    spaces, so each run holds one cell per space, aggregated across cells into
-   ``2_routing/route_cells`` (`routing.cells.write_route_cells`);
+   ``2_routing/route_cells`` (`routing.cells.write_route_cells`) each time a task finishes;
 3. ``3_temperature``: the temperature sweep of the selection gap (`sweep.run_temperature_sweep`);
 4. ``4_localisation``: the failures run of each multiple-choice cell (`repair.run_failures`)
    and the cell-level screen over them (``4_localisation/screen``, `repair.write_screen`),
@@ -82,7 +82,8 @@ def routing_part(ctx: Context, folder: Path) -> None:
         cfg = RouteConfig(samples=p.route_k, budget=p.route_k, spaces=p.spaces, methods=p.methods,
                           min_len=p.route_min_len, batch_size=p.route_batch_size)
         run_route_audit(lm, ctx.task(name, p.route_n), folder / name, cfg, progress=ctx.progress)
-    write_route_cells(folder, folder / ROUTE_CELLS)
+        # after each task, so a part stopped in a later task still has the table of the finished ones
+        write_route_cells(folder, folder / ROUTE_CELLS)
 
 
 def temperature_part(ctx: Context, folder: Path) -> None:
