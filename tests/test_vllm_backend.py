@@ -11,6 +11,7 @@ import os
 import shutil
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 from scipy.stats import chi2, chi2_contingency
 
@@ -201,7 +202,8 @@ def test_vllm_records_are_schema_identical_and_resume(served, smollm2, task, tmp
     (cut / "summary.json").unlink()
     assert RunDir(cut).done_question_ids() == {q.id for q in small.questions[:2]}
     run_audit(served, small, cut, probe=probe, batch_size=2, progress=False)
-    assert records(cut).equals(got)
+    # assert_frame_equal names the column and rows that differ (a bare .equals did not)
+    pd.testing.assert_frame_equal(records(cut), got, check_exact=True)
     assert json.loads((cut / "summary.json").read_text()) == json.loads((tmp_path / "vllm" / "summary.json").read_text())
 
 
