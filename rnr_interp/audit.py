@@ -91,6 +91,12 @@ def deployable_votes(records: pd.DataFrame, probe: str, scores: pd.DataFrame, se
     k = int(scores["n"].min()) if len(scores) else 0
     if k == 0:
         return {}
+    if scores["n"].max() != k:
+        # At k = min n a question with more samples gets an expected vote over k-subsets,
+        # a fraction, not the vote over its K samples that O_K is taken over.
+        many = scores.index[scores["n"] > k][0]
+        raise ValueError(f"majority@K needs the same K samples for every question: {many!r} has "
+                         f"{int(scores.loc[many, 'n'])} {probe} samples, others {k}")
     ks = np.arange(1, k + 1)
     d, o = scores["d"].to_numpy(), scores["o"].to_numpy()
     out: dict[str, Any] = {"vote_at_k": {"k": ks.tolist()}}

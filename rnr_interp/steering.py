@@ -238,7 +238,12 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
         summary = RunDir(repair_run).read_summary()
-        best = (summary.get("own_best") or {}).get(component)
+        own_best = summary.get("own_best") or {}
+        if component not in own_best:
+            raise ValueError(f"repair run {repair_run} swept {component} only at its chosen MLP layer "
+                             f"(--sweep {summary.get('sweep')}), so it has no {component} block of its own: "
+                             f"pass --layer, or rerun repair with --sweep all")
+        best = own_best[component]
         if best is None:
             raise ValueError(f"repair run {repair_run} found no {component} block that repairs any selection-part failure")
         return int(best["selection"]["layer"]), f"{component} block chosen on the selection part by repair run {repair_run}"

@@ -112,3 +112,8 @@ def test_audit_reports_majority_at_k_from_the_records():
     assert out["vote_at_k"]["majority"][-1] == 0.25 and len(out["vote_at_k"]["k"]) == 5
     # k = 1: the chance that one random sample is right, averaged over questions.
     assert out["vote_at_k"]["majority"][0] == pytest.approx(np.mean([2 / 5, 2 / 5, 1 / 5, 0]), abs=0.05)
+    # a question with more samples than the others has no majority@K beside them
+    extra = pd.DataFrame([{**rows[-1], "candidate": 5}])
+    uneven = pd.concat([records, extra], ignore_index=True)
+    with pytest.raises(ValueError, match="'q4' has 6 temperature samples, others 5"):
+        deployable_votes(uneven, "temperature", question_scores(uneven, "temperature"))

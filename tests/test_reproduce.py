@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from rnr_interp.cli import app
 from rnr_interp.records import RunDir, load_runs
 from rnr_interp.reproduce.findings import (
-    NOT_REPRODUCED, NOT_TESTABLE, REPRODUCED, at_least, at_most, checkpoint_findings, findings, routing_findings,
+    NOT_REPRODUCED, NOT_TESTABLE, REPORTED, REPRODUCED, at_least, at_most, checkpoint_findings, findings, routing_findings,
 )
 from rnr_interp.reproduce.findings import _steering_finding
 from rnr_interp.reproduce.parts import PARTS
@@ -117,7 +117,7 @@ def test_findings_are_read_from_the_run_folders(smoke):
     assert rows == json.loads(json.dumps(_as_json(findings(root))))
     claims = {r["claim"] for r in rows}
     assert len(claims) == N_CLAIMS
-    assert all(r["verdict"] in (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE) and r["why"] for r in rows)
+    assert all(r["verdict"] in (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, REPORTED) and r["why"] for r in rows)
     # the routing row counts the clean cells of the routing part's aggregate
     routing = next(r for r in rows if r["claim"].startswith("random >= structured"))
     clean = RunDir(root / "2_routing" / "route_cells").read_summary()["clean_cells"]
@@ -296,12 +296,14 @@ def test_routing_verdict_follows_the_cells(tmp_path):
     assert "1 of 2 clean cells" in row.measured
 
 
-def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_change: float, ci) -> None:
+def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_change: float, ci,
+                 shared_prompt: dict | None = None) -> None:
     run = RunDir.create(path, {"kind": "compare"})
     stats = {"D": {"base": 0.2, "trained": 0.5, "change": 0.3, "change_ci": [0.1, 0.5]},
              "O_K": {"base": 0.5, "trained": 0.5 + o_change, "change": o_change, "change_ci": list(ci)}}
     run.write_summary({"kind": "compare", "base_model": "m", "task": "t", "n_questions": 60, "k": 16, "stats": stats,
-                       "gained_from": {"base_reachable": gained_reachable, "base_unreachable": gained_unreachable}})
+                       "gained_from": {"base_reachable": gained_reachable, "base_unreachable": gained_unreachable},
+                       **({"shared_prompt": shared_prompt} if shared_prompt else {})})
 
 
 def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
@@ -315,6 +317,11 @@ def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     reach, shrink, widen, _ = checkpoint_findings(tmp_path / "other")
     assert (reach.verdict, shrink.verdict, widen.verdict) == (NOT_REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE)
     assert "no SFT comparison" in widen.why
+    # the prompt-format control's share retained is shown, with its reason, and judged on nothing
+    shared = {"D": {"shared_change": 0.1, "shared_change_ci": [0.0, 0.2], "native_change": 0.3, "share_retained": 1 / 3}}
+    _compare_run(tmp_path / "format" / "compare_grpo", 30, 0, -0.15, (-0.25, -0.05), shared_prompt=shared)
+    *_, prompt = checkpoint_findings(tmp_path / "format")
+    assert prompt.verdict == REPORTED and prompt.value == pytest.approx(1 / 3) and "no interval of its own" in prompt.why
 
 
 def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10) -> None:

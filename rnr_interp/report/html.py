@@ -142,7 +142,10 @@ def _localisation_html(s: dict[str, Any]) -> str:
         best = [(c, *(("nothing repaired", "", "", "") if b is None else
                       (_e(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))
                 for c, b in s["best"].items()]
-        html += _table_html(["best block", "layer", "repair", "damage", "selectivity"], best)
+        # These rates are on the selection half that chose each block (in-sample, so
+        # optimistic); the held-out rates are in the controls table.
+        html += _table_html(["best block (chosen on the selection half)", "layer", "repair, selection half",
+                             "damage, selection half", "selectivity, selection half"], best)
     return html
 
 

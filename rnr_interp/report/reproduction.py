@@ -89,7 +89,8 @@ def _findings_section(page: Page, findings: Sequence[dict[str, Any]]) -> None:
     rows = [tuple(c if isinstance(c, str) and c.startswith("<b") else _e(c) for c in r) for r in rows]
     page.section("Findings: the paper's claims on this model", _table_html(head, rows, raw=True),
                  note="Computed from the run folders' summaries (findings.json). Verdicts compare the 95% interval "
-                      "with the stated threshold; an interval that spans it is 'not testable here' at this size.")
+                      "with the stated threshold; an interval that spans it is 'not testable here' at this size. "
+                      "A row 'reported, not judged' shows a number the paper reports on no claim's threshold.")
 
 
 def where_spent(part: dict[str, Any]) -> str:

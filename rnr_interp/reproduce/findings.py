@@ -29,6 +29,8 @@ from rnr_interp.records import RunDir, load_runs
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
+#: a row that measures and shows a number the paper reports but judges no claim on
+REPORTED = "reported, not judged"
 STRUCTURED = ("mcts", "hill_climb", "genetic")
 #: "little" gap recovery: the paper's six medians lie between -23.5% and +2.2%
 LITTLE_RECOVERY = 0.25
@@ -284,7 +286,7 @@ def _prompt_format(s: dict[str, Any], label: str) -> Finding:
     measured = (f"D change on the base prompt {d['shared_change']:+.3f} [{d['shared_change_ci'][0]:+.3f}, "
                 f"{d['shared_change_ci'][1]:+.3f}] vs native {d.get('native_change', float('nan')):+.3f}")
     return Finding(PROMPT_CLAIM, PROMPT_PAPER, _scope(s, label), measured, share, None, int(s.get("n_questions") or 0),
-                   NOT_TESTABLE, "the share retained is a ratio of two paired changes with no interval of its own; "
+                   REPORTED, "the share retained is a ratio of two paired changes with no interval of its own; "
                                  "the changes and their intervals are shown")
 
 
@@ -345,4 +347,4 @@ def as_records(rows: Sequence[Finding]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["Finding", "findings", "as_records", "at_least", "at_most", "REPRODUCED", "NOT_REPRODUCED", "NOT_TESTABLE"]
+__all__ = ["Finding", "findings", "as_records", "at_least", "at_most", "REPRODUCED", "NOT_REPRODUCED", "NOT_TESTABLE", "REPORTED"]
