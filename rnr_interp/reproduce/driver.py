@@ -68,6 +68,7 @@ class Reproduction:
             entry.pop("traceback", None)  # an earlier invocation's failure no longer applies
         except KeyboardInterrupt:
             entry.update(status=FAILED, error="interrupted")
+            entry.pop("traceback", None)  # an earlier invocation's, not this stop's
             raise
         except Exception as exc:  # one part's failure must not cost the others
             entry.update(status=FAILED, error=f"{type(exc).__name__}: {exc}",
