@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, generate
+from rnr_interp.generate import Decoding, PromptStates, generate, prompt_states
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
@@ -46,11 +46,17 @@ class Row:
     probe: str  # a `ProbeLabel`, as text
 
 
-def generate_rows(lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run_id: str = "") -> list[dict[str, Any]]:
-    """Greedy generations of `rows` in one batched call, each row under its own set."""
+def generate_rows(
+    lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run_id: str = "",
+    states: Mapping[str, PromptStates] | None = None,
+) -> list[dict[str, Any]]:
+    """Greedy generations of `rows` in one batched call, each row under its own set.
+    states: question id -> its `prompt_states`, for each row's prefill to replay the
+    blocks before the first one its interventions touch."""
     gens = generate(
         lm, [prompt_ids(lm, task, r.question) for r in rows], n=1, decoding=decoding,
         interventions=[list(r.interventions) for r in rows], stop_strings=task.stop_strings,
+        reuse=[states[r.question.id] for r in rows] if states is not None else None,
     )
     common = {"run_id": run_id, "model": lm.spec, "task": task.name, "candidate": 0, "seed": 0}
     return [
@@ -61,19 +67,32 @@ def generate_rows(lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: De
 
 def run_rows(
     lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run: RunDir | None = None,
-    batch_size: int = 32, desc: str = "rows", progress: bool = False,
+    batch_size: int = 32, desc: str = "rows", progress: bool = False, reuse_prefix: bool = True,
 ) -> pd.DataFrame:
     """Records of `rows`: those already stored in `run` are read back, the rest are
-    generated in chunks of `batch_size` rows (written per chunk)."""
+    generated in chunks of `batch_size` rows (written per chunk). With `reuse_prefix`,
+    a row whose interventions sit in block p or later replays blocks 0..p-1 of its
+    prefill from its question's full-path prefill (`prompt_states`, one per question)
+    instead of recomputing them: the same generations, and a silencing sweep's prefill
+    about half the cost."""
     done = run.stored_groups() if run is not None else set()
     todo = [r for r in rows if (r.question.id, r.probe) not in done]
-    # Rows of one question are adjacent, so a chunk has little padding.
+    # Rows of one question are adjacent, so a chunk has little padding and needs few states.
     order = {q: i for i, q in enumerate(dict.fromkeys(r.question.id for r in todo))}
     todo.sort(key=lambda r: order[r.question.id])
     run_id = run.run_id if run is not None else ""
     produced: list[dict[str, Any]] = []
+    states: dict[str, PromptStates] = {}
     for chunk in tqdm(list(chunks(todo, batch_size)), desc=desc, unit="batch", disable=not progress):
-        recs = generate_rows(lm, task, chunk, decoding, run_id=run_id)
+        replay = reuse_prefix and any(min(layer for s in r.interventions for layer in s.layers()) > 0
+                                      for r in chunk if r.interventions)
+        if replay:
+            wanted = list({r.question.id: r.question for r in chunk}.values())
+            states = {q.id: states[q.id] for q in wanted if q.id in states}
+            missing = [q for q in wanted if q.id not in states]
+            if missing:
+                states.update(zip([q.id for q in missing], prompt_states(lm, [prompt_ids(lm, task, q) for q in missing])))
+        recs = generate_rows(lm, task, chunk, decoding, run_id=run_id, states=states if replay else None)
         if run is not None:
             run.write_question_batch(recs)
         produced.extend(recs)

@@ -20,6 +20,7 @@ whichever engine produced the generations.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -197,8 +198,9 @@ def _rebuffer(filled: Tensor, incoming: Tensor, length: int) -> Tensor:
 @dataclass
 class PromptStates:
     """The full path's prefill of one prompt, unpadded: the residual stream entering
-    each block and each block's keys/values. A route that starts with blocks 0..p-1
-    unchanged reuses the first p of them instead of recomputing its prefill there."""
+    each block and each block's keys/values. A row that runs blocks 0..p-1 unchanged (a
+    route that starts like the full path, an intervention in block p or later) reuses
+    the first p of them instead of recomputing its prefill there."""
 
     resid_pre: Float[Tensor, "layer_plus_1 pos d_model"]
     keys: list[Float[Tensor, "kv_heads pos d_head"]]
@@ -207,7 +209,8 @@ class PromptStates:
 
 @torch.inference_mode()
 def prompt_states(lm: LoadedModel, prompts: Sequence[Sequence[int]]) -> list[PromptStates]:
-    """One batched full-path prefill, kept per prompt for later routes to reuse."""
+    """One batched full-path prefill, kept per prompt for later routes and
+    interventions to reuse."""
     ids, mask = left_pad(prompts, lm.pad_id, lm.device)
     L = lm.n_layers
     # Entry l is the residual entering block l; entry L is the last block's output.
@@ -240,6 +243,41 @@ def _replay_args(states: Sequence[PromptStates], p: int, width: int):
     keys = [_padded([s.keys[l] for s in states], width) for l in range(p)]
     values = [_padded([s.values[l] for s in states], width) for l in range(p)]
     return resid, keys, values
+
+
+def _prefill(
+    lm: LoadedModel, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b t"], active: Active,
+    reuse: Sequence[PromptStates] | None,
+) -> tuple[Float[Tensor, "b v"], object]:
+    """The prompts' forward into a new cache: the last position's logits and the cache.
+    With `reuse`, rows go in groups of equal `Active.row_prefixes`, each group replaying
+    its leading unchanged blocks, and the groups' caches are joined in row order (a
+    batch silencing every layer recomputes, row by row, only the blocks from its own
+    silenced one on)."""
+    prefixes = active.row_prefixes() if reuse is not None else [0] * ids.shape[0]
+    groups: dict[int, list[int]] = {}
+    for row, p in enumerate(prefixes):
+        groups.setdefault(p, []).append(row)
+    parts = []
+    for p, rows in groups.items():
+        cache = new_cache()
+        index = torch.tensor(rows, device=ids.device)
+        with contextlib.ExitStack() as stack:
+            if len(groups) > 1:
+                stack.enter_context(active.restricted(rows))
+            if p:
+                stack.enter_context(replaying(lm, *_replay_args([reuse[r] for r in rows], p, ids.shape[1]), cache))
+            logits, cache = forward(lm, ids[index], mask[index], cache, last_only=True)
+        parts.append((rows, logits[:, -1].float(), cache))
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    order = torch.tensor([r for rows, _, _ in parts for r in rows]).argsort().to(ids.device)
+    joined = new_cache()
+    for i in range(len(parts[0][2].layers)):
+        keys = torch.cat([cache.layers[i].keys for _, _, cache in parts])[order]
+        values = torch.cat([cache.layers[i].values for _, _, cache in parts])[order]
+        joined.update(keys, values, i)
+    return torch.cat([last for _, last, _ in parts])[order], joined
 
 
 def _pick(
@@ -294,8 +332,10 @@ def generate(
     temperatures: one per column j < n (default: `decoding.temperature` for all);
     seeds: seeds[b][j] for prompt b, column j (needed when any temperature > 0);
     interventions: one set for all, or one set per prompt (shared by its n columns).
-    reuse: `prompt_states` of these prompts; with a shared `Route` that starts like the
-    full path, the prefill replays those leading blocks instead of recomputing them.
+    reuse: `prompt_states` of these prompts; each row's prefill replays the leading
+    blocks it runs unchanged (`Active.row_prefixes`: before its route departs from the
+    full path, or before the first block its interventions hook) instead of
+    recomputing them.
     Returns result[b][j].
     """
     B = len(prompts)
@@ -316,14 +356,10 @@ def generate(
 
     ids, mask = left_pad(prompts, lm.pad_id, device)
     with applied(lm, interventions, batch_size=B) as active:
-        cache = new_cache() if use_cache else None
-        p = active.replayable_prefix() if (reuse is not None and use_cache) else 0
-        if p:
-            with replaying(lm, *_replay_args(reuse, p, ids.shape[1]), cache):
-                logits, cache = forward(lm, ids, mask, cache, last_only=True)
+        if use_cache:
+            last, cache = _prefill(lm, ids, mask, active, reuse)
         else:
-            logits, cache = forward(lm, ids, mask, cache, last_only=True)
-        last = logits[:, -1].float()
+            last, cache = forward(lm, ids, mask, None, last_only=True)[0][:, -1].float(), None
         # Fan each prompt out to its n columns: rows b*n .. b*n+n-1 share prompt b.
         last = last.repeat_interleave(n, 0)
         mask = mask.repeat_interleave(n, 0)

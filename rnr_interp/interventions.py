@@ -325,16 +325,34 @@ class Active:
         the unchanged residual stream for the others."""
         return torch.where(self._slot_keep[slot].view(-1, 1, 1), after, before)
 
-    def replayable_prefix(self) -> int:
-        """Leading full-path blocks every row runs first, so a prefill may replay them
-        from stored states (0: nothing to reuse). Hooks would have to fire inside those
-        blocks, so any other intervention, on any row, disables reuse."""
-        if self.route is None or any(self.row_sets):
-            return 0
-        p = shared_prefix(self.route.path)
-        if self.row_slots is not None:
-            p = min([p, *(shared_prefix(slots) for slots in self.row_slots)])
-        return p if p < len(self.route.path) else 0
+    def row_prefixes(self) -> list[int]:
+        """Per row, the leading full-path blocks it runs unchanged before anything of
+        its own, so its prefill may replay them from stored states (0: nothing to reuse,
+        also for a row that changes nothing). Without a route: the blocks before the
+        first one the row's interventions name (a spec's hooks sit in the blocks its
+        `layers` names). With one: the blocks before the row's route departs from the
+        full path, and none where any row has another intervention, since hook masks and
+        route slots would have to agree inside the replayed blocks."""
+        if self.route is None:
+            return [min((layer for spec in specs for layer in spec.layers()), default=0) for specs in self.row_sets]
+        if any(self.row_sets):
+            return [0] * len(self.row_sets)
+        n = len(self.route.path)
+        slots = self.row_slots if self.row_slots is not None else [tuple(range(n))] * len(self.row_sets)
+        prefixes = [min(shared_prefix(self.route.path), shared_prefix(s)) for s in slots]
+        return [p if p < n else 0 for p in prefixes]
+
+    @contextlib.contextmanager
+    def restricted(self, rows: Sequence[int]) -> Iterator[None]:
+        """The batch is these rows only, for the body (a prefill run in groups)."""
+        saved = (self.row_sets, self.row_slots)
+        self.select(rows)
+        try:
+            yield
+        finally:
+            if not self.shared:
+                self.row_sets, self.row_slots = saved
+                self._rebuild()
 
     # Hook functions read the masks at call time, so select() needs no re-registration.
     def _mask(self, spec: Intervention, act: Tensor) -> Tensor:

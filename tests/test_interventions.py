@@ -134,6 +134,47 @@ def test_per_row_batched_equals_one_at_a_time(lm):
         assert torch.allclose(batched[r][m], single[0][m], atol=1e-5)
 
 
+def test_interventions_past_block_p_replay_blocks_before_it(lm, monkeypatch):
+    """A row whose interventions sit in block p or later replays blocks 0..p-1 of its
+    prefill from the stored full-path states (rows grouped by p); the generations are
+    those of running every block, and corrupting the stored residual shows the replay
+    is taken."""
+    import rnr_interp.generate as engine
+    from rnr_interp.generate import prompt_states
+
+    prompts = [lm.encode(lm.render(p)) for p in PROMPTS]
+    rows = [[Ablate("mlp", 2)], [Ablate("attn", 3), AblateUnits(2, (0, 5, 7))], [Ablate("layer", 2)], []]
+    vector = tuple(torch.linspace(-1, 1, lm.bridge.cfg.d_model).tolist())
+    rows[3] = [Steer(3, vector, 4.0, site="hook_resid_pre")]
+    prompts.append(prompts[0])
+    with torch.inference_mode(), applied(lm, rows) as active:
+        assert active.row_prefixes() == [2, 2, 2, 3]
+    dec = Decoding(max_new_tokens=8)
+    replayed = []
+    original = engine.replaying
+    monkeypatch.setattr(engine, "replaying", lambda lm_, resid, keys, *a: replayed.append(len(keys)) or original(lm_, resid, keys, *a))
+    states = prompt_states(lm, prompts[:2])  # made in another batch than the one that reuses them
+    states += prompt_states(lm, prompts[2:])
+    a = generate(lm, prompts, decoding=dec, interventions=rows, reuse=states)
+    b = generate(lm, prompts, decoding=dec, interventions=rows)
+    assert replayed == [2, 3]  # one prefill group per prefix
+    assert [r[0].tokens for r in a] == [r[0].tokens for r in b]
+    assert [r[0].logprob for r in a] == pytest.approx([r[0].logprob for r in b], abs=1e-4)
+    for state in states:
+        state.resid_pre = state.resid_pre * -3.0
+    c = generate(lm, prompts, decoding=dec, interventions=rows, reuse=states)
+    assert [r[0].logprob for r in c] != pytest.approx([r[0].logprob for r in b], abs=1e-4)
+
+
+def test_row_prefixes_are_the_blocks_before_a_row_changes_anything(lm):
+    cases = [([[Ablate("mlp", 2)], [], [AblateUnits(3, (1,))]], [2, 0, 3]), ([[Ablate("mlp", 2)], [Ablate("attn", 0)]], [2, 0]),
+             ([[Route((0, 1, 1, 2, 3))]] * 3, [2, 2, 2]), ([[Route((0, 1, 2, 3)), Ablate("mlp", 3)]] * 2, [0, 0]),
+             ([[Route((0, 1, 2, 3))]] * 2, [0, 0]), ([[Route((0, 1, 3))], [Route((0, 1, 2, 2, 3))], []], [2, 3, 3])]
+    for rows, prefixes in cases:
+        with torch.inference_mode(), applied(lm, rows) as active:
+            assert active.row_prefixes() == prefixes, rows
+
+
 def test_context_manager_restores_model_even_on_error(lm):
     base = logits_of(lm)
     with pytest.raises(RuntimeError, match="boom"):

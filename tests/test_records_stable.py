@@ -6,22 +6,26 @@ was before the analysis layers were restructured (commit 15fe5fa; recomputed wit
 `run_id` at e992296, whose records equal 15fe5fa's). `run_id` derives from the run
 config, which gains keys when a run records more about itself (prompt format, split);
 the records' values must not move. The repair run is decoded with the 8 new tokens that
-were then the multiple-choice default (every command now uses the task's own length). A
-change here means old and new records would disagree.
+were then the multiple-choice default (every command now uses the task's own length), and
+without the prefix reuse of `cohort.run_rows` (replayed blocks come from another batch's
+prefill, which moves log-probs in their last float32 bits; bounded below like the fused
+attention's). A change here means old and new records would disagree.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import pandas as pd
 import pytest
 
-from rnr_interp import fast_attention
+from rnr_interp import cohort, fast_attention
 from rnr_interp.audit import run_audit
 from rnr_interp.generate import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
+from rnr_interp import repair
 from rnr_interp.repair import run_repair
 from rnr_interp.sampling import Probe
 from rnr_interp.tasks import load_task
@@ -62,7 +66,14 @@ def audit_records(lm, folder) -> RunDir:
     return RunDir(folder)
 
 
-def repair_records(lm, folder) -> RunDir:
+def repair_records(lm, folder, reuse_prefix: bool = False) -> RunDir:
+    run_rows = functools.partial(cohort.run_rows, reuse_prefix=reuse_prefix)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(repair, "run_rows", run_rows)
+        return _repair_records(lm, folder)
+
+
+def _repair_records(lm, folder) -> RunDir:
     run_repair(lm, load_task("arithmetic_mc", n=6), folder, panel=3, layers=[0, 1], batch_size=4, progress=False,
                decoding=Decoding(max_new_tokens=8))
     return RunDir(folder)
@@ -83,3 +94,12 @@ def test_fused_attention_records_equal_eager_records(lm, records, tmp_path):
     fused = records(load_model("tiny-llama"), tmp_path / "fused").read_records()
     pd.testing.assert_frame_equal(fused.drop(columns=["logprob"]), eager.drop(columns=["logprob"]))
     assert (fused["logprob"] - eager["logprob"]).abs().max() < 1e-4
+
+
+def test_prefix_reuse_records_equal_full_prefill_records(lm, tmp_path):
+    """The repair run as it runs by default (blocks before the silenced one replayed):
+    every value equal, but log-probs, which agree to float32 rounding."""
+    full = repair_records(lm, tmp_path / "full").read_records()
+    reused = repair_records(lm, tmp_path / "reused", reuse_prefix=True).read_records()
+    pd.testing.assert_frame_equal(reused.drop(columns=["logprob", "run_id"]), full.drop(columns=["logprob", "run_id"]))
+    assert (reused["logprob"] - full["logprob"]).abs().max() < 1e-4

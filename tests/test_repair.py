@@ -17,11 +17,11 @@ from rnr_interp.models import build_tiny, load_model
 from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
-from rnr_interp.cohort import PANEL_CAP, Split, permutation_summary, rotated_probe, select_cohort
+from rnr_interp.cohort import PANEL_CAP, Row, Split, run_rows, permutation_summary, rotated_probe, select_cohort
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
 from rnr_interp.metrics import wilson_interval
-from rnr_interp.repair import COMPONENTS, controls_table, localisation_summary, run_repair, silencing_sweep
+from rnr_interp.repair import COMPONENTS, ablation_probe, controls_table, localisation_summary, run_repair, silencing_sweep
 from rnr_interp.sampling import deployed_decoding
 from rnr_interp.sampling import prompt_ids
 from rnr_interp.tasks import LETTERS, BoolQ, load_task, rotate_options
@@ -266,6 +266,32 @@ def test_sweep_rates_equal_separate_unbatched_runs(lm):
         assert row.damage_rate_heldout == pytest.approx(np.mean(damaged) if damaged else float("nan"), nan_ok=True)
         changed += row.repair_rate > 0 or row.damage_rate > 0
     assert changed, "no ablation changed any answer: the comparison would be vacuous"
+
+
+def test_sweep_rows_replaying_early_blocks_equal_rows_without(monkeypatch):
+    """run_rows replays, row by row, the blocks before the silenced one: the records are
+    those of running every block, and each batch replays once per first layer past 0."""
+    import rnr_interp.generate as engine
+
+    lm = load_model("tiny-llama:4")
+    task = parity_task(3)
+    decoding = deployed_decoding(task, max_new_tokens=6)
+    rows = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer))
+            for q in task.questions for layer in range(lm.n_layers) for c in COMPONENTS]
+    replayed = []
+    original = engine.replaying
+    monkeypatch.setattr(engine, "replaying", lambda lm_, resid, keys, *a: replayed.append(len(keys)) or original(lm_, resid, keys, *a))
+    plain = run_rows(lm, task, rows, decoding, batch_size=4, reuse_prefix=False)
+    assert replayed == []
+    reused = run_rows(lm, task, rows, decoding, batch_size=4)
+    # 12 rows per question by layer, in batches of 4: layers 0-1, 1-2, 2-3
+    assert replayed == [1, 1, 2, 2, 3] * len(task.questions)
+    key = ["question_id", "probe"]
+    a, b = (df.sort_values(key).reset_index(drop=True) for df in (reused, plain))
+    same = ["question_id", "probe", "text", "extracted", "correct", "n_tokens", "finish"]
+    pd.testing.assert_frame_equal(a[same], b[same])
+    assert np.allclose(a["logprob"], b["logprob"], atol=1e-4)
+    assert plain["text"].nunique() > len(task.questions), "no ablation changed a generation: vacuous"
 
 
 def test_mlp_sweep_adds_same_layer_controls_at_the_chosen_layer_only(tmp_path, lm):
