@@ -237,7 +237,11 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
     if layer is not None:
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
-        summary = RunDir(repair_run).read_summary()
+        source = RunDir(repair_run)
+        summary = source.read_summary()
+        if source.config.get("kind") != "repair" or "own_best" not in summary:
+            raise ValueError(f"{repair_run} is not a repair run (its config kind is {source.config.get('kind')!r}): "
+                             "pass the folder `rnr repair` wrote, or --layer")
         own_best = summary.get("own_best") or {}
         if component not in own_best:
             raise ValueError(f"repair run {repair_run} swept {component} only at its chosen MLP layer "

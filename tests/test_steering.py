@@ -268,17 +268,19 @@ def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path
     assert len(RunDir(tmp_path / "s").parts()) == parts  # resumed, nothing generated again
 
 
-@pytest.mark.parametrize("own_best, message", [
-    ({"mlp": None}, "swept attn only at its chosen MLP layer (--sweep mlp)"),
-    ({"mlp": None, "attn": None}, "found no attn block that repairs"),
+@pytest.mark.parametrize("kind, own_best, message", [
+    ("repair", {"mlp": None}, "swept attn only at its chosen MLP layer (--sweep mlp)"),
+    ("repair", {"mlp": None, "attn": None}, "found no attn block that repairs"),
+    ("steer", None, "is not a repair run (its config kind is 'steer')"),
 ])
-def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, own_best, message):
+def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best, message):
     """A repair run swept with --sweep mlp never had an attention block of its own to
-    choose: that is not the same as 'nothing repaired', and the error says which."""
+    choose: that is not the same as 'nothing repaired', and the error says which; a
+    folder of another kind is named as such."""
     from rnr_interp.steering import choose_block
 
-    run = RunDir.create(tmp_path / "repair", {"kind": "repair"})
-    run.write_summary({"kind": "repair", "sweep": "mlp", "own_best": own_best})
+    run = RunDir.create(tmp_path / "repair", {"kind": kind})
+    run.write_summary({"kind": kind, "sweep": "mlp", **({"own_best": own_best} if own_best is not None else {})})
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         choose_block(None, None, None, None, layer=None, component="attn", repair_run=tmp_path / "repair",
                      decoding=None, batch_size=1, progress=False)
