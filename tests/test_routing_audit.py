@@ -213,6 +213,30 @@ def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
         assert [[g.tokens for g in r] for r in a] == [[g.tokens for g in r] for r in b]
 
 
+def test_rows_with_their_own_routes_replay_their_own_prefixes(monkeypatch):
+    """Rows with different routes in one batch: each replays the blocks before its own
+    route departs from the full path (rows grouped by that prefix, caches joined), and
+    generates what it generates without any reuse."""
+    import rnr_interp.generate as engine
+    from rnr_interp.generate import generate, prompt_states
+    from rnr_interp.interventions import Route
+
+    lm = load_model("tiny-llama:6")
+    prompts = [lm.encode(lm.render(p)) for p in ["hello 12+3", "what is 7*8 exactly?", "a", "b c"]]
+    routes = [[Route((0, 1, 2, 2, 3, 4, 5))], [Route((0, 1, 3, 4, 5))], [Route((0, 1, 2, 3, 4, 4, 5))], []]
+    replayed = []
+    original = engine.replaying
+    monkeypatch.setattr(engine, "replaying", lambda lm_, resid, keys, *a: replayed.append(len(keys)) or original(lm_, resid, keys, *a))
+    dec = Decoding(temperature=1.0, max_new_tokens=8)
+    seeds = [[b * 10 + j for j in range(2)] for b in range(len(prompts))]
+    a = generate(lm, prompts, n=2, decoding=dec, seeds=seeds, interventions=routes, reuse=prompt_states(lm, prompts))
+    # The schedule (0 1 2 2 3 4 4 5) departs from the full path at its position 3, so no
+    # row replays more than 3; the route that skips block 2 replays 2.
+    assert sorted(replayed) == [2, 3]
+    b = generate(lm, prompts, n=2, decoding=dec, seeds=seeds, interventions=routes)
+    assert [[g.tokens for g in r] for r in a] == [[g.tokens for g in r] for r in b]
+
+
 def test_prefix_reuse_really_replays_the_stored_states():
     """Corrupting the stored residual changes the output: the replay path is taken."""
     from rnr_interp.generate import generate, prompt_states
