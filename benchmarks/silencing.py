@@ -19,8 +19,8 @@ silenced one).
 
     python benchmarks/silencing.py [--questions 2] [--reps 3] [--batch-size 32]
 
-`--batch-size 96` holds one question's whole sweep (90 rows) in a batch: fewer decoding
-steps, each over more rows.
+A fourth line runs the sweep with one question's whole sweep (90 rows) per batch: fewer
+decoding steps, each over more rows.
 
 Target: ratio <= 3.
 """
@@ -83,7 +83,11 @@ def main():
           f"(largest log-prob difference {float((reused['logprob'] - plain['logprob']).abs().max()):.1e})")
     positions = lambda recs: sum(prompt_len[q] + n for q, n in zip(recs["question_id"], recs["n_tokens"]))  # noqa: E731
     print(f"token positions forwarded: sweep / unablated = {positions(plain) / positions(base_records):.1f}")
-    runs = {"unablated": unablated, "sweep": sweep, "sweep_without_reuse": sweep_without_reuse}
+    def sweep_question_per_batch():
+        return silencing_sweep(lm, task, failure, panel, decoding=decoding, batch_size=n_rows)
+
+    wide = f"sweep_batch_{n_rows}"
+    runs = {"unablated": unablated, "sweep": sweep, "sweep_without_reuse": sweep_without_reuse, wide: sweep_question_per_batch}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(args.reps):
         for name, run in runs.items():
@@ -92,8 +96,9 @@ def main():
             times[name].append(time.perf_counter() - start)
         print(f"round {rep + 1}: " + ", ".join(f"{name} {t[-1]:.2f} s" for name, t in times.items()))
     print(f"unablated_pass: {statistics.median(times['unablated']):.2f} s; silencing_sweep ({n_rows} rows/question): "
-          f"{statistics.median(times['sweep']):.2f} s; without prefix reuse {statistics.median(times['sweep_without_reuse']):.2f} s")
-    for name in ("sweep", "sweep_without_reuse"):
+          f"{statistics.median(times['sweep']):.2f} s; without prefix reuse {statistics.median(times['sweep_without_reuse']):.2f} s; "
+          f"{n_rows} rows per batch {statistics.median(times[wide]):.2f} s")
+    for name in ("sweep", "sweep_without_reuse", wide):
         ratios = [t / b for t, b in zip(times[name], times["unablated"])]
         print(f"{name}_vs_unablated: {statistics.median(ratios):.1f} [{min(ratios):.1f}-{max(ratios):.1f}]"
               + (" (target <= 3)" if name == "sweep" else ""))
