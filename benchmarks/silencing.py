@@ -7,9 +7,10 @@ the same questions' deployed generation through the same code (`cohort.run_rows`
 no intervention). The sweep runs as `run_rows` does by default, each row replaying the
 blocks before its silenced one from its question's unablated prefill, and also
 without that reuse (every row's prefill through every block), to show what the reuse
-buys and that both give the same generations. All three run interleaved, `--reps`
-times each; each ratio is the median of the per-round ratios against the unablated
-pass, with min-max.
+buys and that both give the same generations, and with one question's whole sweep
+(90 rows) per batch: fewer decoding steps, each over more rows. All four run
+interleaved, `--reps` times each; each ratio is the median of the per-round ratios
+against the unablated pass, with min-max.
 
 Also printed: the ratio of token positions each side pushes through the model (prompt
 plus generated tokens, summed over rows, every block counted). Where the machine is
@@ -18,9 +19,6 @@ replayed blocks save (about half of the prefill: row by row, the blocks before t
 silenced one).
 
     python benchmarks/silencing.py [--questions 2] [--reps 3] [--batch-size 32]
-
-A fourth line runs the sweep with one question's whole sweep (90 rows) per batch: fewer
-decoding steps, each over more rows.
 
 Target: ratio <= 3.
 """
@@ -73,6 +71,9 @@ def main():
     def sweep_without_reuse():
         return run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=False)
 
+    def sweep_question_per_batch():
+        return silencing_sweep(lm, task, failure, panel, decoding=decoding, batch_size=n_rows)
+
     prompt_len = {q.id: len(prompt_ids(lm, task, q)) for q in questions}
     base_records = unablated()  # also the warm-up
     key = ["question_id", "probe"]
@@ -83,9 +84,6 @@ def main():
           f"(largest log-prob difference {float((reused['logprob'] - plain['logprob']).abs().max()):.1e})")
     positions = lambda recs: sum(prompt_len[q] + n for q, n in zip(recs["question_id"], recs["n_tokens"]))  # noqa: E731
     print(f"token positions forwarded: sweep / unablated = {positions(plain) / positions(base_records):.1f}")
-    def sweep_question_per_batch():
-        return silencing_sweep(lm, task, failure, panel, decoding=decoding, batch_size=n_rows)
-
     wide = f"sweep_batch_{n_rows}"
     runs = {"unablated": unablated, "sweep": sweep, "sweep_without_reuse": sweep_without_reuse, wide: sweep_question_per_batch}
     times: dict[str, list[float]] = {name: [] for name in runs}

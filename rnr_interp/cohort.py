@@ -26,7 +26,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from rnr_interp.generate import Decoding, PromptStates, generate, prompt_states
-from rnr_interp.interventions import Intervention, set_id
+from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.recognition import READOUTS, gold_first, recognize
@@ -84,8 +84,8 @@ def run_rows(
     produced: list[dict[str, Any]] = []
     states: dict[str, PromptStates] = {}
     for chunk in tqdm(list(chunks(todo, batch_size)), desc=desc, unit="batch", disable=not progress):
-        replay = reuse_prefix and any(min(layer for s in r.interventions for layer in s.layers()) > 0
-                                      for r in chunk if r.interventions)
+        # A first layer of 0, or none, leaves a row nothing to replay.
+        replay = reuse_prefix and any(first_layer(r.interventions) for r in chunk)
         if replay:
             wanted = list({r.question.id: r.question for r in chunk}.values())
             states = {q.id: states[q.id] for q in wanted if q.id in states}

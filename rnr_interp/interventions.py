@@ -201,6 +201,12 @@ class Route:
         return []
 
 
+def first_layer(specs: Sequence["Intervention"]) -> int | None:
+    """The first block a set of specs touches (a spec's hooks sit in the blocks its
+    `layers` names); None for an empty set."""
+    return min((layer for spec in specs for layer in spec.layers()), default=None)
+
+
 def shared_prefix(path: Sequence[int]) -> int:
     """How many leading blocks a route runs exactly as the full path does."""
     p = 0
@@ -329,12 +335,12 @@ class Active:
         """Per row, the leading full-path blocks it runs unchanged before anything of
         its own, so its prefill may replay them from stored states (0: nothing to reuse,
         also for a row that changes nothing). Without a route: the blocks before the
-        first one the row's interventions name (a spec's hooks sit in the blocks its
-        `layers` names). With one: the blocks before the row's route departs from the
-        full path, and none where any row has another intervention, since hook masks and
-        route slots would have to agree inside the replayed blocks."""
+        first one the row's interventions touch (`first_layer`). With one: the blocks
+        before the row's route departs from the full path, and none where any row has
+        another intervention, since hook masks and route slots would have to agree
+        inside the replayed blocks."""
         if self.route is None:
-            return [min((layer for spec in specs for layer in spec.layers()), default=0) for specs in self.row_sets]
+            return [first_layer(specs) or 0 for specs in self.row_sets]
         if any(self.row_sets):
             return [0] * len(self.row_sets)
         n = len(self.route.path)

@@ -239,9 +239,12 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
     if repair_run is not None:
         source = RunDir(repair_run)
         summary = source.read_summary()
-        if source.config.get("kind") != "repair" or "own_best" not in summary:
+        if source.config.get("kind") != "repair":
             raise ValueError(f"{repair_run} is not a repair run (its config kind is {source.config.get('kind')!r}): "
                              "pass the folder `rnr repair` wrote, or --layer")
+        if "own_best" not in summary:
+            raise ValueError(f"repair run {repair_run} has no chosen blocks in its summary (written by an older "
+                             "version): rerun `rnr repair` on it, or pass --layer")
         own_best = summary.get("own_best") or {}
         if component not in own_best:
             raise ValueError(f"repair run {repair_run} swept {component} only at its chosen MLP layer "

@@ -272,6 +272,7 @@ def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path
     ("repair", {"mlp": None}, "swept attn only at its chosen MLP layer (--sweep mlp)"),
     ("repair", {"mlp": None, "attn": None}, "found no attn block that repairs"),
     ("steer", None, "is not a repair run (its config kind is 'steer')"),
+    ("repair", None, "has no chosen blocks in its summary"),
 ])
 def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best, message):
     """A repair run swept with --sweep mlp never had an attention block of its own to
