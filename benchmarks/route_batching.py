@@ -1,18 +1,26 @@
-"""The routing audit's route evaluations: rows on different routes in one batch (a
-shared schedule, `interventions.route_schedule`) against the batching it replaced.
+"""The routing audit's searches, run the way the audit runs them against the way they
+ran before: every search of a chunk of questions in one lockstep, against one lockstep
+per search (a method in a space, one after another).
 
-- before: skip-only routes mixed per row by layer ablation (every row runs all L blocks,
-  no prefill replay); any route with a repeat in a batch of its own (one question per
-  batch when the searches ask one route per question, as MCTS does every round);
-- now: `RouteEvaluator` as the audit runs it.
+One lockstep per search fills a round with at most one or a few routes per question
+(MCTS and hill climbing ask one route at a time), so batches hold as many rows as the
+chunk has questions, and fewer as rows finish; on a CPU a batch of few rows spends most
+of each decoding step reading weights. One lockstep for all searches gathers every
+(search, question)'s waiting routes into each round, so batches can fill up to
+`--rows`.
 
-Both run the same searches (random, MCTS, hill climbing, genetic at budget K, gold
-reward) over the same questions in one route space; their generations are checked to be
-identical. The two run interleaved, before now before now ..., `--reps` times each.
-Printed: median seconds of each, forwards (batches) each took, and the median of the
-per-round ratios before/now with their min-max.
+Lines (`--lines`, each `MODE:ROWS`, a fresh `RouteEvaluator` each, so no line reuses
+another's generations): MODE `per-search` (one lockstep per search) or `joint` (one for
+all), ROWS the most rows a batch holds. The default compares the audit before (one
+lockstep per search, batches bounded by the chunk's 10 questions) with the lockstep
+alone, and with the lockstep and the audit's rows per batch now (`ROUTE_ROWS`).
+They run interleaved, `--reps` rounds. Printed: median seconds per line, the batches
+each took, the median of the per-round ratios against the first line with min-max, and
+how many route generations differ from the first line's (rows batched differently may
+differ in a near-tie of greedy decoding; expected 0 or close).
 
-    python benchmarks/route_batching.py [--model smollm2] [--task arithmetic] [--n 8] [--k 8] [--space native] [--reps 3]
+    python benchmarks/route_batching.py [--model smollm2] [--task arithmetic] [--n 10] [--k 8] [--space skiponly]
+        [--lines per-search:10,joint:10,joint:32] [--reps 3]
 """
 
 from __future__ import annotations
@@ -21,85 +29,71 @@ import argparse
 import statistics
 import time
 
-from rnr_interp.generate import Decoding, generate
-from rnr_interp.interventions import Ablate, Route, set_id
+from rnr_interp.generate import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.routing.audit import RouteEvaluator, run_searches
+from rnr_interp.records import ProbeLabel
+from rnr_interp.routing.audit import ROUTE_ROWS, SEARCH_SELECTORS, RouteEvaluator, Search, blind_reward, run_searches
 from rnr_interp.routing.spaces import make_space
-from rnr_interp.sampling import candidate_row, prompt_ids
 from rnr_interp.tasks import load_task
-
-
-class Before(RouteEvaluator):
-    """The evaluator's batching before rows on different routes shared a batch."""
-
-    def __call__(self, requests):
-        todo: dict[tuple[int, ...], list[str]] = {}
-        for qid, route in requests:
-            if (qid, route) not in self.cache and qid not in todo.setdefault(route, []):
-                todo[route].append(qid)
-        skips = [(q, r) for r, qs in todo.items() if all(a < b for a, b in zip(r, r[1:])) for q in qs]
-        for start in range(0, len(skips), self.batch_size):
-            part = skips[start:start + self.batch_size]
-            rows = [[Ablate("layer", layer) for layer in range(self.lm.n_layers) if layer not in set(r)] for _, r in part]
-            self._run([q for q, _ in part], [r for _, r in part], rows, reuse=False)
-        for route, qids in todo.items():
-            if any(a >= b for a, b in zip(route, route[1:])):
-                for start in range(0, len(qids), self.batch_size):
-                    chunk = qids[start:start + self.batch_size]
-                    self._run(chunk, [route] * len(chunk), [Route(route)], reuse=True)
-        return [self.cache[req] for req in requests]
-
-    def _run(self, qids, routes, interventions, reuse):
-        chunk = [self.by_id[q] for q in qids]
-        gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                        interventions=interventions, stop_strings=self.task.stop_strings,
-                        reuse=self._states(chunk) if reuse else None)
-        self.n_batches += 1
-        for q, route, [g] in zip(chunk, routes, gens):
-            self.cache[(q.id, route)] = candidate_row(self.task, q, g, intervention=set_id([Route(route)]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--task", default="arithmetic")
-    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--data", default=None, help="data file of a file-backed task")
+    ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--space", default="native")
+    ap.add_argument("--space", action="append", help="route space (repeatable; default skiponly)")
     ap.add_argument("--min-len", type=int, default=27)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lines", default=f"per-search:10,joint:10,joint:{ROUTE_ROWS}")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
 
     lm = load_model(args.model)
-    task = load_task(args.task, n=args.n)
-    space = make_space(args.space, lm.n_layers, min_len=min(args.min_len, lm.n_layers))
+    task = load_task(args.task, args.data, n=args.n)
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
+    gold = lambda q, row: float(row["correct"])  # noqa: E731 - the oracle reward
+    searches = {}
+    for name in args.space or ["skiponly"]:
+        space = make_space(name, lm.n_layers, min_len=min(args.min_len, lm.n_layers))
+        for m in ("random", "mcts", "hill_climb", "genetic"):
+            searches[str(ProbeLabel.route(name, m))] = Search(space, m, gold)
+        for label, m in SEARCH_SELECTORS.items():
+            searches[str(ProbeLabel.route(name, label))] = Search(space, m, blind_reward)
 
-    def run(kind: type[RouteEvaluator]) -> tuple[float, int, list[str]]:
-        ev = kind(lm, task, decoding, args.batch_size)
+    def run(joint: bool, rows: int) -> tuple[float, int, list[str]]:
+        ev = RouteEvaluator(lm, task, decoding, rows)
         start = time.perf_counter()
-        texts = []
-        for method in ("random", "mcts", "hill_climb", "genetic"):
-            found = run_searches(ev, task.questions, space, method, args.k, 0, lambda q, row: float(row["correct"]))
-            texts += [row["text"] for pairs in found.values() for _, row in pairs]
+        if joint:
+            found = run_searches(ev, task.questions, searches, args.k, 0)
+        else:
+            found = {label: run_searches(ev, task.questions, {label: s}, args.k, 0)[label] for label, s in searches.items()}
+        texts = [row["text"] for label in searches for pairs in found[label].values() for _, row in pairs]
         return time.perf_counter() - start, ev.n_batches, texts
 
-    seconds: dict[str, list[float]] = {"before": [], "now": []}
+    lines = {}
+    for spec in args.lines.split(","):
+        mode, rows = spec.split(":")
+        if mode not in ("per-search", "joint"):
+            raise SystemExit(f"line {spec!r}: the mode is per-search or joint")
+        lines[spec] = (mode == "joint", int(rows))
+    seconds: dict[str, list[float]] = {line: [] for line in lines}
     batches: dict[str, int] = {}
+    texts: dict[str, list[str]] = {}
     for _ in range(args.reps):
-        (b, batches["before"], before), (n, batches["now"], now) = run(Before), run(RouteEvaluator)
-        if before != now:
-            diff = sum(x != y for x, y in zip(before, now))
-            raise SystemExit(f"the two batchings generated different text for {diff} of {len(now)} evaluations")
-        seconds["before"].append(b)
-        seconds["now"].append(n)
-    ratios = [b / n for b, n in zip(seconds["before"], seconds["now"])]
-    print(f"{args.model}, {args.task} n={args.n}, {args.space} K={args.k}: {len(now)} route evaluations, identical text")
-    for kind in seconds:
-        print(f"  {kind:<7} median {statistics.median(seconds[kind]):7.1f} s  ({batches[kind]} forwards)")
-    print(f"  before/now: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f}), {args.reps} interleaved rounds")
+        for line, (joint, rows) in lines.items():
+            s, batches[line], texts[line] = run(joint, rows)
+            seconds[line].append(s)
+    ref = next(iter(lines))
+    print(f"{args.model}, {args.task} n={args.n}, {', '.join(args.space or ['skiponly'])}, {len(searches)} searches "
+          f"at K={args.k}: {len(texts[ref])} route evaluations, {args.reps} interleaved rounds")
+    for line in lines:
+        ratios = [r / s for r, s in zip(seconds[ref], seconds[line])]
+        differ = sum(a != b for a, b in zip(texts[ref], texts[line]))
+        print(f"  {line:<15} median {statistics.median(seconds[line]):7.1f} s  ({batches[line]} batches)  "
+              f"{ref}/this {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]  "
+              f"{differ} generations differ from {ref}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from rnr_interp.routing.audit import (
     SEARCH_SELECTORS,
     RouteConfig,
     RouteEvaluator,
+    Search,
     _selector_picks,
     blind_reward,
     run_route_audit,
@@ -126,16 +127,46 @@ def test_search_selectors_pick_their_best_route_against_the_majority():
     space, k = make_space("native", 8), 24
     q = SimpleNamespace(id="q")
     fake = FakeRoutes()
-    rand = run_searches(fake, [q], space, "random", k, 0, blind_reward)["q"]
+    rand = run_searches(fake, [q], {"random": Search(space, "random", blind_reward)}, k, 0)["random"]["q"]
     table = pd.DataFrame([row for _, row in rand])
     assert table.extracted.iloc[select(table, "majority")] == "A"
     for name, method in SEARCH_SELECTORS.items():
         before = fake.n_evaluated
-        found = run_searches(fake, [q], space, method, k, 0, blind_reward)["q"]
+        found = run_searches(fake, [q], {name: Search(space, method, blind_reward)}, k, 0)[name]["q"]
         assert len(found) == len({r for r, _ in found}) == k, name  # exactly K distinct route evaluations
         assert fake.n_evaluated - before <= k  # routes another method tried cost nothing again
         pick = pd.DataFrame([row for _, row in found])
         assert pick.extracted.iloc[select(pick, "confidence")] == "B", name
+
+
+def test_one_lockstep_serves_every_search_in_each_round():
+    """All searches of a chunk wait on one lockstep: each round's batch holds routes of
+    every search still running, so the rounds are those of the longest search, not
+    their sum, and each search finds what it finds when run alone."""
+    from types import SimpleNamespace
+
+    class Rounds(FakeRoutes):
+        def __init__(self):
+            super().__init__()
+            self.rounds = 0
+
+        def __call__(self, requests):
+            self.rounds += 1
+            return super().__call__(requests)
+
+    space, k = make_space("native", 8), 12
+    questions = [SimpleNamespace(id="q"), SimpleNamespace(id="p")]
+    searches = {m: Search(space, m, blind_reward) for m in ("random", "mcts", "hill_climb", "genetic")}
+    joint = Rounds()
+    together = run_searches(joint, questions, searches, k, 0)
+    rounds = {}
+    for label, search in searches.items():
+        alone = Rounds()
+        found = run_searches(alone, questions, {label: search}, k, 0)[label]
+        rounds[label] = alone.rounds
+        for q in questions:
+            assert [r for r, _ in found[q.id]] == [r for r, _ in together[label][q.id]], label
+    assert joint.rounds == max(rounds.values()) < sum(rounds.values())
 
 
 def test_selector_picks_grade_abstentions_wrong():
@@ -149,16 +180,18 @@ def test_selector_picks_grade_abstentions_wrong():
     assert all(not v.any() for v in picks.values())
 
 
-def test_lockstep_batching_equals_one_question_at_a_time():
+def test_searches_in_one_lockstep_equal_each_search_on_one_question_alone():
     lm = load_model("tiny-llama:6")
     task = load_task("arithmetic", n=4)
     space = make_space("native", lm.n_layers)
     gold = lambda q, row: float(row["correct"] or row["extracted"] is not None)  # a reward with some signal
-    together = run_searches(RouteEvaluator(lm, task, Decoding(max_new_tokens=8)), task.questions, space, "mcts", 5, 0, gold)
+    searches = {m: Search(space, m, gold) for m in ("mcts", "hill_climb")}
+    together = run_searches(RouteEvaluator(lm, task, Decoding(max_new_tokens=8)), task.questions, searches, 5, 0)
     for q in task.questions:
-        alone = run_searches(RouteEvaluator(lm, task, Decoding(max_new_tokens=8)), [q], space, "mcts", 5, 0, gold)
-        assert [r for r, _ in alone[q.id]] == [r for r, _ in together[q.id]]
-        assert [row["text"] for _, row in alone[q.id]] == [row["text"] for _, row in together[q.id]]
+        for label, search in searches.items():
+            alone = run_searches(RouteEvaluator(lm, task, Decoding(max_new_tokens=8)), [q], {label: search}, 5, 0)[label]
+            assert [r for r, _ in alone[q.id]] == [r for r, _ in together[label][q.id]]
+            assert [row["text"] for _, row in alone[q.id]] == [row["text"] for _, row in together[label][q.id]]
 
 
 def test_lockstep_surfaces_search_errors():

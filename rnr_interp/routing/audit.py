@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,11 @@ CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_veri
 SEARCH_SELECTORS = {f"{m}_blind": m for m in STRUCTURED}
 SIX_SELECTORS = ("majority", "confidence", "self_verification", *SEARCH_SELECTORS)
 VOTES = {"majority": False, "weighted_majority": True}  # deployable lines: confidence-weighted?
+#: rows (question, route) per batched generation in the audit, whatever its questions per
+#: chunk: a batch takes rows from every search of the chunk (`run_searches`), and on a CPU
+#: a decoding step of few rows spends most of its time reading weights
+#: (benchmarks/route_batching.py; README, routing). A cost knob: results do not depend on it.
+ROUTE_ROWS = 64
 VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
@@ -68,6 +73,8 @@ class RouteConfig:
     temperature: float = 1.0
     seed: int = 0
     collapse: float = 0.5
+    #: questions per chunk: the lockstep's unit, and what a stopped run keeps (a batch
+    #: holds max(batch_size, ROUTE_ROWS) rows, from every search of the chunk)
     batch_size: int = 16
     reuse_prefix: bool = True
     #: route length bounds (None: the space's defaults, L -/+ L//3)
@@ -169,25 +176,43 @@ class RouteEvaluator:
             yield group
 
 
-def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], space, method: str, budget: int,
-                 seed: int, reward_of) -> dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]:
-    """One search per question, in lockstep. `reward_of(question, row) -> float`.
-    Returns, per question id, the evaluated (route, row) pairs in evaluation order."""
-    search = SEARCHES[method]
+@dataclass(frozen=True)
+class Search:
+    """One search to run on every question: its route space, its method and the reward
+    it maximises, `reward(question, row) -> float`."""
+
+    space: Any
+    method: str
+    reward: Callable[[Question, dict[str, Any]], float]
+
+
+def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searches: dict[str, Search], budget: int,
+                 seed: int) -> dict[str, dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]]:
+    """Every search on every question, all in one lockstep: each round gathers the
+    routes every (search, question) pair waits on, so the evaluator's batches fill with
+    rows from all of them (on a CPU a batch of few rows wastes most of each weight read)
+    and a route two searches ask for is generated once. A search's evaluations depend
+    on its own rewards only, so running them together changes no result.
+    Returns, per search label and question id, the evaluated (route, row) pairs in
+    evaluation order."""
     lockstep = Lockstep(evaluator)
 
-    def job(q: Question):
+    def job(q: Question, s: Search):
         evaluate = lockstep.evaluate_for(q.id)
 
         def score(routes):
-            return [reward_of(q, row) for row in evaluate(routes)]
+            return [s.reward(q, row) for row in evaluate(routes)]
 
-        # Random search shares one seed across questions (same routes, full batching);
-        # adaptive searches get the same seed too, so runs are reproducible.
-        return search(space, score, budget, np.random.default_rng(seed))
+        # Every search of a method shares one seed across questions (random search asks
+        # every question for the same routes, which batch fully); runs are reproducible.
+        return SEARCHES[s.method](s.space, score, budget, np.random.default_rng(seed))
 
-    results = lockstep.run([lambda q=q: job(q) for q in questions])
-    return {q.id: [(route, evaluator.cache[(q.id, route)]) for route, _ in res.evaluated] for q, res in zip(questions, results)}
+    pairs = [(label, s, q) for label, s in searches.items() for q in questions]
+    results = lockstep.run([lambda s=s, q=q: job(q, s) for _, s, q in pairs])
+    out: dict[str, dict[str, list]] = {label: {} for label in searches}
+    for (label, _, q), res in zip(pairs, results):
+        out[label][q.id] = [(route, evaluator.cache[(q.id, route)]) for route, _ in res.evaluated]
+    return out
 
 
 @torch.inference_mode()
@@ -222,7 +247,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
     questions = [q for q in task.questions if q.id not in done]
-    evaluator = RouteEvaluator(lm, task, decoding, cfg.batch_size, cfg.reuse_prefix)
+    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, ROUTE_ROWS), cfg.reuse_prefix)
     gold = lambda q, row: float(row["correct"])  # noqa: E731 - the oracle reward
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
@@ -230,13 +255,16 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         chunk = questions[start:start + cfg.batch_size]
         rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
+        searches = {}
         for space_name in cfg.spaces:
             space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
-            runs = [(m, m, gold) for m in dict.fromkeys(("random", *cfg.methods))]
-            runs += [(name, m, blind_reward) for name, m in SEARCH_SELECTORS.items()]
-            for name, method, reward in runs:
-                for pairs in run_searches(evaluator, chunk, space, method, cfg.budget, cfg.seed, reward).values():
-                    rows += _rows(pairs, str(ProbeLabel.route(space_name, name)), common)
+            for m in dict.fromkeys(("random", *cfg.methods)):
+                searches[str(ProbeLabel.route(space_name, m))] = Search(space, m, gold)
+            for name, m in SEARCH_SELECTORS.items():
+                searches[str(ProbeLabel.route(space_name, name))] = Search(space, m, blind_reward)
+        for label, per_question in run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed).items():
+            for pairs in per_question.values():
+                rows += _rows(pairs, label, common)
         run.write_question_batch(rows)
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
