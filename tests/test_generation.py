@@ -54,6 +54,30 @@ def test_samples_reproducible_from_seed_and_independent_of_batch():
     assert [[g.tokens for g in r] for r in other] != [[g.tokens for g in r] for r in a]
 
 
+def test_rows_finishing_one_by_one_equal_each_row_alone():
+    """Finished rows stay in the batch until they are `COMPACT_SHARE` of it, then leave
+    together: every row still generates what it generates alone, up to the same stop."""
+    import dataclasses
+
+    lm = load_model("tiny-llama")
+    prompts = [lm.encode(lm.render(q)) for q in QUESTIONS]
+    dec = Decoding(temperature=1.0, max_new_tokens=16)
+    seeds = [[100 * b + j for j in range(5)] for b in range(4)]
+    free = generate(lm, prompts, n=5, decoding=dec, seeds=seeds)
+    # Stop tokens the rows draw at different steps, so 20 rows finish one by one.
+    stops = {g.tokens[(3 * i) % len(g.tokens)] for i, g in enumerate(g for row in free for g in row) if g.tokens}
+    lm = dataclasses.replace(lm, stop_token_ids=tuple(sorted(stops)))
+    batched = generate(lm, prompts, n=5, decoding=dec, seeds=seeds)
+    lengths = {g.n_tokens for row in batched for g in row}
+    assert len(lengths) > 4 and max(lengths) > min(lengths) + 4  # rows end at many different steps
+    for b, prompt in enumerate(prompts):
+        for j in range(5):
+            [[alone]] = generate(lm, [prompt], n=1, decoding=dec, seeds=[[seeds[b][j]]])
+            got = batched[b][j]
+            assert (got.tokens, got.finish) == (alone.tokens, alone.finish), (b, j)
+            assert abs(got.logprob - alone.logprob) < 1e-4
+
+
 def test_shared_prefill_matches_separate_prefill():
     """Same seed path: K samples fanned out from one prefill equal K single-sample
     runs that each prefill the prompt themselves."""
