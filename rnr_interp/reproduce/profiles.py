@@ -102,9 +102,9 @@ SMOKE = Profile(
 DEMO = Profile(
     name="demo", model="smollm2",
     audit_tasks=PAPER_TASKS, audit_n=40, k=32,
-    # issue 12's cells less GSM8K: its 256-token answers make each route generation about
-    # 8x an ARC-Challenge one, hours per cell on this CPU (the full profile has it)
-    route_tasks=("arithmetic", "arc_challenge"), route_n=40, route_k=32, route_batch_size=10,
+    # issue 12's cells; GSM8K last: its 256-token answers make each route generation about
+    # 8x an ARC-Challenge one (README: about 5 h for its 40 questions on this CPU)
+    route_tasks=("arithmetic", "arc_challenge", "gsm8k"), route_n=40, route_k=32, route_batch_size=10,
     # routes of at least 27 of 30 blocks: unbounded random native/polar routes break
     # SmolLM2's answer format (README, routing), which would exclude every cell
     route_min_len=27,
@@ -114,9 +114,10 @@ DEMO = Profile(
     why={
         "1_audit": "40 questions per task: the gap's 95% interval is about +-0.15 there; +-0.1 needs about 100 "
                    "(half-width 1.96*sqrt(g(1-g)/n) at a gap g near 0.3-0.5), 2.5x this part's cost",
-        "2_routing": "arithmetic and ARC-Challenge, 40 questions per cell as issue 12 asks (GSM8K is in the full "
-                     "profile): each question costs 3 spaces x 7 searches x K=32 route generations, the most "
-                     "expensive part on a CPU; chunks of 10 questions, so a stopped run keeps what it did",
+        "2_routing": "arithmetic, ARC-Challenge and GSM8K, 40 questions per cell as issue 12 asks: each question "
+                     "costs 3 spaces x 7 searches x K=32 route generations, the most expensive part on a CPU "
+                     "(GSM8K's the most: 256-token answers); chunks of 10 questions, so a stopped run keeps "
+                     "what it did",
         "3_temperature": "40 questions, K=8 (the paper's plain-sampling selection gap uses 8 samples)",
         "4_localisation": "64 questions per MC cell for the screen; localisation then runs on the cells that pass",
         "5_checkpoints": "the experiments/ recipes at their defaults (10 steps, 64 held-out questions, K=16)",
