@@ -43,7 +43,7 @@ from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import search_reward, select
-from rnr_interp.routing.spaces import SPACES, make_space
+from rnr_interp.routing.spaces import SPACES, RouteSpace, make_space
 from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
@@ -181,7 +181,7 @@ class Search:
     """One search to run on every question: its route space, its method and the reward
     it maximises, `reward(question, row) -> float`."""
 
-    space: Any
+    space: RouteSpace
     method: str
     reward: Callable[[Question, dict[str, Any]], float]
 

@@ -1,12 +1,13 @@
-"""Run one search per question in lockstep, so that the same route requested by many
-questions is generated in one batch.
+"""Run searches in lockstep, so that the routes many searches and questions wait on
+are generated in shared batches.
 
-Each question's search runs in its own thread and blocks inside `evaluate`; when every
-live search is waiting, the main thread gathers all pending (question, route) requests,
-groups them by route, runs one batched generation per route, and wakes the searches.
-Only the main thread touches the model. The first request of every search is the full
-path, so the first round is always one batch over all questions; random search with a
-shared seed asks every question for the same routes, so it batches completely.
+Each job (a search on one question; the audit runs every search of a chunk of
+questions as jobs of one lockstep) runs in its own thread and blocks inside `evaluate`;
+when every live job is waiting, the main thread hands all pending (question, route)
+requests to `run_batch` in one call (the audit's `RouteEvaluator` batches them, whatever
+their routes) and wakes the jobs. Only the main thread touches the model. The first
+request of every search is the full path, so the first round holds it once per
+question; random search with a shared seed asks every question for the same routes.
 """
 
 from __future__ import annotations
