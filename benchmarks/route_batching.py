@@ -31,8 +31,7 @@ import time
 
 from rnr_interp.generate import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.records import ProbeLabel
-from rnr_interp.routing.audit import ROUTE_ROWS, SEARCH_SELECTORS, RouteEvaluator, Search, blind_reward, run_searches
+from rnr_interp.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, audit_searches, run_searches
 from rnr_interp.routing.spaces import make_space
 from rnr_interp.tasks import load_task
 
@@ -53,14 +52,9 @@ def main() -> None:
     lm = load_model(args.model)
     task = load_task(args.task, args.data, n=args.n)
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    gold = lambda q, row: float(row["correct"])  # noqa: E731 - the oracle reward
-    searches = {}
-    for name in args.space or ["skiponly"]:
-        space = make_space(name, lm.n_layers, min_len=min(args.min_len, lm.n_layers))
-        for m in ("random", "mcts", "hill_climb", "genetic"):
-            searches[str(ProbeLabel.route(name, m))] = Search(space, m, gold)
-        for label, m in SEARCH_SELECTORS.items():
-            searches[str(ProbeLabel.route(name, label))] = Search(space, m, blind_reward)
+    spaces = {name: make_space(name, lm.n_layers, min_len=min(args.min_len, lm.n_layers))
+              for name in args.space or ["skiponly"]}
+    searches = audit_searches(spaces, STRUCTURED)
 
     def run(joint: bool, rows: int) -> tuple[float, int, list[str]]:
         ev = RouteEvaluator(lm, task, decoding, rows)

@@ -5,8 +5,9 @@ One call prefills B prompts once, then fans each prompt out to `n` sample rows t
 share its KV cache (column j of a prompt may use its own temperature, so the deployed
 greedy candidate and the K probe samples come from one prefill). Rows stop at the
 model's stop tokens or at a stop string; finished rows leave the batch in groups
-(`COMPACT_SHARE`), and the batch ends when every row is done. The cache (`new_cache`) writes each step in place instead
-of copying itself per step as transformers' `DynamicCache` does.
+(`COMPACT_SHARE`), and the batch ends when every row is done. The cache (`new_cache`)
+writes each step in place instead of copying itself per step as transformers'
+`DynamicCache` does.
 
 Sampling is reproducible row by row: each (prompt, column) has its own seed, from which
 all of its uniforms are drawn up front, and a token is drawn by inverting the CDF of the

@@ -235,6 +235,23 @@ def _rows(pairs, probe: str, common: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**row, **common, "probe": probe, "candidate": i, "seed": 0} for i, (_, row) in enumerate(pairs)]
 
 
+def gold_reward(q: Question, row: dict[str, Any]) -> float:
+    """The oracle searches' reward: is the route's answer correct."""
+    return float(row["correct"])
+
+
+def audit_searches(spaces: dict[str, RouteSpace], methods: Sequence[str]) -> dict[str, Search]:
+    """The searches the audit runs on every question, by record probe label: per space,
+    random and `methods` rewarded by the gold answer, and the answer-blind searches."""
+    searches = {}
+    for name, space in spaces.items():
+        for m in dict.fromkeys(("random", *methods)):
+            searches[str(ProbeLabel.route(name, m))] = Search(space, m, gold_reward)
+        for label, m in SEARCH_SELECTORS.items():
+            searches[str(ProbeLabel.route(name, label))] = Search(space, m, blind_reward)
+    return searches
+
+
 def blind_reward(q: Question, row: dict[str, Any]) -> float:
     """The search selectors' reward: no gold answer, only the model's own confidence."""
     return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
@@ -248,20 +265,14 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     done = run.done_question_ids()
     questions = [q for q in task.questions if q.id not in done]
     evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, ROUTE_ROWS), cfg.reuse_prefix)
-    gold = lambda q, row: float(row["correct"])  # noqa: E731 - the oracle reward
+    spaces = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len) for name in cfg.spaces}
+    searches = audit_searches(spaces, cfg.methods)
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
     for start in range(0, len(questions), cfg.batch_size):
         chunk = questions[start:start + cfg.batch_size]
         rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
-        searches = {}
-        for space_name in cfg.spaces:
-            space = make_space(space_name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
-            for m in dict.fromkeys(("random", *cfg.methods)):
-                searches[str(ProbeLabel.route(space_name, m))] = Search(space, m, gold)
-            for name, m in SEARCH_SELECTORS.items():
-                searches[str(ProbeLabel.route(space_name, name))] = Search(space, m, blind_reward)
         for label, per_question in run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed).items():
             for pairs in per_question.values():
                 rows += _rows(pairs, label, common)
