@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rnr_interp.generate import Decoding, generate, left_pad, forward
-from rnr_interp.models import ModelSpecError, _smollm2_dir, build_tiny, load_model
+from rnr_interp.models import ALIGNMENT, ModelSpecError, _smollm2_dir, build_tiny, load_model
 
 
 @pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2:2", "tiny-gpt2:4", "tiny-gemma:3"])
@@ -29,6 +29,22 @@ def test_local_checkpoint_folder_round_trip(tmp_path):
     again = load_model(str(tmp_path))
     ids = torch.tensor([lm.encode("abc")])
     assert torch.allclose(lm.bridge(ids), again.bridge(ids), atol=1e-5)
+
+
+def test_loaded_weights_own_aligned_memory(tmp_path):
+    # safetensors loads weights as views into the file at its header's offsets; MKL's
+    # matmuls run at half rate on rows that do not start on a 64-byte boundary
+    model, tok = build_tiny("tiny-llama", n_layers=2)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    raw = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert any(p.data_ptr() % ALIGNMENT for p in raw.parameters()), "the case this guards against did not arise"
+    lm = load_model(str(tmp_path))
+    hf = lm.hf_model
+    assert not [n for n, p in hf.named_parameters() if p.data_ptr() % ALIGNMENT]
+    assert all(torch.equal(p, q) for p, q in zip(raw.parameters(), hf.parameters()))
+    if hf.config.tie_word_embeddings:
+        assert hf.lm_head.weight is hf.model.embed_tokens.weight
 
 
 @pytest.mark.parametrize("spec,message", [
