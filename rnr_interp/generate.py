@@ -286,11 +286,11 @@ def _pick(
 ) -> Int[Tensor, "r"]:
     """Greedy for rows with temperature 0; else inverse-CDF sampling from the tempered,
     top-p-truncated distribution with the row's uniform `u`."""
-    greedy = logits.argmax(-1)
     hot = temps > 0
     if not bool(hot.any()):
-        return greedy
-    probs = torch.softmax(logits[hot] / temps[hot, None], dim=-1)
+        return logits.argmax(-1)
+    everyone = bool(hot.all())  # the usual case (K samples): no row copies, no argmax
+    probs = torch.softmax((logits if everyone else logits[hot]) / temps[hot, None], dim=-1)
     if top_p < 1.0:
         # Keep the smallest prefix (by probability) whose mass reaches top_p, always at
         # least one token. Sorting the vocabulary is costly, so only top-p pays for it.
@@ -301,7 +301,9 @@ def _pick(
     # right=True: a token of zero probability (cum does not grow) is never drawn.
     idx = torch.searchsorted(cum, target, right=True).clamp(max=probs.shape[-1] - 1)
     sampled = (order.gather(-1, idx) if top_p < 1.0 else idx).squeeze(-1)
-    out = greedy.clone()
+    if everyone:
+        return sampled
+    out = logits.argmax(-1)
     out[hot] = sampled
     return out
 

@@ -268,7 +268,7 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
     from rnr_interp import fast_attention  # imports TransformerLens: only when a model is wrapped
 
     model.eval()
-    _own_aligned_memory(model)
+    align_weights(model)
     architecture = (model.config.architectures or [type(model).__name__])[0]
     try:
         # The tokenizer is ours, not the bridge's: the bridge would rebuild it from the
@@ -296,7 +296,7 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
 ALIGNMENT = 64
 
 
-def _own_aligned_memory(model: nn.Module) -> None:
+def align_weights(model: nn.Module) -> None:
     """Give every parameter and buffer that does not start on an `ALIGNMENT`-byte
     boundary a copy of its own. Loading safetensors leaves the weights as views into
     the file's memory map, at offsets its header decides: for the demo model 40 bytes
