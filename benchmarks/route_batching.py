@@ -14,7 +14,8 @@ another's generations): MODE `per-search` (one lockstep per search) or `joint` (
 all), ROWS the most rows a batch holds. The default compares the audit before (one
 lockstep per search, batches bounded by the chunk's 10 questions) with the lockstep
 alone, and with the lockstep and the audit's rows per batch now (`ROUTE_ROWS`).
-They run interleaved, `--reps` rounds. Printed: median seconds per line, the batches
+They run interleaved, `--reps` rounds, the order reversed every other round; printed
+after each round, its seconds per line; at the end, median seconds per line, the batches
 each took, the median of the per-round ratios against the first line with min-max, and
 how many route generations differ from the first line's (rows batched differently may
 differ in a near-tie of greedy decoding; expected 0 or close).
@@ -75,10 +76,14 @@ def main() -> None:
     seconds: dict[str, list[float]] = {line: [] for line in lines}
     batches: dict[str, int] = {}
     texts: dict[str, list[str]] = {}
-    for _ in range(args.reps):
-        for line, (joint, rows) in lines.items():
-            s, batches[line], texts[line] = run(joint, rows)
+    for rep in range(args.reps):
+        # Order alternates by round (A B, then B A): a line run first in every round
+        # would carry the warm-up and the machine's drift alone.
+        for line in (list(lines) if rep % 2 == 0 else list(lines)[::-1]):
+            s, batches[line], texts[line] = run(*lines[line])
             seconds[line].append(s)
+        # Printed as it goes: a long run stopped early still leaves its finished rounds.
+        print(f"round {rep + 1}: " + ", ".join(f"{line} {seconds[line][-1]:.1f} s" for line in lines), flush=True)
     ref = next(iter(lines))
     print(f"{args.model}, {args.task} n={args.n}, {', '.join(args.space or ['skiponly'])}, {len(searches)} searches "
           f"at K={args.k}: {len(texts[ref])} route evaluations, {args.reps} interleaved rounds")
