@@ -158,7 +158,11 @@ def test_one_lockstep_serves_every_search_in_each_round():
     questions = [SimpleNamespace(id="q"), SimpleNamespace(id="p")]
     searches = {m: Search(space, m, blind_reward) for m in ("random", "mcts", "hill_climb", "genetic")}
     joint = Rounds()
-    together = run_searches(joint, questions, searches, k, 0)
+    heard: list[int] = []
+    together = run_searches(joint, questions, searches, k, 0, on_evaluated=heard.append)
+    # the progress callback hears of every evaluation once, as rounds return
+    assert sum(heard) == sum(len(pairs) for per_q in together.values() for pairs in per_q.values())
+    assert len(heard) > len(searches) * len(questions)  # in steps, not once at the end
     rounds = {}
     for label, search in searches.items():
         alone = Rounds()

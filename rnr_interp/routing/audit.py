@@ -187,12 +187,16 @@ class Search:
 
 
 def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searches: dict[str, Search], budget: int,
-                 seed: int) -> dict[str, dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]]:
+                 seed: int, on_evaluated: Callable[[int], None] | None = None,
+                 ) -> dict[str, dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]]:
     """Every search on every question, all in one lockstep: each round gathers the
     routes every (search, question) pair waits on, so the evaluator's batches fill with
     rows from all of them (on a CPU a batch of few rows wastes most of each weight read)
     and a route two searches ask for is generated once. A search's evaluations depend
     on its own rewards only, so running them together changes no result.
+    `on_evaluated(n)` hears of every n route evaluations as their rows arrive (a
+    progress bar: each counts against one search's budget, at most
+    len(searches) * len(questions) * budget in all).
     Returns, per search label and question id, the evaluated (route, row) pairs in
     evaluation order."""
     lockstep = Lockstep(evaluator)
@@ -201,7 +205,10 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searc
         evaluate = lockstep.evaluate_for(q.id)
 
         def score(routes):
-            return [s.reward(q, row) for row in evaluate(routes)]
+            rows = evaluate(routes)
+            if on_evaluated is not None:
+                on_evaluated(len(rows))
+            return [s.reward(q, row) for row in rows]
 
         # Every search of a method shares one seed across questions (random search asks
         # every question for the same routes, which batch fully); runs are reproducible.
@@ -273,7 +280,12 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         chunk = questions[start:start + cfg.batch_size]
         rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
-        for label, per_question in run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed).items():
+        # Within a chunk (tens of minutes on a CPU for long answers), the searches' budget spent.
+        routes_bar = tqdm(total=len(searches) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
+                          leave=False, disable=not progress)
+        found = run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed, on_evaluated=routes_bar.update)
+        routes_bar.close()
+        for label, per_question in found.items():
             for pairs in per_question.values():
                 rows += _rows(pairs, label, common)
         run.write_question_batch(rows)
