@@ -281,10 +281,9 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
                                 deployed=decoding, run_id=run_id)
         # Within a chunk (tens of minutes on a CPU for long answers), the searches' budget spent.
-        routes_bar = tqdm(total=len(searches) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
-                          leave=False, disable=not progress)
-        found = run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed, on_evaluated=routes_bar.update)
-        routes_bar.close()
+        with tqdm(total=len(searches) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
+                  leave=False, disable=not progress) as routes_bar:
+            found = run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed, on_evaluated=routes_bar.update)
         for label, per_question in found.items():
             for pairs in per_question.values():
                 rows += _rows(pairs, label, common)
