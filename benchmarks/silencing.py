@@ -4,13 +4,14 @@ unablated pass over the same questions, on the demo model.
 The sweep is `repair.silencing_sweep` (30 x 3 = 90 ablation rows per question on
 SmolLM2, one batch row each, greedy, the multiple-choice length); the unablated pass is
 the same questions' deployed generation through the same code (`cohort.run_rows` with
-no intervention). The sweep runs as `run_rows` does by default, each row replaying the
-blocks before its silenced one from its question's unablated prefill, and also
-without that reuse (every row's prefill through every block), to show what the reuse
-buys and that both give the same generations, and with one question's whole sweep
-(90 rows) per batch: fewer decoding steps, each over more rows. All four run
-interleaved, `--reps` times each; each ratio is the median of the per-round ratios
-against the unablated pass, with min-max.
+no intervention). The sweep runs as `run_rows` does by default: on a CPU each row
+replays the blocks before its silenced one from its question's unablated prefill, on a
+GPU it does not (`generate.replay_pays`). It runs also with the other choice, to show
+what the reuse buys there and that both give the same generations, and with one
+question's whole sweep (90 rows) per batch: fewer decoding steps, each over more rows.
+All four run interleaved, `--reps` times each; each ratio is the median of the
+per-round ratios against the unablated pass, with min-max. The device is the
+package's (`RNR_DEVICE`, default cpu).
 
 Also printed: the ratio of token positions each side pushes through the model (prompt
 plus generated tokens, summed over rows, every block counted). Where the machine is
@@ -19,6 +20,7 @@ replayed blocks save (about half of the prefill: row by row, the blocks before t
 silenced one).
 
     python benchmarks/silencing.py [--questions 2] [--reps 3] [--batch-size 32]
+    RNR_DEVICE=cuda python benchmarks/silencing.py --questions 8 --batch-size 720
 
 Target: ratio <= 3.
 """
@@ -31,6 +33,7 @@ import time
 
 import torch
 
+from rnr_interp.generate import replay_pays
 from rnr_interp.interventions import Ablate
 from rnr_interp.metrics import DEPLOYED
 from rnr_interp.models import load_model
@@ -58,18 +61,23 @@ def main():
     failure, panel = questions[:half], questions[half:]
     n_rows = lm.n_layers * len(COMPONENTS)
     print(f"model=smollm2 task=arithmetic_mc questions={len(questions)} rows/question={n_rows} "
-          f"max_new_tokens={decoding.max_new_tokens} batch_size={args.batch_size} reps={args.reps} torch_threads={torch.get_num_threads()}")
+          f"max_new_tokens={decoding.max_new_tokens} batch_size={args.batch_size} reps={args.reps} torch_threads={torch.get_num_threads()} "
+          f"device={lm.device} prefix_reuse={'on' if replay_pays(lm) else 'off'}")
+
+    base_rows = [Row(q, (), DEPLOYED) for q in questions]
 
     def unablated():
-        return run_rows(lm, task, [Row(q, (), DEPLOYED) for q in questions], decoding, batch_size=args.batch_size)
+        return run_rows(lm, task, base_rows, decoding, batch_size=args.batch_size)
 
     def sweep():
         return silencing_sweep(lm, task, failure, panel, decoding=decoding, batch_size=args.batch_size)
 
     ablated = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer)) for q in questions for layer in range(lm.n_layers) for c in COMPONENTS]
 
-    def sweep_without_reuse():
-        return run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=False)
+    other = f"sweep_{'without' if replay_pays(lm) else 'with'}_reuse"
+
+    def sweep_other_reuse():
+        return run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=not replay_pays(lm))
 
     def sweep_question_per_batch():
         return silencing_sweep(lm, task, failure, panel, decoding=decoding, batch_size=n_rows)
@@ -77,15 +85,22 @@ def main():
     prompt_len = {q.id: len(prompt_ids(lm, task, q)) for q in questions}
     base_records = unablated()  # also the warm-up
     key = ["question_id", "probe"]
-    reused = run_rows(lm, task, ablated, decoding, batch_size=args.batch_size).sort_values(key).reset_index(drop=True)
-    plain = sweep_without_reuse().sort_values(key).reset_index(drop=True)
+    reused = run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=True).sort_values(key).reset_index(drop=True)
+    plain = run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=False).sort_values(key).reset_index(drop=True)
     same = (reused["text"] == plain["text"]) & (reused["finish"] == plain["finish"])
     print(f"generations identical with and without prefix reuse: {int(same.sum())} of {len(same)} rows "
           f"(largest log-prob difference {float((reused['logprob'] - plain['logprob']).abs().max()):.1e})")
     positions = lambda recs: sum(prompt_len[q] + n for q, n in zip(recs["question_id"], recs["n_tokens"]))  # noqa: E731
     print(f"token positions forwarded: sweep / unablated = {positions(plain) / positions(base_records):.1f}")
+    # Where one step costs the same for any number of rows (a GPU on a small model), time
+    # follows the decoding steps: each batch steps until its longest row stops.
+    n_tokens = {(q, p): n for recs in (plain, base_records) for q, p, n in zip(recs["question_id"], recs["probe"], recs["n_tokens"])}
+    steps = lambda rows, size: sum(max(n_tokens[(r.question.id, r.probe)] for r in rows[i:i + size])  # noqa: E731
+                                   for i in range(0, len(rows), size))
+    print(f"decoding steps: unablated {steps(base_rows, args.batch_size)}, sweep {steps(ablated, args.batch_size)} "
+          f"(batches of {args.batch_size}), {steps(ablated, n_rows)} (batches of {n_rows})")
     wide = f"sweep_batch_{n_rows}"
-    runs = {"unablated": unablated, "sweep": sweep, "sweep_without_reuse": sweep_without_reuse, wide: sweep_question_per_batch}
+    runs = {"unablated": unablated, "sweep": sweep, other: sweep_other_reuse, wide: sweep_question_per_batch}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(args.reps):
         for name, run in runs.items():
@@ -94,13 +109,14 @@ def main():
             times[name].append(time.perf_counter() - start)
         print(f"round {rep + 1}: " + ", ".join(f"{name} {t[-1]:.2f} s" for name, t in times.items()))
     print(f"unablated_pass: {statistics.median(times['unablated']):.2f} s; silencing_sweep ({n_rows} rows/question): "
-          f"{statistics.median(times['sweep']):.2f} s; without prefix reuse {statistics.median(times['sweep_without_reuse']):.2f} s; "
+          f"{statistics.median(times['sweep']):.2f} s; {other.replace('_', ' ')} {statistics.median(times[other]):.2f} s; "
           f"{n_rows} rows per batch {statistics.median(times[wide]):.2f} s")
-    for name in ("sweep", "sweep_without_reuse", wide):
+    for name in ("sweep", other, wide):
         ratios = [t / b for t, b in zip(times[name], times["unablated"])]
         print(f"{name}_vs_unablated: {statistics.median(ratios):.1f} [{min(ratios):.1f}-{max(ratios):.1f}]"
               + (" (target <= 3)" if name == "sweep" else ""))
-    gains = [u / t for t, u in zip(times["sweep"], times["sweep_without_reuse"])]
+    with_reuse, without = (times["sweep"], times[other]) if replay_pays(lm) else (times[other], times["sweep"])
+    gains = [u / t for t, u in zip(with_reuse, without)]
     print(f"prefix_reuse_speedup: {statistics.median(gains):.2f} [{min(gains):.2f}-{max(gains):.2f}]")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, PromptStates, generate, prompt_states
+from rnr_interp.generate import Decoding, PromptStates, generate, prompt_states, replay_pays
 from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
@@ -67,14 +67,17 @@ def generate_rows(
 
 def run_rows(
     lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run: RunDir | None = None,
-    batch_size: int = 32, desc: str = "rows", progress: bool = False, reuse_prefix: bool = True,
+    batch_size: int = 32, desc: str = "rows", progress: bool = False, reuse_prefix: bool | None = None,
 ) -> pd.DataFrame:
     """Records of `rows`: those already stored in `run` are read back, the rest are
     generated in chunks of `batch_size` rows (written per chunk). With `reuse_prefix`,
     a row whose interventions sit in block p or later replays blocks 0..p-1 of its
     prefill from its question's full-path prefill (`prompt_states`, one per question)
     instead of recomputing them: the same generations, and a silencing sweep's prefill
-    about half the cost."""
+    about half the arithmetic. None (the default): where that pays, the CPU
+    (`generate.replay_pays`)."""
+    if reuse_prefix is None:
+        reuse_prefix = replay_pays(lm)
     done = run.stored_groups() if run is not None else set()
     todo = [r for r in rows if (r.question.id, r.probe) not in done]
     # Rows of one question are adjacent, so a chunk has little padding and needs few states.

@@ -294,6 +294,30 @@ def test_sweep_rows_replaying_early_blocks_equal_rows_without(monkeypatch):
     assert plain["text"].nunique() > len(task.questions), "no ablation changed a generation: vacuous"
 
 
+def test_rows_replay_by_default_where_replay_pays_only(monkeypatch):
+    """The default of `reuse_prefix` is the device's (`generate.replay_pays`): on for a
+    CPU model, off for a GPU one, where the per-group prefills cost more than they save."""
+    import types
+
+    import rnr_interp.cohort as cohort
+    import rnr_interp.generate as engine
+
+    lm = load_model("tiny-llama:2")
+    assert engine.replay_pays(lm)
+    assert not engine.replay_pays(types.SimpleNamespace(device=torch.device("cuda", 0)))
+    task = parity_task(2)
+    rows = [Row(q, (Ablate("mlp", 1),), ablation_probe("mlp", 1)) for q in task.questions]
+    replayed = []
+    original = engine.replaying
+    monkeypatch.setattr(engine, "replaying", lambda *a: replayed.append(1) or original(*a))
+    run_rows(lm, task, rows, deployed_decoding(task, max_new_tokens=2))
+    assert replayed, "a CPU model's rows did not replay by default"
+    replayed.clear()
+    monkeypatch.setattr(cohort, "replay_pays", lambda lm_: False)
+    run_rows(lm, task, rows, deployed_decoding(task, max_new_tokens=2))
+    assert replayed == []
+
+
 def test_mlp_sweep_adds_same_layer_controls_at_the_chosen_layer_only(tmp_path, lm):
     task = parity_task(24)
     d = deployed_decoding(task, max_new_tokens=3)
