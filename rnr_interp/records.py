@@ -51,6 +51,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
+#: work in progress not yet in a record part (`Journal`)
+JOURNAL = "journal.jsonl"
 SUMMARY = "summary.json"
 RECORDS_DIR = "records"
 ARTEFACTS_DIR = "artefacts"
@@ -251,6 +253,46 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
 
 def _write_parquet_atomic(path: Path, table: pa.Table) -> Path:
     return _atomic_write(path, lambda f: pq.write_table(table, f))
+
+
+class Journal:
+    """Work in progress that is not yet a record part: one JSON object per line, each
+    append flushed to disk before it returns, so that a run killed in the middle of a
+    long batch (a routing chunk: hours on a CPU) resumes without redoing what it had
+    done. The kill can tear the last line only; `read` drops that torn tail (and cuts it
+    from the file, so later appends start on a fresh line). The writer clears the
+    journal once the part it was building is written."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def append(self, entries: Iterable[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(e, default=_json_default) + "\n" for e in entries).encode()
+        if data:
+            with open(self.path, "ab") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        raw = self.path.read_bytes()
+        whole = raw[:raw.rfind(b"\n") + 1]
+        if len(whole) < len(raw):
+            with open(self.path, "r+b") as f:
+                f.truncate(len(whole))
+        entries = []
+        for n, line in enumerate(whole.splitlines(), 1):
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise RunFolderError(f"{self.path}, line {n}: not JSON ({err}); move the file away to redo its work") from err
+        return entries
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+        _fsync_dir(self.path.parent)
 
 
 def _remove_temp_files(*folders: Path) -> None:
@@ -672,6 +714,11 @@ class RunDir:
     @property
     def artefacts_dir(self) -> Path:
         return self.path / ARTEFACTS_DIR
+
+    @property
+    def journal(self) -> Journal:
+        """The run's work in progress (`Journal`); empty between batches."""
+        return Journal(self.path / JOURNAL)
 
     # -- records ---------------------------------------------------------------------
     def parts(self) -> list[Path]:

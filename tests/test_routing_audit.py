@@ -1,6 +1,7 @@
 """The routing audit on tiny models: budgets, space membership, records vs summary."""
 
 import numpy as np
+import pandas as pd
 import torch
 import pytest
 
@@ -365,3 +366,47 @@ def test_a_batch_schedule_stays_within_max_depth():
     assert [len(g) for g in ev._groups(pairs)] == [1, 1, 1]
     ev.max_depth = 8
     assert [len(g) for g in ev._groups(pairs)] == [2, 1]
+
+
+def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, monkeypatch):
+    """A route run killed inside a chunk keeps the chunk's samples and evaluations in the
+    run's journal; resumed, it generates only what was missing, writes the records an
+    uninterrupted run writes, and leaves no journal behind."""
+    import rnr_interp.routing.audit as audit
+
+    lm, task, cfg, summary, records = routed_run
+    assert len(task.questions) > cfg.batch_size, "needs a second chunk"
+    original, calls = audit.generate, []
+
+    def dies_on_the_third_batch(*a, **kw):
+        calls.append(len(a[1]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return original(*a, **kw)
+
+    monkeypatch.setattr(audit, "generate", dies_on_the_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        run_route_audit(lm, task, tmp_path, cfg, progress=False)
+    journal = RunDir(tmp_path).journal.read()
+    assert RunDir(tmp_path).parts() == []
+    assert sum("samples" in e for e in journal) == 1
+    assert sum("route" in e for e in journal) == sum(calls[:2]) > 0
+
+    resampled, generated = [], []
+    original_sample = audit.sample_questions
+    monkeypatch.setattr(audit, "sample_questions", lambda *a, **kw: resampled.append([q.id for q in a[2]]) or original_sample(*a, **kw))
+    monkeypatch.setattr(audit, "generate", lambda *a, **kw: generated.append(len(a[1])) or original(*a, **kw))
+    resumed = run_route_audit(lm, task, tmp_path, cfg, progress=False)
+    # the first chunk's samples came back from the journal; the second chunk sampled
+    assert resampled == [[q.id for q in task.questions[cfg.batch_size:]]]
+    # every (question, route) pair is generated once in all, the journal's not again
+    routes = records[records.intervention.str.startswith("route:")]
+    n_pairs = len(set(zip(routes.question_id, routes.intervention)))
+    assert sum(generated) == n_pairs - sum(calls[:2])
+    assert not RunDir(tmp_path).journal.path.exists()
+    key = ["question_id", "probe", "candidate", "intervention"]
+    a, b = (df.sort_values(key).reset_index(drop=True) for df in (RunDir(tmp_path).read_records(), records))
+    same = ["question_id", "probe", "candidate", "intervention", "text", "extracted", "correct", "n_tokens", "finish"]
+    pd.testing.assert_frame_equal(a[same], b[same])
+    assert np.allclose(a["logprob"], b["logprob"], atol=1e-5)
+    assert resumed["oracle_at_k"] == summary["oracle_at_k"]

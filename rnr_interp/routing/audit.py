@@ -39,7 +39,7 @@ from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, p
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import ProbeLabel, RunDir
+from rnr_interp.records import Journal, ProbeLabel, RunDir
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import search_reward, select
@@ -73,8 +73,9 @@ class RouteConfig:
     temperature: float = 1.0
     seed: int = 0
     collapse: float = 0.5
-    #: questions per chunk: the lockstep's unit, and what a stopped run keeps (a batch
-    #: holds max(batch_size, ROUTE_ROWS) rows, from every search of the chunk)
+    #: questions per chunk: the lockstep's unit and a records part (a batch holds
+    #: max(batch_size, ROUTE_ROWS) rows, from every search of the chunk); a chunk
+    #: stopped part way keeps its work in the run's journal
     batch_size: int = 16
     reuse_prefix: bool = True
     #: route length bounds (None: the space's defaults, L -/+ L//3)
@@ -111,10 +112,14 @@ class RouteEvaluator:
     and a batch whose rows all start with blocks 0..p-1 unchanged replays them instead
     of recomputing its prefill."""
 
-    def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True):
+    def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True,
+                 journal: Journal | None = None):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+        #: where each generated batch's rows go as they are made (a stopped chunk's
+        #: evaluations then come back through `restore`)
+        self.journal = journal
         self.states: dict[str, PromptStates] | None = {} if reuse_prefix else None
         #: a batch's schedule may run this many blocks. On a CPU every block a row passes
         #: by costs compute: the spaces' longest default route. On a GPU a forward costs
@@ -152,7 +157,16 @@ class RouteEvaluator:
             self.n_batches += 1
             for (qid, route), [g] in zip(group, gens):
                 self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, intervention=set_id([Route(route)]))
+            if self.journal is not None:
+                self.journal.append({"question_id": qid, "route": list(route), "row": self.cache[(qid, route)]} for qid, route in group)
         return [self.cache[req] for req in requests]
+
+    def restore(self, entries: list[dict[str, Any]]) -> int:
+        """Take back the evaluations a journal holds for this task's questions (a search
+        asks for the same routes again, given the same rows); returns how many."""
+        kept = [e for e in entries if "route" in e and e["question_id"] in self.by_id]
+        self.cache.update(((e["question_id"], tuple(e["route"])), e["row"]) for e in kept)
+        return len(kept)
 
     def _groups(self, pairs: list[tuple[str, tuple[int, ...]]]):
         """Batches of up to `batch_size` (question, route) pairs, each row on its own
@@ -271,15 +285,24 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
     questions = [q for q in task.questions if q.id not in done]
-    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, ROUTE_ROWS), cfg.reuse_prefix)
+    # A chunk stopped part way left its temperature samples and route evaluations in the
+    # run's journal: they are taken back, and the chunk redoes only what is missing.
+    saved = run.journal.read()
+    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, ROUTE_ROWS), cfg.reuse_prefix, journal=run.journal)
+    evaluator.restore(saved)
+    saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
     spaces = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len) for name in cfg.spaces}
     searches = audit_searches(spaces, cfg.methods)
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
     for start in range(0, len(questions), cfg.batch_size):
         chunk = questions[start:start + cfg.batch_size]
-        rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
-                                deployed=decoding, run_id=run_id)
+        ids = [q.id for q in chunk]
+        rows = saved_samples.get(tuple(ids))
+        if rows is None:
+            rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
+                                    deployed=decoding, run_id=run_id)
+            run.journal.append([{"question_ids": ids, "samples": rows}])
         # Within a chunk (tens of minutes on a CPU for long answers), the searches' budget spent.
         with tqdm(total=len(searches) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
                   leave=False, disable=not progress) as routes_bar:
@@ -288,6 +311,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
             for pairs in per_question.values():
                 rows += _rows(pairs, label, common)
         run.write_question_batch(rows)
+        run.journal.clear()
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
     bar.close()
