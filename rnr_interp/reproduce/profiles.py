@@ -66,8 +66,8 @@ class Profile:
     #: 32 new tokens; one run each, one after the other, beside another model job: a
     #: rough ratio, not an interleaved measurement)
     rows_batch_size: int = 32
-    #: questions per lockstep chunk of the routing audit (the unit a resumed run keeps),
-    #: and (question, route) rows per batch. A chunk's searches take the same number of
+    #: questions per lockstep chunk of the routing audit (a records part; a chunk in
+    #: progress is kept in the run's journal), and (question, route) rows per batch. A chunk's searches take the same number of
     #: rounds whatever its size, so bigger chunks pay where per-forward overhead
     #: dominates (a GPU); on a CPU the cost is compute, about linear in questions
     route_batch_size: int = 8
@@ -116,8 +116,8 @@ DEMO = Profile(
                    "(half-width 1.96*sqrt(g(1-g)/n) at a gap g near 0.3-0.5), 2.5x this part's cost",
         "2_routing": "arithmetic, ARC-Challenge and GSM8K, 40 questions per cell as issue 12 asks: each question "
                      "costs 3 spaces x 7 searches x K=32 route generations, the most expensive part on a CPU "
-                     "(GSM8K's the most: 256-token answers); chunks of 10 questions, so a stopped run keeps "
-                     "what it did",
+                     "(GSM8K's the most: 256-token answers); chunks of 10 questions, each a records part, and "
+                     "a stopped chunk resumes from the run's journal",
         "3_temperature": "40 questions, K=8 (the paper's plain-sampling selection gap uses 8 samples)",
         "4_localisation": "64 questions per MC cell for the screen; localisation then runs on the cells that pass",
         "5_checkpoints": "the experiments/ recipes at their defaults (10 steps, 64 held-out questions, K=16)",
