@@ -214,7 +214,7 @@ def replay_pays(lm: LoadedModel) -> bool:
     arithmetic saved: a silencing sweep on the demo model ran 1.26x faster with it. On a
     GPU the arithmetic is nearly free and the prefill runs once per group of rows
     instead of once: the same sweep ran 0.61-0.82x as fast with it on an H200
-    (README, "Speed"). So it is on for the CPU only."""
+    (README, "Silencing sweep cost"). So it is on for the CPU only."""
     return lm.device.type == "cpu"
 
 

@@ -67,9 +67,10 @@ class Profile:
     #: rough ratio, not an interleaved measurement)
     rows_batch_size: int = 32
     #: questions per lockstep chunk of the routing audit (a records part; a chunk in
-    #: progress is kept in the run's journal), and (question, route) rows per batch. A chunk's searches take the same number of
-    #: rounds whatever its size, so bigger chunks pay where per-forward overhead
-    #: dominates (a GPU); on a CPU the cost is compute, about linear in questions
+    #: progress is kept in the run's journal), and (question, route) rows per batch. A
+    #: chunk's searches take the same number of rounds whatever its size, so bigger
+    #: chunks pay where per-forward overhead dominates (a GPU); on a CPU the cost is
+    #: compute, about linear in questions
     route_batch_size: int = 8
     #: the letter-permutation control (options rotated by one) in repair and steering,
     #: on cells graded by option letter: it tells a repair that follows the content from
