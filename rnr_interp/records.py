@@ -259,31 +259,39 @@ class Journal:
     """Work in progress that is not yet a record part: one JSON object per line, each
     append flushed to disk before it returns, so that a run killed in the middle of a
     long batch (a routing chunk: hours on a CPU) resumes without redoing what it had
-    done. The kill can tear the last line only; `read` drops that torn tail (and cuts it
-    from the file, so later appends start on a fresh line). The writer clears the
-    journal once the part it was building is written."""
+    done. The kill can tear the last line only: `read` leaves that torn tail out, and
+    the next `append` (by the writer, who holds the run's lock) cuts it first. The
+    writer clears the journal once the part it was building is written."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
 
     def append(self, entries: Iterable[dict[str, Any]]) -> None:
         data = "".join(json.dumps(e, default=_json_default) + "\n" for e in entries).encode()
-        if data:
-            with open(self.path, "ab") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+        if not data:
+            return
+        self._cut_torn_tail()
+        with open(self.path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _cut_torn_tail(self) -> None:
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                raw = f.read()
+                f.truncate(raw.rfind(b"\n") + 1)
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
             return []
         raw = self.path.read_bytes()
-        whole = raw[:raw.rfind(b"\n") + 1]
-        if len(whole) < len(raw):
-            with open(self.path, "r+b") as f:
-                f.truncate(len(whole))
         entries = []
-        for n, line in enumerate(whole.splitlines(), 1):
+        for n, line in enumerate(raw[:raw.rfind(b"\n") + 1].splitlines(), 1):
             try:
                 entries.append(json.loads(line))
             except json.JSONDecodeError as err:

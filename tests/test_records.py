@@ -257,18 +257,22 @@ def test_records_feed_the_audit(tmp_path: Path) -> None:
 
 
 def test_journal_drops_a_torn_last_line_and_refuses_a_corrupt_one(tmp_path):
-    """A kill can tear the last line of the journal only: reading drops it and cuts it
-    from the file, so the next append starts a line of its own; a bad whole line is
-    not a kill's doing and is refused."""
+    """A kill can tear the last line of the journal only: reading leaves it out (and
+    leaves the file alone: a reader holds no lock), the writer's next append cuts it
+    first, so the new entries start a line of their own; a bad whole line is not a
+    kill's doing and is refused."""
     j = rec.Journal(tmp_path / "journal.jsonl")
     assert j.read() == []
     j.append([{"a": 1, "x": 0.1 + 0.2}, {"b": None}])
     j.append([])
     with open(j.path, "ab") as f:
         f.write(b'{"c": 3, "text": "half a li')
+    torn = j.path.read_bytes()
     assert j.read() == [{"a": 1, "x": 0.1 + 0.2}, {"b": None}]
+    assert j.path.read_bytes() == torn
     j.append([{"d": [1, 2]}])
     assert j.read() == [{"a": 1, "x": 0.1 + 0.2}, {"b": None}, {"d": [1, 2]}]
+    assert j.path.read_bytes().endswith(b'{"d": [1, 2]}\n') and b"half" not in j.path.read_bytes()
     j.clear()
     assert not j.path.exists() and j.read() == []
     j.path.write_bytes(b'{"a": 1}\nnot json\n')
