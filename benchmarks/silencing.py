@@ -60,9 +60,10 @@ def main():
     half = len(questions) // 2
     failure, panel = questions[:half], questions[half:]
     n_rows = lm.n_layers * len(COMPONENTS)
+    replays = replay_pays(lm)  # what the sweep does by default on this device
     print(f"model=smollm2 task=arithmetic_mc questions={len(questions)} rows/question={n_rows} "
           f"max_new_tokens={decoding.max_new_tokens} batch_size={args.batch_size} reps={args.reps} torch_threads={torch.get_num_threads()} "
-          f"device={lm.device} prefix_reuse={'on' if replay_pays(lm) else 'off'}")
+          f"device={lm.device} prefix_reuse={'on' if replays else 'off'}")
 
     base_rows = [Row(q, (), DEPLOYED) for q in questions]
 
@@ -74,10 +75,10 @@ def main():
 
     ablated = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer)) for q in questions for layer in range(lm.n_layers) for c in COMPONENTS]
 
-    other = f"sweep_{'without' if replay_pays(lm) else 'with'}_reuse"
+    other = f"sweep_{'without' if replays else 'with'}_reuse"
 
     def sweep_other_reuse():
-        return run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=not replay_pays(lm))
+        return run_rows(lm, task, ablated, decoding, batch_size=args.batch_size, reuse_prefix=not replays)
 
     def sweep_question_per_batch():
         return silencing_sweep(lm, task, failure, panel, decoding=decoding, batch_size=n_rows)
@@ -115,7 +116,7 @@ def main():
         ratios = [t / b for t, b in zip(times[name], times["unablated"])]
         print(f"{name}_vs_unablated: {statistics.median(ratios):.1f} [{min(ratios):.1f}-{max(ratios):.1f}]"
               + (" (target <= 3)" if name == "sweep" else ""))
-    with_reuse, without = (times["sweep"], times[other]) if replay_pays(lm) else (times[other], times["sweep"])
+    with_reuse, without = (times["sweep"], times[other]) if replays else (times[other], times["sweep"])
     gains = [u / t for t, u in zip(with_reuse, without)]
     print(f"prefix_reuse_speedup: {statistics.median(gains):.2f} [{min(gains):.2f}-{max(gains):.2f}]")
 

@@ -161,12 +161,11 @@ class RouteEvaluator:
                 self.journal.append({"question_id": qid, "route": list(route), "row": self.cache[(qid, route)]} for qid, route in group)
         return [self.cache[req] for req in requests]
 
-    def restore(self, entries: list[dict[str, Any]]) -> int:
+    def restore(self, entries: list[dict[str, Any]]) -> None:
         """Take back the evaluations a journal holds for this task's questions (a search
-        asks for the same routes again, given the same rows); returns how many."""
-        kept = [e for e in entries if "route" in e and e["question_id"] in self.by_id]
-        self.cache.update(((e["question_id"], tuple(e["route"])), e["row"]) for e in kept)
-        return len(kept)
+        asks for the same routes again, given the same rows)."""
+        self.cache.update(((e["question_id"], tuple(e["route"])), e["row"])
+                          for e in entries if "route" in e and e["question_id"] in self.by_id)
 
     def _groups(self, pairs: list[tuple[str, tuple[int, ...]]]):
         """Batches of up to `batch_size` (question, route) pairs, each row on its own
