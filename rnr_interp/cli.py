@@ -93,6 +93,7 @@ COMMANDS = {
     "pass-at-k": audit.pass_at_k,
     "temperature-sweep": audit.temperature_sweep,
     "route": audit.route,
+    "route-summary": audit.route_summary,
     "route-cells": audit.route_cells,
     "failures": localise.failures,
     "repair": localise.repair,

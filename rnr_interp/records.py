@@ -833,6 +833,21 @@ class RunDir:
         _fsync_dir(self.records_dir)
         return merged
 
+    def snapshot(self, out: str | os.PathLike[str]) -> "RunDir":
+        """A new run folder `out` with this run's config and the records it holds now, in
+        one part: a frozen copy of a run in progress, to summarise while the run goes on.
+        This folder is only read (its journal, work in progress, is not copied); `out`
+        must not be a run folder already."""
+        target = Path(out)
+        if (target / MANIFEST).exists() or target.resolve() == self.path.resolve():
+            raise FileExistsError(f"{target} is already a run folder; choose another --out for the snapshot")
+        records = self.read_records()
+        snap = RunDir.create(target, self.config, resume=False)
+        if len(records):
+            _write_parquet_atomic(snap._next_part_path(), pa.Table.from_pandas(records, schema=RECORD_SCHEMA, preserve_index=False))
+        snap._stored = None
+        return snap
+
     # -- summary and named artefacts ------------------------------------------------
     def write_summary(self, summary: dict[str, Any]) -> Path:
         return write_json_atomic(self.path / SUMMARY, summary)

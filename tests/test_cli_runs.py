@@ -45,3 +45,30 @@ def test_quiet_prints_no_progress_bar_not_even_model_loading(tmp_path: Path) -> 
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "Loading weights" not in out.stderr and "it/s" not in out.stderr, out.stderr
+
+
+def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None:
+    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+
+    run = tmp_path / "route"
+    run_route_audit(load_model("tiny-llama:3"), load_task("arithmetic", n=3), run,
+                    RouteConfig(samples=2, budget=2, batch_size=2), progress=False)
+    RunDir(run).parts()[-1].unlink()  # killed in its second chunk
+    (run / "summary.json").unlink()
+    runner = CliRunner()
+    result = runner.invoke(app, ["route-summary", str(run), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "unfinished run: 2 of 3 questions written; the summary below is over those 2" in result.output
+    assert "tiny-llama:3 on arithmetic: 2 questions" in result.output
+    snap = tmp_path / "route-2q"
+    assert f"run folder: {snap}" in result.output
+    assert RunDir(snap).read_summary()["snapshot"]["questions_done"] == 2
+    assert not (run / "summary.json").exists()
+
+    again = runner.invoke(app, ["route-summary", str(run), "--quiet"])
+    assert again.exit_code == 2 and "already a run folder; choose another --out" in again.output
+    audit_run = tmp_path / "audit"
+    run_audit(load_model("tiny-llama"), load_task("arithmetic", n=2), audit_run, probe=Probe(k=2, temperature=1.0),
+              deployed=Decoding(max_new_tokens=3), batch_size=2, progress=False)
+    other = runner.invoke(app, ["route-summary", str(audit_run), "--quiet"])
+    assert other.exit_code == 2 and "is not a route run (its kind: 'audit')" in other.output

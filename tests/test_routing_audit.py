@@ -1,5 +1,6 @@
 """The routing audit on tiny models: budgets, space membership, records vs summary."""
 
+import json
 import numpy as np
 import pandas as pd
 import torch
@@ -410,3 +411,62 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     pd.testing.assert_frame_equal(a[same], b[same])
     assert np.allclose(a["logprob"], b["logprob"], atol=1e-5)
     assert resumed["oracle_at_k"] == summary["oracle_at_k"]
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_summary_so_far_is_the_summary_of_a_run_over_the_chunks_written(routed_run, tmp_path):
+    """`summarize_so_far` on a run stopped after its first chunk reports what a finished
+    run over those questions alone reports, and leaves the stopped run as it was."""
+    import shutil
+
+    from rnr_interp.routing.audit import summarize_so_far
+
+    lm, task, cfg, _, _ = routed_run
+    stopped = tmp_path / "stopped"
+    shutil.copytree(RunDir(routed_run[4].attrs["run"]).path, stopped)
+    parts = RunDir(stopped).parts()
+    assert len(parts) == 2, "needs a run of two chunks"
+    parts[-1].unlink()
+    (stopped / "summary.json").unlink()
+    before = _files(stopped)
+
+    so_far = summarize_so_far(RunDir(stopped), tmp_path / "snap", lm, task)
+    assert _files(stopped) == before
+    assert so_far["snapshot"] == {"of": str(stopped), "questions_done": cfg.batch_size, "questions_total": len(task)}
+
+    first = load_task("arithmetic", n=cfg.batch_size)
+    alone = run_route_audit(lm, first, tmp_path / "alone", cfg, progress=False)
+    assert so_far["n_questions"] == alone["n_questions"] == cfg.batch_size
+    for key in ("deployed", "oracle_at_k", "cells", "temperature", "selectors", "excluded_cells"):
+        assert json.dumps(so_far[key], sort_keys=True) == json.dumps(alone[key], sort_keys=True), key  # NaN == NaN
+    snap = RunDir(tmp_path / "snap")
+    assert snap.config == RunDir(stopped).config
+    assert json.dumps(snap.read_summary(), sort_keys=True) == json.dumps(so_far, sort_keys=True)
+    pd.testing.assert_frame_equal(snap.read_records(), RunDir(stopped).read_records())
+    pd.testing.assert_frame_equal(snap.read_table("route_cells"), RunDir(tmp_path / "alone").read_table("route_cells"))
+
+
+def test_a_summary_so_far_refuses_what_it_cannot_summarise(routed_run, tmp_path):
+    import shutil
+
+    from rnr_interp.records import RunFolderError
+    from rnr_interp.routing.audit import summarize_so_far
+
+    lm, task, _, _, records = routed_run
+    run = RunDir(records.attrs["run"])
+    with pytest.raises(RunFolderError, match="not run with this model and task: they differ in model"):
+        summarize_so_far(run, tmp_path / "a", load_model("tiny-llama:3"), task)
+    with pytest.raises(RunFolderError, match="question_ids_hash"):
+        summarize_so_far(run, tmp_path / "b", lm, load_task("arithmetic", n=3))
+    with pytest.raises(FileExistsError, match="already a run folder"):
+        summarize_so_far(run, run.path, lm, task)
+    empty = tmp_path / "empty"
+    shutil.copytree(run.path, empty)
+    for part in RunDir(empty).parts():
+        part.unlink()
+    with pytest.raises(RunFolderError, match="no chunk written yet"):
+        summarize_so_far(RunDir(empty), tmp_path / "c", lm, task)
+    assert not any((tmp_path / name).exists() for name in "abc")

@@ -158,7 +158,41 @@ def route(
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type)
         return run_route_audit(lm, t, out, cfg, progress=not quiet)
 
-    s = execute(body)
+    print_route_summary(execute(body))
+    run_folder(out)
+
+
+def route_summary(
+    run: Annotated[Path, typer.Argument(help="a route run folder, finished or not (it is only read)")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
+    quiet: QuietOpt = False,
+):
+    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions."""
+    from rnr_interp.models import load_model
+    from rnr_interp.records import RunDir
+    from rnr_interp.routing.audit import route_config_of, summarize_so_far
+    from rnr_interp.tasks import reload_task
+
+    def body():
+        folder = RunDir(run)
+        route_config_of(folder)  # a route run, before the model loads
+        done = len(folder.done_question_ids())
+        target = out if out is not None else run.resolve().with_name(f"{run.resolve().name}-{done}q")
+        task = reload_task(folder.config["task"])
+        facts = folder.config.get("model_facts") or {}
+        lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
+        return target, summarize_so_far(folder, target, lm, task)
+
+    target, s = execute(body, context=f"{run}: ")
+    snap = s["snapshot"]
+    if snap["questions_done"] < snap["questions_total"]:
+        typer.echo(f"unfinished run: {snap['questions_done']} of {snap['questions_total']} questions written; "
+                   f"the summary below is over those {snap['questions_done']}", err=True)
+    print_route_summary(s)
+    run_folder(target)
+
+
+def print_route_summary(s: dict) -> None:
     typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget {s['budget']} route evaluations per method")
     typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}")
     for m, v in s["oracle_at_k"].items():
@@ -172,7 +206,6 @@ def route(
                        f"  gap recovery {fmt_ci(v['gap_recovery'], v['gap_recovery_ci'])}")
     if s["excluded_cells"]:
         typer.echo(f"  excluded (format collapse): {', '.join(s['excluded_cells'])}")
-    run_folder(out)
 
 
 def temperature_sweep(

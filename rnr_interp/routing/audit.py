@@ -39,7 +39,7 @@ from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, p
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import Journal, ProbeLabel, RunDir
+from rnr_interp.records import Journal, ProbeLabel, RunDir, RunFolderError, comparable, config_diff
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import search_reward, select
@@ -316,6 +316,38 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     bar.close()
     summary = summarize_routes(run, lm, task, cfg)
     run.write_summary(summary)
+    return summary
+
+
+def route_config_of(run: RunDir) -> RouteConfig:
+    """The RouteConfig a route run folder was started with."""
+    if run.config.get("kind") != "route":
+        raise RunFolderError(f"{run.path} is not a route run (its kind: {run.config.get('kind')!r})")
+    stored = run.config.get("route") or {}
+    try:
+        return RouteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+    except TypeError as err:
+        raise RunFolderError(f"{run.path}: route settings this version does not know ({err})") from None
+
+
+def summarize_so_far(run: RunDir, out: str | Path, lm: LoadedModel, task: Task) -> dict[str, Any]:
+    """A route run's summary over the chunks it has written so far, without touching the
+    run (it may still be going): its records are copied into a new run folder `out`
+    (`RunDir.snapshot`), which gets the summary and tables a finished run gets, over
+    those questions. For runs that take hours (GSM8K answers on a CPU). `lm` and `task`
+    must be the run's: the config they make is checked against the stored one."""
+    cfg = route_config_of(run)
+    decoding = Decoding(max_new_tokens=task.max_new_tokens)
+    differ = config_diff(comparable(run.config), comparable(run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding))))
+    if differ:
+        raise RunFolderError(f"{run.path} was not run with this model and task: they differ in {', '.join(differ)}")
+    done, total = len(run.done_question_ids()), len(task)
+    if not done:
+        raise RunFolderError(f"{run.path}: no chunk written yet, nothing to summarise")
+    snap = run.snapshot(out)
+    summary = summarize_routes(snap, lm, task, cfg)
+    summary["snapshot"] = {"of": str(run.path), "questions_done": done, "questions_total": total}
+    snap.write_summary(summary)
     return summary
 
 

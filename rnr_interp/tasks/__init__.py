@@ -84,7 +84,8 @@ def load_task(name: str, data: str | Path | None = None, n: int | None = None, *
 
 def reload_task(described: dict[str, Any]) -> Task:
     """The task a run manifest describes (`Task.describe()`), rebuilt: synthetic tasks
-    from the generator parameters in `source`, file tasks from the file it names."""
+    from the generator parameters in `source`, file tasks from the file it names (its
+    first `n_questions`, the questions the run was given)."""
     name, source = described.get("name"), str(described.get("source") or "")
     if (synthetic := parse_source(source)) is not None:
         return load_task(name, **synthetic[1])
@@ -92,7 +93,7 @@ def reload_task(described: dict[str, Any]) -> Task:
         # A JSONL task is graded as the kind it was run as, whatever detection says now.
         kind = described.get("answer_kind")
         graded_as = {"answer_type": kind} if name == "jsonl" and kind in ("number", "text") else {}
-        return load_task(name, data=source, **graded_as)
+        return load_task(name, data=source, n=described.get("n_questions"), **graded_as)
     raise FileNotFoundError(f"task source {source or '?'} is not a file here")
 
 
