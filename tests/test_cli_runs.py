@@ -64,6 +64,8 @@ def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None
     assert f"run folder: {snap}" in result.output
     assert RunDir(snap).read_summary()["snapshot"]["questions_done"] == 2
     assert not (run / "summary.json").exists()
+    assert runner.invoke(app, ["report", str(snap)]).exit_code == 0
+    assert f"snapshot of {run.resolve()}: 2 of 3 questions written" in (snap / "report.html").read_text()
 
     again = runner.invoke(app, ["route-summary", str(run), "--quiet"])
     assert again.exit_code == 2 and "already a run folder; choose another --out" in again.output

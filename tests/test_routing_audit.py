@@ -435,7 +435,7 @@ def test_a_summary_so_far_is_the_summary_of_a_run_over_the_chunks_written(routed
 
     so_far = summarize_so_far(RunDir(stopped), tmp_path / "snap", lm, task)
     assert _files(stopped) == before
-    assert so_far["snapshot"] == {"of": str(stopped), "questions_done": cfg.batch_size, "questions_total": len(task)}
+    assert so_far["snapshot"] == {"of": str(stopped.resolve()), "questions_done": cfg.batch_size, "questions_total": len(task)}
 
     first = load_task("arithmetic", n=cfg.batch_size)
     alone = run_route_audit(lm, first, tmp_path / "alone", cfg, progress=False)

@@ -102,6 +102,9 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
     else:
         body = ""
     body += _localisation_html(s)
+    if isinstance(snap := s.get("snapshot"), dict):  # `rnr route-summary` of a run in progress
+        line = f"snapshot of {snap.get('of')}: {snap.get('questions_done')} of {snap.get('questions_total')} questions written"
+        body += f'<p class="facts">{_e(line)}</p>'
     if isinstance(s.get("oracle_at_k"), dict):
         oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
         body += _table_html(["route search", "accuracy (cells kept)"], oracle)

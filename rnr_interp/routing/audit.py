@@ -346,7 +346,7 @@ def summarize_so_far(run: RunDir, out: str | Path, lm: LoadedModel, task: Task) 
         raise RunFolderError(f"{run.path}: no chunk written yet, nothing to summarise")
     snap = run.snapshot(out)
     summary = summarize_routes(snap, lm, task, cfg)
-    summary["snapshot"] = {"of": str(run.path), "questions_done": done, "questions_total": total}
+    summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": done, "questions_total": total}
     snap.write_summary(summary)
     return summary
 
