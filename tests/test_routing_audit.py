@@ -470,3 +470,24 @@ def test_a_summary_so_far_refuses_what_it_cannot_summarise(routed_run, tmp_path)
     with pytest.raises(RunFolderError, match="no chunk written yet"):
         summarize_so_far(RunDir(empty), tmp_path / "c", lm, task)
     assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_route_batches_hold_the_rows_of_the_device(monkeypatch, tmp_path):
+    """Rows per route batch are the device's (`route_rows`: 64 on a CPU, more on a GPU,
+    where rows are nearly free), never fewer than the chunk's questions."""
+    import types
+
+    import rnr_interp.routing.audit as audit
+
+    lm = load_model("tiny-llama:6")
+    assert audit.route_rows(lm) == audit.ROUTE_ROWS
+    assert audit.route_rows(types.SimpleNamespace(device=torch.device("cuda", 0))) == audit.GPU_ROUTE_ROWS > audit.ROUTE_ROWS
+    sizes, original = [], audit.generate
+    monkeypatch.setattr(audit, "generate", lambda *a, **kw: sizes.append(len(a[1])) or original(*a, **kw))
+    monkeypatch.setattr(audit, "route_rows", lambda lm_: 5)
+    run_route_audit(lm, load_task("arithmetic", n=3), tmp_path / "a", RouteConfig(samples=4, budget=4, batch_size=2), progress=False)
+    assert max(sizes) == 5
+    sizes.clear()
+    monkeypatch.setattr(audit, "route_rows", lambda lm_: 1)
+    run_route_audit(lm, load_task("arithmetic", n=3), tmp_path / "b", RouteConfig(samples=4, budget=4, batch_size=2), progress=False)
+    assert max(sizes) == 2

@@ -140,7 +140,7 @@ def route(
     max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
     seed: SeedOpt = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="questions per chunk: searched together and written "
-                                                "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward holds up to max(this, 64) rows")] = 16,
+                                                "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward holds up to max(this, 64) rows on a CPU, 512 on a GPU")] = 16,
     answer_type: AnswerTypeOpt = None,
     quiet: QuietOpt = False,
 ):

@@ -59,6 +59,16 @@ VOTES = {"majority": False, "weighted_majority": True}  # deployable lines: conf
 #: a decoding step of few rows spends most of its time reading weights
 #: (benchmarks/route_batching.py; README, routing). A cost knob: results do not depend on it.
 ROUTE_ROWS = 64
+#: the same off the CPU: on a GPU rows are nearly free (a decoding step of 720 rows took
+#: about 1.5x one of 32 in the silencing sweep on an H200; README), so a batch holds what
+#: the round has, up to this. Memory: about 21 MB of keys and values a row at 456
+#: positions (a GSM8K prompt and 256 new tokens) on the demo model, 11 GB for 512.
+GPU_ROUTE_ROWS = 512
+
+
+def route_rows(lm: LoadedModel) -> int:
+    """Rows per batched route generation on `lm`'s device (a cost knob)."""
+    return ROUTE_ROWS if lm.device.type == "cpu" else GPU_ROUTE_ROWS
 VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
@@ -74,7 +84,7 @@ class RouteConfig:
     seed: int = 0
     collapse: float = 0.5
     #: questions per chunk: the lockstep's unit and a records part (a batch holds
-    #: max(batch_size, ROUTE_ROWS) rows, from every search of the chunk); a chunk
+    #: max(batch_size, `route_rows`) rows, from every search of the chunk); a chunk
     #: stopped part way keeps its work in the run's journal
     batch_size: int = 16
     reuse_prefix: bool = True
@@ -287,7 +297,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     # A chunk stopped part way left its temperature samples and route evaluations in the
     # run's journal: they are taken back, and the chunk redoes only what is missing.
     saved = run.journal.read()
-    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, ROUTE_ROWS), cfg.reuse_prefix, journal=run.journal)
+    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal)
     evaluator.restore(saved)
     saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
     spaces = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len) for name in cfg.spaces}
