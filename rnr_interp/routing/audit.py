@@ -351,12 +351,12 @@ def summarize_so_far(run: RunDir, out: str | Path, lm: LoadedModel, task: Task) 
     differ = config_diff(comparable(run.config), comparable(run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding))))
     if differ:
         raise RunFolderError(f"{run.path} was not run with this model and task: they differ in {', '.join(differ)}")
-    done, total = len(run.done_question_ids()), len(task)
-    if not done:
+    if not run.done_question_ids():
         raise RunFolderError(f"{run.path}: no chunk written yet, nothing to summarise")
-    snap = run.snapshot(out)
+    snap = run.snapshot(out)  # counted from the copy: the run may write a chunk meanwhile
     summary = summarize_routes(snap, lm, task, cfg)
-    summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": done, "questions_total": total}
+    summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
+                           "questions_total": len(task)}
     snap.write_summary(summary)
     return summary
 
