@@ -74,3 +74,22 @@ def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None
               deployed=Decoding(max_new_tokens=3), batch_size=2, progress=False)
     other = runner.invoke(app, ["route-summary", str(audit_run), "--quiet"])
     assert other.exit_code == 2 and "is not a route run (its kind: 'audit')" in other.output
+
+
+def test_route_summary_finds_a_moved_data_file_with_data(tmp_path: Path) -> None:
+    import json
+
+    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(2)))
+    run = tmp_path / "route"
+    run_route_audit(load_model("tiny-llama:3"), load_task("jsonl", data=data), run,
+                    RouteConfig(samples=2, budget=2, batch_size=2), progress=False)
+    moved = data.rename(tmp_path / "moved.jsonl")
+    runner = CliRunner()
+    lost = runner.invoke(app, ["route-summary", str(run), "--quiet"])
+    assert lost.exit_code == 2 and f"task source {data} is not a file here" in lost.output
+    found = runner.invoke(app, ["route-summary", str(run), "--data", str(moved), "--quiet"])
+    assert found.exit_code == 0, found.output
+    assert "unfinished" not in found.output and "tiny-llama:3 on jsonl: 2 questions" in found.output

@@ -165,6 +165,7 @@ def route(
 def route_summary(
     run: Annotated[Path, typer.Argument(help="a route run folder, finished or not (it is only read)")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="the run's data file, where it is not at the path the manifest names")] = None,
     quiet: QuietOpt = False,
 ):
     """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions."""
@@ -178,7 +179,8 @@ def route_summary(
         route_config_of(folder)  # a route run, before the model loads
         done = len(folder.done_question_ids())
         target = out if out is not None else run.resolve().with_name(f"{run.resolve().name}-{done}q")
-        task = reload_task(folder.config["task"])
+        described = folder.config["task"]
+        task = reload_task({**described, "source": str(data)} if data is not None else described)
         facts = folder.config.get("model_facts") or {}
         lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
         return target, summarize_so_far(folder, target, lm, task)

@@ -64,12 +64,12 @@ ROUTE_ROWS = 64
 #: the round has, up to this. Memory: about 21 MB of keys and values a row at 456
 #: positions (a GSM8K prompt and 256 new tokens) on the demo model, 11 GB for 512.
 GPU_ROUTE_ROWS = 512
+VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
 def route_rows(lm: LoadedModel) -> int:
     """Rows per batched route generation on `lm`'s device (a cost knob)."""
     return ROUTE_ROWS if lm.device.type == "cpu" else GPU_ROUTE_ROWS
-VERIFY_PROMPT = "{question}\n\nProposed answer: {answer}\n\nIs the proposed answer correct? Reply with yes or no."
 
 
 @dataclass(frozen=True)
