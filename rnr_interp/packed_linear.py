@@ -62,6 +62,13 @@ class PackedLinear(nn.Linear):
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed[1], self.bias, "none", [], "")
         return y.view(*x.shape[:-1], y.shape[-1])
 
+    def __getstate__(self):
+        # The packed copy is an opaque oneDNN tensor: it cannot be copied or pickled,
+        # and a copy of the layer makes its own on first use.
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        return state
+
 
 def install(model: nn.Module) -> int:
     """Give every plain `nn.Linear` of `model` on a CPU the packed path; returns how many

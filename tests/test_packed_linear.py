@@ -91,6 +91,27 @@ def test_a_loaded_model_runs_packed_and_generates_as_the_plain_one(monkeypatch):
         assert p.logprob == pytest.approx(q.logprob, abs=1e-4)
 
 
+def test_a_used_layer_copies_and_pickles_without_its_packed_weight():
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    packed_linear.install(model)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        want = model(x)
+    assert "_packed" in model[0].__dict__
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for clone in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        assert type(clone[0]) is packed_linear.PackedLinear and "_packed" not in clone[0].__dict__
+        with torch.no_grad():
+            torch.testing.assert_close(clone(x), want)
+    assert "_packed" in model[0].__dict__  # the original keeps its copy
+
+
 def test_dense_linear_is_kept_on_request(monkeypatch):
     monkeypatch.setenv("RNR_LINEAR", "dense")
     assert not packed_linear.available()
