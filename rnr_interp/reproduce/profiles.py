@@ -104,7 +104,7 @@ DEMO = Profile(
     name="demo", model="smollm2",
     audit_tasks=PAPER_TASKS, audit_n=40, k=32,
     # issue 12's cells; GSM8K last: its 256-token answers make each route generation about
-    # 8x an ARC-Challenge one (README: about 14 h for its 40 questions on a 2-core CPU)
+    # 8x an ARC-Challenge one (README: about 12 h for its 40 questions on a 2-core CPU)
     route_tasks=("arithmetic", "arc_challenge", "gsm8k"), route_n=40, route_k=32, route_batch_size=10,
     # routes of at least 27 of 30 blocks: unbounded random native/polar routes break
     # SmolLM2's answer format (README, routing), which would exclude every cell
