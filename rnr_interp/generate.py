@@ -291,6 +291,28 @@ def _prefill(
     return torch.cat([last for _, last, _ in parts])[order], joined
 
 
+#: rows per slice of the sampler's vocabulary-wide passes: a 64-row batch's logits are
+#: 12.6 MB on the demo model (49,152 tokens), and the passes over them (temperature,
+#: softmax, cumulative sum, log-softmax), each writing a tensor that size, ran 2x slower
+#: than over 8-row slices that stay in cache (the engine 1.04x faster end to end, demo
+#: model, CPU). Every pass is row-wise, so the slices give the same bits.
+SAMPLER_ROWS = 8
+
+
+def _sample(
+    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: float, u: Float[Tensor, "r"]
+) -> tuple[Int[Tensor, "r"], Float[Tensor, "r"]]:
+    """Each row's next token (`_pick`) and its log-probability under the untempered
+    logits, SAMPLER_ROWS rows at a time."""
+    toks, logps = [], []
+    for s in range(0, logits.shape[0], SAMPLER_ROWS):
+        rows = slice(s, s + SAMPLER_ROWS)
+        tok = _pick(logits[rows], temps[rows], top_p, u[rows])
+        toks.append(tok)
+        logps.append(torch.log_softmax(logits[rows], -1).gather(-1, tok[:, None]).squeeze(-1))
+    return torch.cat(toks), torch.cat(logps)
+
+
 def _pick(
     logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: float, u: Float[Tensor, "r"]
 ) -> Int[Tensor, "r"]:
@@ -389,8 +411,7 @@ def generate(
         out_logp = [0.0] * R
         finish = ["length"] * R
         for t in range(steps):
-            tok = _pick(last, temps[rows], decoding.top_p, u[rows, t])
-            logp = torch.log_softmax(last, -1).gather(-1, tok[:, None]).squeeze(-1)
+            tok, logp = _sample(last, temps[rows], decoding.top_p, u[rows, t])
             done = torch.isin(tok, stop_ids) & live
             for i, (r, tk, lp, d, lv) in enumerate(zip(rows.tolist(), tok.tolist(), logp.tolist(), done.tolist(), live.tolist())):
                 if not lv:

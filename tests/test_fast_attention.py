@@ -161,3 +161,28 @@ def test_only_plain_rotary_attention_is_swapped():
     assert fused_layers("tiny-llama:2") == 2
     assert fused_layers("tiny-gemma2") == 0  # score softcapping: eager only
     assert fused_layers("tiny-gpt2") == 0  # not a rotary attention bridge
+
+
+@pytest.mark.parametrize("kv_heads", [1, 3, 9])
+def test_one_query_attention_equals_sdpa(kv_heads):
+    """A decoding step's attention (one query, grouped-query heads stacked as matmul rows)
+    equals SDPA over the same cache and mask, padding keys included."""
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(5, 9, 1, 16, generator=g)
+    key, value = (torch.randn(5, kv_heads, 30, 16, generator=g) for _ in range(2))
+    additive = torch.zeros(5, 1, 1, 30)
+    additive[1, ..., :7] = torch.finfo(torch.float32).min  # a left-padded row
+    got = fast_attention._attend_one_query(query, key, value, additive, 0.25)
+    want = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=additive, scale=0.25,
+                                                            enable_gqa=kv_heads != 9)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_decoding_steps_take_the_one_query_path(monkeypatch):
+    lm = load_model("tiny-llama")
+    prompts = [lm.encode(lm.render(q)) for q in QUESTIONS]
+    calls = []
+    one_query = fast_attention._attend_one_query
+    monkeypatch.setattr(fast_attention, "_attend_one_query", lambda *a: calls.append(a[0].shape) or one_query(*a))
+    prefill_and_decode(lm, prompts, steps=3)
+    assert len(calls) == 3 * lm.n_layers and all(shape[2] == 1 for shape in calls)

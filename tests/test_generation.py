@@ -115,6 +115,27 @@ def test_sampling_follows_the_model_distribution():
     assert chisquare(counts[keep].numpy(), expected[keep].numpy() * n).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampler_slices_give_the_whole_batch_bits(top_p, monkeypatch):
+    """`_sample` runs its vocabulary-wide passes SAMPLER_ROWS rows at a time; every pass
+    is row-wise, so tokens and log-probs equal one pass over the whole batch, bit for
+    bit, including a last partial slice and greedy rows among sampled ones."""
+    from rnr_interp import generate as engine
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(37, 5000, generator=g) * 4
+    temps = torch.rand(37, generator=g) + 0.3
+    temps[::6] = 0.0
+    u = torch.rand(37, generator=g)
+    assert 37 > engine.SAMPLER_ROWS and 37 % engine.SAMPLER_ROWS  # several slices, the last partial
+    sliced = engine._sample(logits, temps, top_p, u)
+    monkeypatch.setattr(engine, "SAMPLER_ROWS", 1000)
+    whole = engine._sample(logits, temps, top_p, u)
+    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+    assert torch.equal(whole[0][temps == 0], logits[temps == 0].argmax(-1))
+    assert torch.equal(whole[1], torch.log_softmax(logits, -1).gather(-1, whole[0][:, None]).squeeze(-1))
+
+
 def test_mixed_temperatures_first_column_is_greedy():
     lm = load_model("tiny-llama")
     prompts = [lm.encode(lm.render(q)) for q in QUESTIONS[:2]]
