@@ -287,9 +287,15 @@ def blind_reward(q: Question, row: dict[str, Any]) -> float:
     return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
 
 
+def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+    """The run config of a route audit: what a run folder stores and a resume checks."""
+    deployed = Decoding(max_new_tokens=task.max_new_tokens)
+    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(deployed))
+
+
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    run = RunDir.create(out, run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding)))
+    run = RunDir.create(out, route_run_config(lm, task, cfg))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
@@ -347,8 +353,7 @@ def summarize_so_far(run: RunDir, out: str | Path, lm: LoadedModel, task: Task) 
     those questions. For runs that take hours (GSM8K answers on a CPU). `lm` and `task`
     must be the run's: the config they make is checked against the stored one."""
     cfg = route_config_of(run)
-    decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    differ = config_diff(comparable(run.config), comparable(run_config("route", lm, task, route=asdict(cfg), deployed=asdict(decoding))))
+    differ = config_diff(comparable(run.config), comparable(route_run_config(lm, task, cfg)))
     if differ:
         raise RunFolderError(f"{run.path} was not run with this model and task: they differ in {', '.join(differ)}")
     if not run.done_question_ids():
