@@ -294,8 +294,8 @@ def _prefill(
 #: rows per slice of the sampler's vocabulary-wide passes: a 64-row batch's logits are
 #: 12.6 MB on the demo model (49,152 tokens), and the passes over them (temperature,
 #: softmax, cumulative sum, log-softmax), each writing a tensor that size, ran 2x slower
-#: than over 8-row slices that stay in cache (the engine 1.04x faster end to end, demo
-#: model, CPU). Every pass is row-wise, so the slices give the same bits.
+#: than over 8-row slices that stay in cache (end to end about 1.02x, within the noise of
+#: 8 interleaved rounds; demo model, CPU). Every pass is row-wise: the same bits.
 SAMPLER_ROWS = 8
 
 
