@@ -82,7 +82,7 @@ def main() -> None:
     print(f"{args.model}: K={args.k}, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, T=1, "
           f"{args.reps} interleaved rounds, one torch thread")
     for path in PATHS:
-        line = f"  {path:6s} {statistics.median(rates[path]):9.1f} tokens/s  (rounds: " + ", ".join(f"{r:.1f}" for r in rates[path]) + ")"
+        line = f"  {path:9s} {statistics.median(rates[path]):9.1f} tokens/s  (rounds: " + ", ".join(f"{r:.1f}" for r in rates[path]) + ")"
         if path != "old":
             before = PATHS[PATHS.index(path) - 1]
             for ref in dict.fromkeys(("old", before)):
