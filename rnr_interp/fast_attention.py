@@ -7,11 +7,12 @@ Gemma) reimplements attention step by step so that ``hook_attn_scores`` and
 to expand grouped-query heads (``repeat_kv``: 3 -> 9 heads on the demo model) and
 materialises the [batch, heads, query, key] score and pattern tensors. With no hook on
 either, both are wasted work: `torch.nn.functional.scaled_dot_product_attention` with
-``enable_gqa`` computes the same output without them (on a CPU, a decoding step's
-single query takes two grouped matmuls instead, `_attend_one_query`: faster there). TransformerLens 4.x has no switch
-for this (HF's own ``attn_implementation`` is bypassed by the bridge's reimplementation,
-and delegating to HF would lose the rotary hooks), so `install` swaps the class of each
-eligible attention bridge for `SDPAAttentionBridge` at load time.
+``enable_gqa`` computes the same output without them (on a CPU, a decoding step's single
+query takes two grouped matmuls instead, `_attend_one_query`: faster there).
+TransformerLens 4.x has no switch for this (HF's own ``attn_implementation`` is bypassed
+by the bridge's reimplementation, and delegating to HF would lose the rotary hooks), so
+`install` swaps the class of each eligible attention bridge for `SDPAAttentionBridge` at
+load time.
 
 The rule: the fused path runs only when the call would compute exactly what the eager
 path computes and every hook the eager path fires, except the two pattern hooks, still
@@ -134,8 +135,9 @@ def _attend_one_query(
     one matmul instead of the cache copied per query head. On a CPU, for one query over
     a cache of 30-400 keys, this ran 1.1-1.8x faster than SDPA's flash kernel (64 rows,
     9 query over 3 KV heads); end to end, float32 generation moves within noise and
-    bfloat16 runs 1.4x faster (SDPA's CPU kernel is slow in bfloat16). The prefill, and every step on other devices (unmeasured
-    there; one fused kernel is the usual winner on a GPU), keep SDPA."""
+    bfloat16 runs 1.4x faster (SDPA's CPU kernel is slow in bfloat16). The prefill, and
+    every step on other devices (unmeasured there; one fused kernel is the usual winner
+    on a GPU), keep SDPA."""
     batch, heads, _, d_head = query.shape
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, d_head)
