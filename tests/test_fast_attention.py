@@ -163,19 +163,25 @@ def test_only_plain_rotary_attention_is_swapped():
     assert fused_layers("tiny-gpt2") == 0  # not a rotary attention bridge
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kv_heads", [1, 3, 9])
-def test_one_query_attention_equals_sdpa(kv_heads):
+def test_one_query_attention_equals_sdpa(kv_heads, dtype):
     """A decoding step's attention (one query, grouped-query heads stacked as matmul rows)
     equals SDPA over the same cache and mask, padding keys included."""
     g = torch.Generator().manual_seed(0)
-    query = torch.randn(5, 9, 1, 16, generator=g)
-    key, value = (torch.randn(5, kv_heads, 30, 16, generator=g) for _ in range(2))
-    additive = torch.zeros(5, 1, 1, 30)
-    additive[1, ..., :7] = torch.finfo(torch.float32).min  # a left-padded row
+    query = torch.randn(5, 9, 1, 16, generator=g).to(dtype)
+    key, value = (torch.randn(5, kv_heads, 30, 16, generator=g).to(dtype) for _ in range(2))
+    additive = torch.zeros(5, 1, 1, 30, dtype=dtype)
+    additive[1, ..., :7] = torch.finfo(dtype).min  # a left-padded row
     got = fast_attention._attend_one_query(query, key, value, additive, 0.25)
     want = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=additive, scale=0.25,
                                                             enable_gqa=kv_heads != 9)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got.dtype == dtype
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, want, **tol)
+    moved = value.clone()
+    moved[1, :, :7] += 100  # the padded row's masked keys: their values must not count
+    torch.testing.assert_close(fast_attention._attend_one_query(query, key, moved, additive, 0.25)[1], got[1])
 
 
 def test_decoding_steps_take_the_one_query_path(monkeypatch):
