@@ -287,14 +287,18 @@ def blind_reward(q: Question, row: dict[str, Any]) -> float:
     return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
 
 
+def route_decoding(task: Task) -> Decoding:
+    """How every route and the deployed full path decode: greedy, to the task's length."""
+    return Decoding(max_new_tokens=task.max_new_tokens)
+
+
 def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
     """The run config of a route audit: what a run folder stores and a resume checks."""
-    deployed = Decoding(max_new_tokens=task.max_new_tokens)
-    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(deployed))
+    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)))
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
-    decoding = Decoding(max_new_tokens=task.max_new_tokens)
+    decoding = route_decoding(task)
     run = RunDir.create(out, route_run_config(lm, task, cfg))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
