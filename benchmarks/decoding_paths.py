@@ -3,7 +3,7 @@ K samples of one long prompt. Each path adds one step to the one before it:
 
 - old: the bridge's eager attention (`repeat_kv` copies the KV cache every step) and
   transformers' `DynamicLayer` cache (appends by `torch.cat`, another whole copy);
-- fused: the fused SDPA attention (`rnr_interp.fast_attention`), `DynamicLayer` cache;
+- fused: the fused SDPA attention (`rnr_interp.models.fast_attention`), `DynamicLayer` cache;
 - new: fused attention and the engine's in-place cache layer (`generate.new_cache`);
 - one-query: and a CPU decoding step's attention as grouped matmuls
   (`fast_attention._attend_one_query`; SDPA for every step on the paths before);
@@ -28,8 +28,9 @@ import time
 import torch
 from transformers import DynamicCache
 
-from rnr_interp import fast_attention
-from rnr_interp import generate as engine
+from rnr_interp.models import fast_attention
+from rnr_interp.engine import generate as engine
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
 
 FILLER = "Count the apples: one, two, three, four, five, six, seven, eight, nine, ten. "
@@ -55,7 +56,7 @@ def main() -> None:
     lm = load_model(args.model)
     prompt = lm.encode(lm.render(FILLER * 20))[: args.prompt_tokens]
     seeds = [[1000 + j for j in range(args.k)]]
-    decoding = engine.Decoding(temperature=1.0, max_new_tokens=args.new_tokens)
+    decoding = Decoding(temperature=1.0, max_new_tokens=args.new_tokens)
     engine_cache, one_query, sampler_rows = engine.new_cache, fast_attention._attend_one_query, engine.SAMPLER_ROWS
 
     def run(path: str) -> tuple[float, list[list[int]]]:

@@ -30,10 +30,10 @@ import argparse
 import statistics
 import time
 
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, audit_searches, run_searches
-from rnr_interp.routing.spaces import make_space
+from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, audit_searches, run_searches
+from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.tasks import load_task
 
 

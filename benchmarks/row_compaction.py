@@ -18,9 +18,10 @@ import time
 
 import torch
 
-from rnr_interp import generate as engine
+from rnr_interp.engine import generate as engine
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.sampling import prompt_ids
+from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.tasks import load_task
 
 LINES = {"one by one": 0.0, "in groups": engine.COMPACT_SHARE}
@@ -40,7 +41,7 @@ def main() -> None:
     task = load_task(args.task, args.data, n=args.n)
     prompts = [prompt_ids(lm, task, q) for q in task.questions]
     seeds = [[1000 * b + j for j in range(args.k)] for b in range(len(prompts))]
-    decoding = engine.Decoding(temperature=1.0, max_new_tokens=task.max_new_tokens)
+    decoding = Decoding(temperature=1.0, max_new_tokens=task.max_new_tokens)
 
     def run(share: float) -> tuple[float, list[list[int]]]:
         engine.COMPACT_SHARE = share

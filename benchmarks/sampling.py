@@ -10,7 +10,7 @@ loads the machine during one repetition slows every engine of that round, not on
 engine's whole measurement. Each row gives the median tokens/s over repetitions; ratios
 are medians of the per-round ratios, with their min-max. The row "rnr_interp engine,
 dense linears" (the engine with plain `nn.Linear` layers) says what the prepacked linear
-layers (`rnr_interp.packed_linear`) buy.
+layers (`rnr_interp.models.packed_linear`) buy.
 
 The compute limit: right before each engine's run, a float32 matmul of the model's own
 shape (rows = the engine's batch, d_model -> d_mlp) is timed for GFLOP/s (the faster of
@@ -35,10 +35,11 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
-from rnr_interp import packed_linear
-from rnr_interp.generate import Decoding, generate, left_pad
-from rnr_interp.models import _smollm2_dir, align_weights, load_model
-from rnr_interp.sampling import candidate_seed, prompt_ids
+from rnr_interp.models import packed_linear
+from rnr_interp.engine.decoding import Decoding
+from rnr_interp.engine.generate import generate, left_pad
+from rnr_interp.models import smollm2_dir, align_weights, load_model
+from rnr_interp.engine.sampling import candidate_seed, prompt_ids
 from rnr_interp.tasks import load_task
 
 
@@ -153,7 +154,7 @@ def main():
     n_q = args.questions
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2")
-    plain = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.float32).eval()
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
     task = load_task("arithmetic", n=n_q)
     prompts = [prompt_ids(lm, task, q) for q in task.questions]
     batch = min(args.batch, n_q)
@@ -161,7 +162,7 @@ def main():
     # `from_pretrained` leaves the weights where safetensors mapped them, off the 64-byte
     # boundaries MKL's matmuls want; `load_model` copies them (`models.align_weights`).
     # The second transformers row gets the same copies: engine against engine.
-    aligned = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.float32).eval()
+    aligned = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
     align_weights(aligned)
     engines = {"transformers.generate": hf_runner(plain, *config),
                "transformers.generate aligned": hf_runner(aligned, *config),
@@ -174,7 +175,7 @@ def main():
     dtypes = dict.fromkeys(engines, torch.float32)
     if args.bf16:
         lm16 = load_model("smollm2", dtype="bfloat16")
-        plain16 = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.bfloat16).eval()
+        plain16 = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.bfloat16).eval()
         config16 = (lm16, *config[1:])
         engines["transformers.generate bf16"] = hf_runner(plain16, *config16)
         engines["rnr_interp engine bf16"] = engine_runner(generate, *config16)
@@ -182,10 +183,10 @@ def main():
     if args.profile:
         profile(engines["rnr_interp engine"])
         return
-    from rnr_interp.vllm_backend import vllm_available
+    from rnr_interp.engine.vllm_backend import vllm_available
 
     if vllm_available() and not args.no_vllm:
-        from rnr_interp import vllm_backend
+        from rnr_interp.engine import vllm_backend
 
         t = time.perf_counter()
         served = vllm_backend.load_vllm("smollm2", dtype="float32")

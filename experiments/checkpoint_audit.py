@@ -17,15 +17,15 @@ import json
 import time
 from pathlib import Path
 
-from rnr_interp.audit import run_audit
-from rnr_interp.compare import compare_runs
+from rnr_interp.analyses.audit import run_audit
+from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.report.compare_figures import change_figure, gained_lost_figure, propensity_figure
-from rnr_interp.sampling import Probe, deployed_decoding
+from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.tasks import load_task
 
-import finetune  # experiments/ is on sys.path when this file is run as a script
+from rnr_interp.analyses import finetune
 
 
 def audit(spec: str, task, out: Path, probe: Probe) -> RunDir:

@@ -8,7 +8,7 @@ and restores the model exactly on exit, also when the body raises.
 
 Hook names come from one table, `SITES` (site -> hook point per architecture family,
 `site_hook`), for every write (the specs' `hooks`) and every read (`capturing`, the
-registry's read context). Only the bridge engine has hooks; `sampling.check_hooks`
+registry's read context). Only the bridge engine has hooks; `engine.decoding.check_hooks`
 refuses interventions on any other engine.
 
 A route is a list of block indices (skips and repeats). It is applied by replacing the

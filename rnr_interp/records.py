@@ -251,6 +251,11 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
     return _atomic_write(Path(path), lambda f: f.write(data))
 
 
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    data = text.encode()
+    return _atomic_write(Path(path), lambda f: f.write(data))
+
+
 def _write_parquet_atomic(path: Path, table: pa.Table) -> Path:
     return _atomic_write(path, lambda f: pq.write_table(table, f))
 
@@ -402,6 +407,33 @@ def _versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
     return out
+
+
+def _code_commit() -> str | None:
+    """The git commit of the checkout the package runs from (None when installed from a
+    wheel, or when git is absent): `versions.rnr_interp` alone does not change per commit."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+changes" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def _environment() -> dict[str, Any]:
+    """What changes a number without being part of the config: where the models run, how
+    many threads the CPU kernels use, and the code's commit. Recorded in the manifest
+    (a resumed run keeps the values it started with) and shown on the findings page."""
+    torch = sys.modules.get("torch")  # only read when a model is already loaded: importing torch costs seconds
+    return {"device": (os.environ.get("RNR_DEVICE") or "cpu").strip(),
+            "torch_threads": torch.get_num_threads() if torch is not None else None,
+            "code_commit": _code_commit()}
 
 
 # -- reading run files -------------------------------------------------------------
@@ -668,6 +700,7 @@ class RunDir:
                 "config_hash": digest,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "versions": _versions(),
+                "environment": _environment(),
                 "record_columns": list(RECORD_COLUMNS),
             }
             # The manifest goes last: its presence is what marks the folder as a run.

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rnr_interp.audit import run_audit
+from rnr_interp.analyses.audit import run_audit
 from rnr_interp.metrics import question_scores
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe
+from rnr_interp.engine.sampling import Probe
 from rnr_interp.tasks import load_task
 
 AUDIT = ["--model", "tiny-llama", "--task", "arithmetic", "--n", "24", "--k", "8", "--batch-size", "3", "--quiet"]
@@ -88,7 +88,7 @@ def test_audit_reports_majority_at_k_from_the_records():
     to the answer sampled first), and its gaps are the paired differences."""
     import pandas as pd
 
-    from rnr_interp.audit import deployable_votes
+    from rnr_interp.analyses.audit import deployable_votes
 
     # question: (deployed right?, samples as (answer, right?)); gold is "7" throughout.
     cases = {

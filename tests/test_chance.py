@@ -66,11 +66,11 @@ def test_answer_changes_separate_repairs_from_bias_shifts() -> None:
 
 
 def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None:
-    from rnr_interp.audit import run_audit
-    from rnr_interp.generate import Decoding
+    from rnr_interp.analyses.audit import run_audit
+    from rnr_interp.engine.decoding import Decoding
     from rnr_interp.models import load_model
     from rnr_interp.records import RunDir
-    from rnr_interp.sampling import Probe
+    from rnr_interp.engine.sampling import Probe
     from rnr_interp.tasks import load_task
 
     lm = load_model("tiny-llama")
@@ -99,9 +99,9 @@ def test_localisation_summaries_carry_chance_and_answer_changes(tmp_path) -> Non
     from rnr_interp.metrics import answer_changes
     from rnr_interp.models import load_model
     from rnr_interp.records import RunDir
-    from rnr_interp.repair import ablation_probe, run_failures, run_repair
+    from rnr_interp.analyses.localise.repair import ablation_probe, run_failures, run_repair
     from rnr_interp.report.html import build_page
-    from rnr_interp.steering import run_steer
+    from rnr_interp.analyses.localise.steering import run_steer
     from rnr_interp.tasks import load_task
 
     lm, task = load_model("tiny-llama"), load_task("arithmetic_mc", n=8)
@@ -127,7 +127,7 @@ def test_multiple_choice_readings_recount_answer_moves() -> None:
     the shift itself, counted from the records as stored."""
     import pandas as pd
 
-    from rnr_interp.cohort import multiple_choice_readings
+    from rnr_interp.analyses.localise.cohort import multiple_choice_readings
     from rnr_interp.tasks import load_task
 
     task = load_task("arithmetic_mc", n=6)
@@ -148,7 +148,7 @@ def test_answer_moves_count_only_the_questions_a_probe_was_asked() -> None:
     and are neither changed nor unchanged (they were once counted as changed to none)."""
     import pandas as pd
 
-    from rnr_interp.cohort import multiple_choice_readings
+    from rnr_interp.analyses.localise.cohort import multiple_choice_readings
     from rnr_interp.tasks import load_task
 
     task = load_task("arithmetic_mc", n=6)
@@ -163,7 +163,7 @@ def test_answer_moves_count_only_the_questions_a_probe_was_asked() -> None:
 def test_compare_shows_each_runs_chance(tmp_path) -> None:
     from test_compare import hand_run
 
-    from rnr_interp.compare import compare_runs
+    from rnr_interp.analyses.checkpoints import compare_runs
     from rnr_interp.records import RunDir
     from rnr_interp.report.html import build_page
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rnr_interp.audit import run_audit
+from rnr_interp.analyses.audit import run_audit
 from rnr_interp.cli import app
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe
+from rnr_interp.engine.sampling import Probe
 from rnr_interp.tasks import load_task
 
 
@@ -48,7 +48,7 @@ def test_quiet_prints_no_progress_bar_not_even_model_loading(tmp_path: Path) -> 
 
 
 def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None:
-    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
     run = tmp_path / "route"
     run_route_audit(load_model("tiny-llama:3"), load_task("arithmetic", n=3), run,
@@ -79,7 +79,7 @@ def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None
 def test_route_summary_finds_a_moved_data_file_with_data(tmp_path: Path) -> None:
     import json
 
-    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(2)))

@@ -9,16 +9,16 @@ import random
 
 import pytest
 
-from rnr_interp.audit import run_audit
-from rnr_interp.compare import (
+from rnr_interp.analyses.audit import run_audit
+from rnr_interp.analyses.checkpoints import (
     DEFAULT_BIN_EDGES, REACHABLE, REALIZED, ROLES, RunMismatchError, budget_control, budget_probe, check_aligned,
     compare_runs, propensity, reached, transitions,
 )
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.metrics import mcnemar
 from rnr_interp.models import load_model
 from rnr_interp.records import RECORD_COLUMNS, RunDir
-from rnr_interp.sampling import Probe
+from rnr_interp.engine.sampling import Probe
 from rnr_interp.tasks.base import Question, Task
 
 K = 8

@@ -5,8 +5,9 @@ to the eager path whenever the attention pattern is hooked."""
 import pytest
 import torch
 
-from rnr_interp import fast_attention
-from rnr_interp.generate import Decoding, forward, generate, left_pad, new_cache
+from rnr_interp.models import fast_attention
+from rnr_interp.engine.decoding import Decoding
+from rnr_interp.engine.generate import forward, generate, left_pad, new_cache
 from rnr_interp.interventions import capturing
 from rnr_interp.models import load_model
 
@@ -73,7 +74,7 @@ def test_fused_generations_equal_eager(spec):
     lm = load_model(spec)
     prompts = [lm.encode(lm.render(q)) for q in QUESTIONS]
     # column 0 greedy, columns 1-2 sampled at T=1 from their seeds; rows finish at different steps
-    kwargs = dict(n=3, decoding=Decoding(max_new_tokens=20), temperatures=[0.0, 1.0, 1.0],
+    kwargs = dict(n=3, columns=[Decoding(max_new_tokens=20)] + [Decoding(temperature=1.0, max_new_tokens=20)] * 2,
                   seeds=[[b * 10 + j for j in range(3)] for b in range(len(prompts))])
     fused = generate(lm, prompts, **kwargs)
     fast_attention.uninstall(lm.bridge)

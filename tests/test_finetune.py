@@ -1,11 +1,9 @@
-"""experiments/finetune.py on a tiny model: the GRPO pieces do what they claim, both
+"""analyses.finetune on a tiny model: the GRPO pieces do what they claim, both
 recipes run a few steps and write a checkpoint that `load_model` reads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,12 +16,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "finetune.py"
 
 @pytest.fixture(scope="module")
 def ft():
-    spec = importlib.util.spec_from_file_location("finetune", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["finetune"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("finetune", None)
+    from rnr_interp.analyses import finetune
+
+    return finetune
 
 
 def test_group_advantages(ft):

@@ -4,8 +4,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rnr_interp.generate import CACHE_HEADROOM, Decoding, generate, left_pad, new_cache
-from rnr_interp.models import _smollm2_dir, load_model
+from rnr_interp.engine.decoding import Decoding
+
+from rnr_interp.engine.generate import CACHE_HEADROOM, generate, left_pad, new_cache
+from rnr_interp.models import smollm2_dir, load_model
 
 QUESTIONS = ["What is 17 + 25?", "Name a colour.", "What is 9 times 8?", "Say hello."]
 
@@ -34,7 +36,7 @@ def test_greedy_equals_transformers_generate_tiny(spec):
 
 @pytest.mark.slow
 def test_greedy_equals_transformers_generate_smollm2(smollm2):
-    plain = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.float32).eval()
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
     prompts = [smollm2.encode(smollm2.render(q)) for q in QUESTIONS]
     ours = generate(smollm2, prompts, decoding=Decoding(max_new_tokens=24))
     assert [r[0].tokens for r in ours] == hf_greedy(plain, smollm2, prompts, 24)
@@ -115,12 +117,12 @@ def test_sampling_follows_the_model_distribution():
     assert chisquare(counts[keep].numpy(), expected[keep].numpy() * n).pvalue > 1e-3
 
 
-@pytest.mark.parametrize("top_p", [1.0, 0.9])
+@pytest.mark.parametrize("top_p", [1.0, 0.9, "mixed"])
 def test_sampler_slices_give_the_whole_batch_bits(top_p, monkeypatch):
     """`_sample` runs its vocabulary-wide passes SAMPLER_ROWS rows at a time; every pass
     is row-wise, so tokens and log-probs equal one pass over the whole batch, bit for
     bit, including a last partial slice and greedy rows among sampled ones."""
-    from rnr_interp import generate as engine
+    from rnr_interp.engine import generate as engine
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(37, 5000, generator=g) * 4
@@ -128,9 +130,10 @@ def test_sampler_slices_give_the_whole_batch_bits(top_p, monkeypatch):
     temps[::6] = 0.0
     u = torch.rand(37, generator=g)
     assert 37 > engine.SAMPLER_ROWS and 37 % engine.SAMPLER_ROWS  # several slices, the last partial
-    sliced = engine._sample(logits, temps, top_p, u)
+    top_ps = torch.where(torch.arange(37) % 3 == 0, 0.8, 1.0) if top_p == "mixed" else torch.full((37,), top_p)
+    sliced = engine._sample(logits, temps, top_ps, u)
     monkeypatch.setattr(engine, "SAMPLER_ROWS", 1000)
-    whole = engine._sample(logits, temps, top_p, u)
+    whole = engine._sample(logits, temps, top_ps, u)
     assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
     assert torch.equal(whole[0][temps == 0], logits[temps == 0].argmax(-1))
     assert torch.equal(whole[1], torch.log_softmax(logits, -1).gather(-1, whole[0][:, None]).squeeze(-1))
@@ -140,9 +143,33 @@ def test_mixed_temperatures_first_column_is_greedy():
     lm = load_model("tiny-llama")
     prompts = [lm.encode(lm.render(q)) for q in QUESTIONS[:2]]
     dec = Decoding(temperature=1.0, max_new_tokens=10)
-    mixed = generate(lm, prompts, n=4, decoding=dec, temperatures=[0.0, 1.0, 1.0, 1.0], seeds=[[1, 2, 3, 4], [5, 6, 7, 8]])
+    mixed = generate(lm, prompts, n=4, columns=[Decoding(max_new_tokens=10)] + [dec] * 3, seeds=[[1, 2, 3, 4], [5, 6, 7, 8]])
     greedy = generate(lm, prompts, decoding=Decoding(max_new_tokens=10))
     assert [r[0].tokens for r in mixed] == [r[0].tokens for r in greedy]
+
+
+def test_each_column_samples_with_its_own_top_p():
+    """A column's top-p is its own: a sampled column at top-p 1 beside truncated ones
+    draws what it draws alone, and the truncated ones what they draw without it."""
+    lm = load_model("tiny-llama")
+    prompts = [lm.encode(lm.render(q)) for q in QUESTIONS[:2]]
+    wide, narrow = Decoding(temperature=1.0, max_new_tokens=12), Decoding(temperature=1.0, top_p=0.3, max_new_tokens=12)
+    seeds = [[1, 2, 3], [4, 5, 6]]
+    mixed = generate(lm, prompts, n=3, columns=[wide, narrow, narrow], seeds=seeds)
+    alone_wide = generate(lm, prompts, n=3, decoding=wide, seeds=seeds)
+    alone_narrow = generate(lm, prompts, n=3, decoding=narrow, seeds=seeds)
+    assert [r[0].tokens for r in mixed] == [r[0].tokens for r in alone_wide]
+    assert [[g.tokens for g in r[1:]] for r in mixed] == [[g.tokens for g in r[1:]] for r in alone_narrow]
+    assert [r[1].tokens for r in alone_wide] != [r[1].tokens for r in alone_narrow]  # top-p changed the draw
+
+
+def test_one_decoding_reaches_the_engine_once():
+    lm = load_model("tiny-llama")
+    prompt = [lm.encode(lm.render(QUESTIONS[0]))]
+    with pytest.raises(ValueError, match="not both"):
+        generate(lm, prompt, n=1, decoding=Decoding(), columns=[Decoding()])
+    with pytest.raises(ValueError, match="share max_new_tokens"):
+        generate(lm, prompt, n=2, columns=[Decoding(max_new_tokens=3), Decoding(max_new_tokens=4)])
 
 
 def test_stop_strings_end_rows():
@@ -195,7 +222,8 @@ def test_cache_layer_equals_concatenation():
 def test_cached_equals_uncached_past_the_cache_headroom():
     lm = load_model("tiny-llama")
     prompts = [lm.encode(lm.render(q)) for q in QUESTIONS]
-    kwargs = dict(n=3, decoding=Decoding(max_new_tokens=CACHE_HEADROOM * 2 + 5), temperatures=[0.0, 1.0, 1.0],
+    steps = CACHE_HEADROOM * 2 + 5
+    kwargs = dict(n=3, columns=[Decoding(max_new_tokens=steps)] + [Decoding(temperature=1.0, max_new_tokens=steps)] * 2,
                   seeds=[[b * 10 + j for j in range(3)] for b in range(len(prompts))])
     cached = [[g.tokens for g in row] for row in generate(lm, prompts, use_cache=True, **kwargs)]
     uncached = [[g.tokens for g in row] for row in generate(lm, prompts, use_cache=False, **kwargs)]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rnr_interp.generate import Generation
-from rnr_interp.sampling import candidate_row
+from rnr_interp.engine.decoding import Generation
+from rnr_interp.engine.sampling import candidate_row
 from rnr_interp.metrics import unparsed_rate
 from rnr_interp.tasks import ARC, JsonlNumberTask, JsonlTask, Question, load_jsonl
 from rnr_interp.tasks.freetext import extract_free_text

@@ -6,7 +6,9 @@ import json
 import pytest
 import torch
 
-from rnr_interp.generate import Decoding, forward, generate, left_pad
+from rnr_interp.engine.decoding import Decoding
+
+from rnr_interp.engine.generate import forward, generate, left_pad
 from rnr_interp.interventions import (
     Ablate, AblateUnits, Route, Steer, applied, dumps, from_json, loads, set_id, to_json,
 )
@@ -139,8 +141,8 @@ def test_interventions_past_block_p_replay_blocks_before_it(lm, monkeypatch):
     prefill from the stored full-path states (rows grouped by p); the generations are
     those of running every block, and corrupting the stored residual shows the replay
     is taken."""
-    import rnr_interp.generate as engine
-    from rnr_interp.generate import prompt_states
+    import rnr_interp.engine.generate as engine
+    from rnr_interp.engine.generate import prompt_states
 
     prompts = [lm.encode(lm.render(p)) for p in PROMPTS]
     rows = [[Ablate("mlp", 2)], [Ablate("attn", 3), AblateUnits(2, (0, 5, 7))], [Ablate("layer", 2)], []]

@@ -1,6 +1,11 @@
-"""Imports point down only: models/tasks/records/metrics -> interventions ->
-generate/sampling -> analyses -> report -> reproduce -> cli. Walks every module's imports (top level,
-inside functions and under TYPE_CHECKING alike) and fails on any edge that points up."""
+"""Imports point down only, between layers and within them, and no module imports
+another's private names. Walks every module's imports (top level, inside functions and
+under TYPE_CHECKING alike) and fails on any edge that points up or sideways.
+
+The order below is the architecture: a module may import only modules listed before
+its own entry (a package's `__init__` may import its own submodules). Inside a package
+listed as one entry (tasks/, routing/, report/, ...), its modules may import each other
+but not in a circle."""
 
 from __future__ import annotations
 
@@ -9,16 +14,23 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 
-#: the first part of a module's dotted name below rnr_interp -> its layer (low to high)
-LAYERS: dict[str, int] = {
-    "models": 0, "fast_attention": 0, "packed_linear": 0, "tasks": 0, "records": 0, "metrics": 0,
-    "interventions": 1,
-    "generate": 2, "sampling": 2, "vllm_backend": 2,
-    "audit": 3, "routing": 3, "recognition": 3, "cohort": 3, "repair": 3, "steering": 3, "compare": 3, "sweep": 3,
-    "report": 4,
-    "reproduce": 5,
-    "commands": 6, "cli": 6,
-}
+#: (layer, its entries in import order): a dotted name below rnr_interp names a module or a
+#: whole package
+LAYERS: list[tuple[str, list[str]]] = [
+    ("data and models", ["models.packed_linear", "models.fast_attention", "models", "tasks", "records", "metrics",
+                         "interventions"]),
+    ("engine and rows", ["engine.decoding", "engine.generate", "engine.vllm_backend", "engine.sampling"]),
+    ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",
+                  "analyses.localise.repair", "analyses.localise.steering", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
+    ("report", ["report"]),
+    ("reproduce", ["reproduce"]),
+    ("commands", ["commands"]),
+    ("cli", ["cli"]),
+]
+#: packages that only group their layer's entries (their `__init__` imports nothing of ours)
+GROUPS = ("engine", "analyses", "analyses.localise")
+RANK = {entry: rank for rank, entry in enumerate(e for _, entries in LAYERS for e in entries)}
+LAYER_OF = {entry: name for name, entries in LAYERS for entry in entries}
 
 
 def module_name(path: Path) -> str:
@@ -26,55 +38,113 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported(path: Path, me: str) -> set[str]:
-    """Every rnr_interp module the file at `path`, module `me`, imports (relative
-    imports resolved)."""
+def entry(module: str) -> str | None:
+    """The LAYERS entry a module belongs to: the longest listed prefix of its name."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in RANK:
+            return ".".join(parts[:n])
+    return None
+
+
+def imports(path: Path, me: str) -> list[tuple[str, list[str]]]:
+    """Each `rnr_interp` module the file imports, with the names it takes from it
+    (relative imports resolved; `from rnr_interp.x import y` may name a module `x.y`)."""
     package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
-    out = set()
+    out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            out += [(a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             name = ".".join([*base, node.module] if node.module else base)
-            out.add(name)
-            # `from rnr_interp import records`: the imported names may be modules
-            out |= {f"{name}.{a.name}" for a in node.names}
-    return {m for m in out if m.startswith("rnr_interp.")}
+            taken = [a.name for a in node.names]
+            modules = [f"{name}.{t}" for t in taken if (PACKAGE.parent / f"{name}.{t}".replace(".", "/")).exists()
+                       or (PACKAGE.parent / (f"{name}.{t}".replace(".", "/") + ".py")).exists()]
+            names = [t for t in taken if f"{name}.{t}" not in modules]
+            out += ([(name, names)] if names or not modules else []) + [(m, []) for m in modules]
+    return [(m, names) for m, names in out if m.startswith("rnr_interp.")]
 
 
-def upward(path: Path, me: str) -> list[str]:
-    mine = layer(me)
-    return [f"{me} (layer {mine}) imports {t} (layer {layer(t)})"
-            for t in sorted(imported(path, me)) if layer(t) is not None and layer(t) > mine]
+def bad_edges(path: Path, me: str) -> list[str]:
+    mine = entry(me)
+    found = []
+    for target, names in imports(path, me):
+        theirs = entry(target)
+        if target.startswith(me + ".") and path.name == "__init__.py":
+            continue  # a package imports its own submodules
+        if theirs is None and target.removeprefix("rnr_interp.") in GROUPS:
+            found.append(f"{me} imports the grouping package {target}: import the module itself")
+        elif theirs is not None and mine is not None and theirs != mine and RANK[theirs] > RANK[mine]:
+            found.append(f"{me} ({LAYER_OF[mine]}: {mine}) imports {target} ({LAYER_OF[theirs]}: {theirs}), "
+                         "which comes later")
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        if private and target != me:
+            found.append(f"{me} imports private {', '.join(private)} from {target}")
+    return found
 
 
-def layer(module: str) -> int | None:
-    parts = module.split(".")
-    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+def edges_within(entry_name: str) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        me = module_name(path)
+        if entry(me) == entry_name:
+            graph[me] = {t for t, _ in imports(path, me) if entry(t) == entry_name and t != me
+                         and not (path.name == "__init__.py" and t.startswith(me + "."))}
+    return graph
 
 
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
 
-def test_every_module_has_a_layer():
-    unplaced = [module_name(p) for p in PACKAGE.rglob("*.py") if layer(module_name(p)) is None and p.parent != PACKAGE]
-    top = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
-    assert unplaced == [] and top - {"__init__"} <= set(LAYERS), sorted(top - set(LAYERS))
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return trail + [node, nxt]
+            if nxt not in state and (found := visit(nxt, trail + [node])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [])):
+            return found
+    return None
+
+
+def test_every_module_has_a_place():
+    unplaced = [module_name(p) for p in PACKAGE.rglob("*.py")
+                if entry(module_name(p)) is None and module_name(p) not in ("rnr_interp", *(f"rnr_interp.{g}" for g in GROUPS))]
+    assert unplaced == []
 
 
 def test_imports_point_down_only():
-    found = [edge for path in sorted(PACKAGE.rglob("*.py")) if layer(me := module_name(path)) is not None
-             for edge in upward(path, me)]
+    found = [edge for path in sorted(PACKAGE.rglob("*.py")) for edge in bad_edges(path, module_name(path))]
     assert found == [], "\n".join(found)
 
 
-def test_the_walk_sees_upward_edges(tmp_path):
-    """Not vacuous: imports inside functions, relative ones and module imports count."""
+def test_no_circle_inside_a_package():
+    circles = {name: c for name in RANK if (c := cycle(edges_within(name)))}
+    assert circles == {}
+
+
+def test_the_walk_sees_bad_edges(tmp_path):
+    """Not vacuous: imports inside functions, relative ones, module imports, sideways edges
+    within a layer, private names and circles count."""
     sample = tmp_path / "x.py"
     sample.write_text("def f():\n    from rnr_interp.cli import fail\n")
-    assert upward(sample, "rnr_interp.repair")[0] == "rnr_interp.repair (layer 3) imports rnr_interp.cli (layer 6)"
-    sample.write_text("from ..report import figures\n")
-    assert upward(sample, "rnr_interp.routing.audit")[0].endswith("rnr_interp.report (layer 4)")
-    sample.write_text("import rnr_interp.steering\n")
-    assert upward(sample, "rnr_interp.generate") != []
+    assert "comes later" in bad_edges(sample, "rnr_interp.analyses.localise.repair")[0]
+    sample.write_text("from ...report import figures\n")
+    assert bad_edges(sample, "rnr_interp.analyses.routing.audit")[0].endswith("(report: report), which comes later")
+    sample.write_text("import rnr_interp.analyses.localise.steering\n")
+    assert bad_edges(sample, "rnr_interp.engine.generate") != []
+    sample.write_text("from rnr_interp.analyses.localise import steering\n")
+    assert bad_edges(sample, "rnr_interp.analyses.localise.repair") != []  # within a layer, later entry
+    sample.write_text("from rnr_interp.engine.sampling import prompt_ids\n")
+    assert bad_edges(sample, "rnr_interp.engine.vllm_backend") != []
+    sample.write_text("from rnr_interp.engine.generate import _uniforms\n")
+    assert "private _uniforms" in bad_edges(sample, "rnr_interp.engine.sampling")[0]
     sample.write_text("from rnr_interp.records import RunDir\n")
-    assert upward(sample, "rnr_interp.report.html") == []
+    assert bad_edges(sample, "rnr_interp.report.html") == []
+    assert cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"] and cycle({"a": {"b"}, "b": set()}) is None

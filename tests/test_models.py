@@ -6,8 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rnr_interp.generate import Decoding, generate, left_pad, forward
-from rnr_interp.models import ALIGNMENT, ModelSpecError, _smollm2_dir, build_tiny, load_model
+from rnr_interp.engine.decoding import Decoding
+
+from rnr_interp.engine.generate import generate, left_pad, forward
+from rnr_interp.models import ALIGNMENT, ModelSpecError, smollm2_dir, build_tiny, load_model
 
 
 @pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2:2", "tiny-gpt2:4", "tiny-gemma:3"])
@@ -76,7 +78,7 @@ def test_smollm2_facts(smollm2):
 def test_smollm2_bridge_logits_match_plain_transformers(smollm2):
     """Tolerance 1e-3 absolute on float32 logits (the bridge reimplements attention
     eagerly; transformers uses SDPA)."""
-    plain = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), dtype=torch.float32).eval()
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
     prompts = [smollm2.encode(smollm2.render(q)) for q in ["What is the capital of France?", "2+2="]]
     ids, mask = left_pad(prompts, smollm2.tokenizer.pad_token_id)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -141,7 +143,8 @@ def test_dtype_is_chosen_recorded_and_named_when_bad(monkeypatch):
     from typer.testing import CliRunner
 
     from rnr_interp.cli import app
-    from rnr_interp.generate import Decoding, generate
+    from rnr_interp.engine.decoding import Decoding
+    from rnr_interp.engine.generate import generate
     from rnr_interp.models import resolve_dtype
 
     monkeypatch.delenv("RNR_DTYPE", raising=False)

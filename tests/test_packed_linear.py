@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from rnr_interp import packed_linear
-from rnr_interp.generate import Decoding, generate
+from rnr_interp.models import packed_linear
+from rnr_interp.engine.decoding import Decoding
+from rnr_interp.engine.generate import generate
 from rnr_interp.models import load_model
 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN prepacked linear")

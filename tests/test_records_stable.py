@@ -34,14 +34,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rnr_interp import cohort, fast_attention
-from rnr_interp.audit import run_audit
-from rnr_interp.generate import Decoding
+from rnr_interp.analyses.localise import cohort
+
+from rnr_interp.models import fast_attention
+from rnr_interp.analyses.audit import run_audit
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp import repair
-from rnr_interp.repair import run_repair
-from rnr_interp.sampling import Probe
+from rnr_interp.analyses.localise import repair
+from rnr_interp.analyses.localise.repair import run_repair
+from rnr_interp.engine.sampling import Probe
 from rnr_interp.tasks import load_task
 
 #: sha256 of the records' values, computed by `content_hash` (without run_id) at e992296.

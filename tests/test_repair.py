@@ -11,19 +11,19 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from rnr_interp.generate import generate
+from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import Ablate
 from rnr_interp.models import build_tiny, load_model
 from rnr_interp.metrics import paired_diff_ci
-from rnr_interp.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
+from rnr_interp.analyses.localise.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
-from rnr_interp.cohort import PANEL_CAP, Row, Split, run_rows, permutation_summary, rotated_probe, select_cohort
+from rnr_interp.analyses.localise.cohort import PANEL_CAP, Row, Split, run_rows, permutation_summary, rotated_probe, select_cohort
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
 from rnr_interp.metrics import wilson_interval
-from rnr_interp.repair import COMPONENTS, ablation_probe, controls_table, localisation_summary, run_repair, silencing_sweep
-from rnr_interp.sampling import deployed_decoding
-from rnr_interp.sampling import prompt_ids
+from rnr_interp.analyses.localise.repair import COMPONENTS, ablation_probe, controls_table, localisation_summary, run_repair, silencing_sweep
+from rnr_interp.engine.sampling import deployed_decoding
+from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.tasks import LETTERS, BoolQ, load_task, rotate_options
 from rnr_interp.tasks.base import Question
 from rnr_interp.tasks.synthetic import ArithmeticMC
@@ -209,7 +209,7 @@ def test_failures_over_cells_writes_the_screen_and_its_scatter(tmp_path):
     """`rnr failures` over models x tasks: one failures run per cell, the screen table
     recounted from each cell's recognition table and deployed records, the criterion
     applied, the scatter drawn; cells of one task decoded differently are refused."""
-    from rnr_interp.repair import run_failures, screen_table
+    from rnr_interp.analyses.localise.repair import run_failures, screen_table
 
     app = typer.Typer()
     app.command("failures")(failures_command)
@@ -271,7 +271,7 @@ def test_sweep_rates_equal_separate_unbatched_runs(lm):
 def test_sweep_rows_replaying_early_blocks_equal_rows_without(monkeypatch):
     """run_rows replays, row by row, the blocks before the silenced one: the records are
     those of running every block, and each batch replays once per first layer past 0."""
-    import rnr_interp.generate as engine
+    import rnr_interp.engine.generate as engine
 
     lm = load_model("tiny-llama:4")
     task = parity_task(3)
@@ -299,8 +299,8 @@ def test_rows_replay_by_default_where_replay_pays_only(monkeypatch):
     CPU model, off for a GPU one, where the per-group prefills cost more than they save."""
     import types
 
-    import rnr_interp.cohort as cohort
-    import rnr_interp.generate as engine
+    import rnr_interp.analyses.localise.cohort as cohort
+    import rnr_interp.engine.generate as engine
 
     lm = load_model("tiny-llama:2")
     assert engine.replay_pays(lm)
@@ -421,7 +421,7 @@ def test_permutation_summary_tells_content_from_letter_position():
 
 
 def test_repair_permutation_control_rows_grading_and_resume(tmp_path, lm):
-    from rnr_interp.repair import ablation_probe
+    from rnr_interp.analyses.localise.repair import ablation_probe
 
     task = letter_hash_task(40)
     d = deployed_decoding(task, max_new_tokens=3)

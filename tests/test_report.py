@@ -24,9 +24,9 @@ ROUTE_METHODS = ("random", "mcts", "hill_climb", "genetic")
 
 @pytest.fixture(scope="module")
 def audit_run(tmp_path_factory) -> Path:
-    from rnr_interp.audit import run_audit
+    from rnr_interp.analyses.audit import run_audit
     from rnr_interp.models import load_model
-    from rnr_interp.sampling import Probe
+    from rnr_interp.engine.sampling import Probe
     from rnr_interp.tasks import load_task
 
     out = tmp_path_factory.mktemp("audit") / "run"

@@ -126,6 +126,35 @@ def test_findings_are_read_from_the_run_folders(smoke):
         assert f"[{r['verdict']}]" in done.output
 
 
+def test_findings_page_is_written_from_the_runs(smoke):
+    """findings.md: a row per finding, the conditions of every run folder (device,
+    threads, code commit from its manifest), and old values beside new after a rerun."""
+    from rnr_interp.report.findings_page import findings_markdown
+
+    root, _ = smoke
+    rows = json.loads((root / "findings.json").read_text())
+    page = (root / "findings.md").read_text()
+    assert page.startswith("# Findings: the paper's claims on tiny-llama")
+    assert f"rnr reproduce --profile smoke --out {root.as_posix()}" in page
+    table = [line for line in page.splitlines() if line.startswith("| ") and line.endswith(" |")]
+    assert sum(any(line.startswith(f"| {r['claim']} |") and f"| {r['verdict']} |" in line for line in table)
+               for r in rows) == len(rows)
+    runs = load_runs(root)
+    conditions = page.split("## Conditions of each run")[1]
+    for run in runs:
+        assert f"| {run.path.relative_to(root).as_posix()} |" in conditions
+        assert f"| {torch.get_num_threads()} |" in conditions and "| cpu |" in conditions
+    assert "Changed since" not in page  # nothing before it in this folder
+    state = json.loads((root / "reproduce.json").read_text())
+    before = [dict(r) for r in rows]
+    moved = next(r for r in before if r["value"] is not None)
+    moved["value"], moved["verdict"] = moved["value"] + 0.5, "a verdict that differs"
+    again = findings_markdown(root, "smoke", "tiny-llama", state["parts"], rows, previous=before)
+    changed = again.split("## Changed since the previous findings in this folder")[1].split("## Cost")[0]
+    assert f"| {moved['value']:.3f}" in changed and "| a verdict that differs |" in changed
+    assert changed.count("\n| ") == 2  # the header and the one changed row (the rule starts "|-")
+
+
 def _as_json(rows):
     from rnr_interp.reproduce.findings import as_records
 
@@ -195,7 +224,7 @@ def test_routing_part_stopped_in_a_later_task_keeps_the_table_of_the_finished_on
     from dataclasses import replace
 
     from rnr_interp.reproduce.parts import Context, routing_part
-    from rnr_interp.routing import audit
+    from rnr_interp.analyses.routing import audit
 
     real, calls = audit.run_route_audit, []
 
@@ -273,7 +302,7 @@ def _route_run(path: Path, oracle: dict[str, dict[str, float]], excluded=()) -> 
 
 
 def _aggregate(folder: Path) -> None:
-    from rnr_interp.routing.cells import write_route_cells
+    from rnr_interp.analyses.routing.cells import write_route_cells
 
     write_route_cells(folder, folder / "route_cells")
 

@@ -6,10 +6,10 @@ import pandas as pd
 import torch
 import pytest
 
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.routing.audit import (
+from rnr_interp.analyses.routing.audit import (
     SEARCH_SELECTORS,
     RouteConfig,
     RouteEvaluator,
@@ -19,9 +19,9 @@ from rnr_interp.routing.audit import (
     run_route_audit,
     run_searches,
 )
-from rnr_interp.routing.selectors import select
-from rnr_interp.routing.batching import Lockstep
-from rnr_interp.routing.spaces import make_space
+from rnr_interp.analyses.routing.selectors import select
+from rnr_interp.analyses.routing.batching import Lockstep
+from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.tasks import load_task
 
 
@@ -229,7 +229,7 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
 
 @pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6"])
 def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
-    from rnr_interp.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states
+    from rnr_interp.engine.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states
     from rnr_interp.interventions import shared_prefix
     from rnr_interp.interventions import Route, applied, replaying
 
@@ -256,8 +256,8 @@ def test_rows_with_their_own_routes_replay_their_own_prefixes(monkeypatch):
     """Rows with different routes in one batch: each replays the blocks before its own
     route departs from the full path (rows grouped by that prefix, caches joined), and
     generates what it generates without any reuse."""
-    import rnr_interp.generate as engine
-    from rnr_interp.generate import generate, prompt_states
+    import rnr_interp.engine.generate as engine
+    from rnr_interp.engine.generate import generate, prompt_states
     from rnr_interp.interventions import Route
 
     lm = load_model("tiny-llama:6")
@@ -278,7 +278,7 @@ def test_rows_with_their_own_routes_replay_their_own_prefixes(monkeypatch):
 
 def test_prefix_reuse_really_replays_the_stored_states():
     """Corrupting the stored residual changes the output: the replay path is taken."""
-    from rnr_interp.generate import generate, prompt_states
+    from rnr_interp.engine.generate import generate, prompt_states
     from rnr_interp.interventions import Route
 
     lm = load_model("tiny-llama:6")
@@ -373,7 +373,7 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     """A route run killed inside a chunk keeps the chunk's samples and evaluations in the
     run's journal; resumed, it generates only what was missing, writes the records an
     uninterrupted run writes, and leaves no journal behind."""
-    import rnr_interp.routing.audit as audit
+    import rnr_interp.analyses.routing.audit as audit
 
     lm, task, cfg, summary, records = routed_run
     assert len(task.questions) > cfg.batch_size, "needs a second chunk"
@@ -422,7 +422,7 @@ def test_a_summary_so_far_is_the_summary_of_a_run_over_the_chunks_written(routed
     run over those questions alone reports, and leaves the stopped run as it was."""
     import shutil
 
-    from rnr_interp.routing.audit import summarize_so_far
+    from rnr_interp.analyses.routing.audit import summarize_so_far
 
     lm, task, cfg, _, _ = routed_run
     stopped = tmp_path / "stopped"
@@ -453,7 +453,7 @@ def test_a_summary_so_far_refuses_what_it_cannot_summarise(routed_run, tmp_path)
     import shutil
 
     from rnr_interp.records import RunFolderError
-    from rnr_interp.routing.audit import summarize_so_far
+    from rnr_interp.analyses.routing.audit import summarize_so_far
 
     lm, task, _, _, records = routed_run
     run = RunDir(records.attrs["run"])
@@ -477,7 +477,7 @@ def test_route_batches_hold_the_rows_of_the_device(monkeypatch, tmp_path):
     where rows are nearly free), never fewer than the chunk's questions."""
     import types
 
-    import rnr_interp.routing.audit as audit
+    import rnr_interp.analyses.routing.audit as audit
 
     lm = load_model("tiny-llama:6")
     assert audit.route_rows(lm) == audit.ROUTE_ROWS

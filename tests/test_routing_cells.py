@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from rnr_interp.records import RunDir
-from rnr_interp.routing.cells import aggregate_route_cells, route_runs, write_route_cells
+from rnr_interp.analyses.routing.cells import aggregate_route_cells, route_runs, write_route_cells
 
 
 def fake_route_run(path, task, spaces: dict, collapsed=()):

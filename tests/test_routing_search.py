@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from rnr_interp.routing.search import SEARCHES, BudgetExceeded, Evaluator, hill_climb, mcts, random_search
-from rnr_interp.routing.selectors import (
+from rnr_interp.analyses.routing.search import SEARCHES, BudgetExceeded, Evaluator, hill_climb, mcts, random_search
+from rnr_interp.analyses.routing.selectors import (
     confidence,
     majority_answer,
     majority_vote,
@@ -17,7 +17,7 @@ from rnr_interp.routing.selectors import (
     self_verification,
     weighted_majority,
 )
-from rnr_interp.routing.spaces import SPACES, make_space
+from rnr_interp.analyses.routing.spaces import SPACES, make_space
 
 
 class Recorder:

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from rnr_interp.routing.spaces import SPACES, STOP, Edit, RouteSpace, make_space, polar_decode, polar_encode
+from rnr_interp.analyses.routing.spaces import SPACES, STOP, Edit, RouteSpace, make_space, polar_decode, polar_encode
 
 
 def in_bounds(space: RouteSpace, route) -> bool:

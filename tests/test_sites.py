@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rnr_interp.generate import forward, left_pad
+from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.interventions import SITES, Ablate, AblateUnits, Steer, applied, capturing, family, set_id, site_hook
 from rnr_interp.models import load_model
 from rnr_interp.records import DEPLOYED, ProbeLabel

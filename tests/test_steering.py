@@ -7,16 +7,16 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from rnr_interp.generate import generate, last_logits
+from rnr_interp.engine.generate import generate, last_logits
 from rnr_interp.metrics import wilson_interval
 from rnr_interp.interventions import Ablate, AblateUnits
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import deployed_decoding
-from rnr_interp.sampling import prompt_ids
+from rnr_interp.engine.sampling import deployed_decoding
+from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.commands.localise import steer as steer_command
 from rnr_interp.commands.localise import units as units_command
-from rnr_interp.steering import direction, random_units, steer_spec, top_units, unit_scores, units_sweep
+from rnr_interp.analyses.localise.steering import direction, random_units, steer_spec, top_units, unit_scores, units_sweep
 from rnr_interp.tasks import load_task
 
 
@@ -125,7 +125,7 @@ def test_unit_contributions_are_in_the_residual_basis(family, task):
     """Per prompt, the units' contributions sum to what the block writes into the
     residual stream along v (after Gemma-2's post-MLP norm, when there is one); with a
     non-trivial norm gain the plain W_out . v scores would not."""
-    from rnr_interp.steering import block_output, unit_contributions
+    from rnr_interp.analyses.localise.steering import block_output, unit_contributions
 
     model = load_model(family)
     if family.startswith("tiny-gemma2"):
@@ -139,7 +139,7 @@ def test_unit_contributions_are_in_the_residual_basis(family, task):
     written = block_output(model, ps, 1, "mlp") @ v.float()
     torch.testing.assert_close(contrib.sum(-1), written, atol=1e-3, rtol=1e-3)
     if family.startswith("tiny-gemma2"):
-        from rnr_interp.steering import last_position
+        from rnr_interp.analyses.localise.steering import last_position
 
         post = last_position(model, ps, [("mlp.hook_post", 1)])[("mlp.hook_post", 1)]
         naive = (post * (model.bridge.blocks[1].mlp.W_out.detach().float() @ v.float())).sum(-1)
@@ -199,7 +199,7 @@ def test_steer_and_units_commands(tmp_path):
 
 
 def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
-    from rnr_interp.steering import run_steer, run_units
+    from rnr_interp.analyses.localise.steering import run_steer, run_units
     from tests.test_repair import parity_task
 
     t = parity_task(40)
@@ -236,8 +236,8 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
 
 
 def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path, lm):
-    from rnr_interp.cohort import rotated_probe
-    from rnr_interp.steering import run_steer
+    from rnr_interp.analyses.localise.cohort import rotated_probe
+    from rnr_interp.analyses.localise.steering import run_steer
     from rnr_interp.tasks import rotate_options
     from tests.test_repair import letter_hash_task
 
@@ -278,7 +278,7 @@ def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best
     """A repair run swept with --sweep mlp never had an attention block of its own to
     choose: that is not the same as 'nothing repaired', and the error says which; a
     folder of another kind is named as such."""
-    from rnr_interp.steering import choose_block
+    from rnr_interp.analyses.localise.steering import choose_block
 
     run = RunDir.create(tmp_path / "repair", {"kind": kind})
     run.write_summary({"kind": kind, "sweep": "mlp", **({"own_best": own_best} if own_best is not None else {})})

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from rnr_interp.records import load_runs
 from rnr_interp.commands.sweep import sweep as sweep_command
-from rnr_interp.sweep import INDEX, Cell, Grid, read_index, run_local
+from rnr_interp.analyses.sweep import INDEX, Cell, Grid, read_index, run_local
 
 # 3 cells of 2-layer tiny-llama; n=4 in batches of 2 writes 2 record parts per cell.
 GRID = {
@@ -124,7 +124,7 @@ def test_a_failing_cell_is_reported_and_the_others_run(cells, tmp_path):
 KILL_LOCAL = """
 import os, sys
 from rnr_interp import records
-from rnr_interp.sweep import Grid, run_local
+from rnr_interp.analyses.sweep import Grid, run_local
 
 writes = 0
 original = records.RunDir.write_question_batch
@@ -175,7 +175,7 @@ def test_sweep_command_runs_a_grid_and_says_when_cells_fall_back(tmp_path, monke
     assert result.exit_code == 0, result.output
     assert "2 done" in result.output and (tmp_path / "out" / INDEX).is_file()
 
-    import rnr_interp.vllm_backend as vb
+    import rnr_interp.engine.vllm_backend as vb
 
     monkeypatch.setattr(vb, "vllm_available", lambda: False)
     result = CliRunner().invoke(app, [str(grid), "--out", str(tmp_path / "out2"), "--backend", "vllm"])
@@ -196,7 +196,7 @@ def ray_local():
 
 
 def test_ray_sweep_gives_the_local_runner_records(ray_local, cells, reference, tmp_path):
-    from rnr_interp.sweep import run_ray
+    from rnr_interp.analyses.sweep import run_ray
 
     statuses = run_ray(cells, tmp_path)
     assert [s["status"] for s in statuses] == ["done"] * 3
@@ -207,7 +207,7 @@ def test_ray_sweep_gives_the_local_runner_records(ray_local, cells, reference, t
 
 
 def test_ray_worker_killed_midway_loses_no_finished_work(ray_local, cells, reference, tmp_path):
-    from rnr_interp.sweep import _safe_run_cell, run_ray
+    from rnr_interp.analyses.sweep import _safe_run_cell, run_ray
 
     target, marker = cells[1], tmp_path / "killed"
 

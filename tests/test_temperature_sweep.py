@@ -5,7 +5,7 @@ import pytest
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
 from rnr_interp.tasks import load_task
-from rnr_interp.sweep import run_temperature_sweep
+from rnr_interp.analyses.sweep import run_temperature_sweep
 
 
 def test_temperature_sweep_rows_are_the_audits_gaps(tmp_path):

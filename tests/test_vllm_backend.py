@@ -15,15 +15,16 @@ import pandas as pd
 import pytest
 from scipy.stats import chi2, chi2_contingency
 
-from rnr_interp import vllm_backend
-from rnr_interp.audit import run_audit
-from rnr_interp.generate import Decoding, generate, last_logits
+from rnr_interp.engine import vllm_backend
+from rnr_interp.analyses.audit import run_audit
+from rnr_interp.engine.decoding import Decoding
+from rnr_interp.engine.generate import generate, last_logits
 from rnr_interp.interventions import Ablate
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe, candidate_seed, generator, prompt_ids, sample_task
+from rnr_interp.engine.sampling import Probe, candidate_seed, generator, prompt_ids, sample_task
 from rnr_interp.tasks import load_task
-from rnr_interp.vllm_backend import front_end, to_generation, vllm_available
+from rnr_interp.engine.vllm_backend import front_end, to_generation, vllm_available
 
 
 @pytest.fixture()

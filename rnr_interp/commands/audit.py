@@ -12,6 +12,7 @@ from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt,
     at_least, built, execute, fail, fmt_ci, load_inputs, print_multiple_choice, run_folder,
 )
+from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 
 
 def model_info(spec: Annotated[str, typer.Argument(help="model spec")]):
@@ -29,7 +30,7 @@ def audit(
     n: NOpt = None,
     k: KOpt = 32,
     out: OutOpt = Path("runs/audit"),
-    temperature: TempOpt = 1.0,
+    temperature: TempOpt = SAMPLING_TEMPERATURE,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     deployed_temperature: Annotated[float, typer.Option("--deployed-temperature", help="0 = greedy")] = 0.0,
     max_new_tokens: MaxTokOpt = None,
@@ -42,9 +43,9 @@ def audit(
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
-    from rnr_interp.audit import run_audit
-    from rnr_interp.generate import Decoding
-    from rnr_interp.sampling import Probe, deployed_decoding
+    from rnr_interp.analyses.audit import run_audit
+    from rnr_interp.engine.decoding import Decoding
+    from rnr_interp.engine.sampling import Probe, deployed_decoding
 
     if ci not in ("wilson", "bootstrap"):
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
@@ -98,7 +99,7 @@ def print_audit_table(s: dict) -> None:
 def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
               probe: Annotated[str, typer.Option("--probe")] = "temperature"):
     """Print the unbiased pass@k curve of a run, k = 1..n."""
-    from rnr_interp.audit import summarize
+    from rnr_interp.analyses.audit import summarize
     from rnr_interp.records import RunDir
 
     if not (run / "manifest.json").is_file():
@@ -134,7 +135,7 @@ def route(
     out: OutOpt = Path("runs/route"),
     space: Annotated[list[str], typer.Option("--space", help="native | polar | skiponly (repeatable)")] = ["native"],
     methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,mcts,hill_climb,genetic")] = "random,mcts,hill_climb,genetic",
-    temperature: TempOpt = 1.0,
+    temperature: TempOpt = SAMPLING_TEMPERATURE,
     collapse: Annotated[float, typer.Option("--collapse", help="unparsed-rate threshold for format collapse")] = 0.5,
     min_len: Annotated[Optional[int], typer.Option("--min-len", help="shortest route (default: L - L//3)")] = None,
     max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
@@ -145,7 +146,7 @@ def route(
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
-    from rnr_interp.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
     options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
                "temperature": "--temperature", "collapse": "--collapse", "batch_size": "--batch-size",
@@ -171,7 +172,7 @@ def route_summary(
     """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions."""
     from rnr_interp.models import load_model
     from rnr_interp.records import RunDir
-    from rnr_interp.routing.audit import route_config_of, summarize_so_far
+    from rnr_interp.analyses.routing.audit import route_config_of, summarize_so_far
     from rnr_interp.tasks import reload_task
 
     def body():
@@ -223,7 +224,7 @@ def temperature_sweep(
     quiet: QuietOpt = False,
 ):
     """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals."""
-    from rnr_interp.sweep import run_temperature_sweep
+    from rnr_interp.analyses.sweep import run_temperature_sweep
 
     try:
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
@@ -247,7 +248,7 @@ def route_cells(
     out: Annotated[Optional[Path], typer.Option("--out", help="where to write the tables (default: FOLDER/route_cells)")] = None,
 ):
     """The cross-cell table: random - structured per clean cell, counts, medians, selector gap recovery."""
-    from rnr_interp.routing.cells import write_route_cells
+    from rnr_interp.analyses.routing.cells import write_route_cells
 
     if not folder.is_dir():
         fail(f"{folder} is not a folder")

@@ -117,7 +117,7 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     the model's context. Nothing is created. `answer_type` (jsonl only) chooses how
     free-form answers are graded."""
     from rnr_interp.models import load_model
-    from rnr_interp.sampling import check_prompts_fit
+    from rnr_interp.engine.sampling import check_prompts_fit
     from rnr_interp.tasks import HFLoadError, load_task
 
     at_least("--n", n)

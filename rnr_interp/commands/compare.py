@@ -26,7 +26,7 @@ def compare(
     """Base vs trained checkpoint, question by question: gained/lost/kept/never,
     entered/left/stayed/never, propensity bins, McNemar and paired intervals; prompt
     formats, shared-prompt share of the gain, budget control."""
-    from rnr_interp.compare import DEFAULT_BIN_EDGES, ROLES, check_aligned, check_bin_edges, compare_runs, load_aligned_task
+    from rnr_interp.analyses.checkpoints import DEFAULT_BIN_EDGES, ROLES, check_aligned, check_bin_edges, compare_runs, load_aligned_task
     from rnr_interp.records import RunDir
 
     at_least("--factor", factor)

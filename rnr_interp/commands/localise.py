@@ -13,8 +13,8 @@ from rnr_interp.commands.common import (
     BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, check_out, execute, fail,
     load_inputs, print_multiple_choice, run_folder,
 )
-from rnr_interp.cohort import PANEL_CAP
-from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
+from rnr_interp.analyses.localise.cohort import PANEL_CAP
+from rnr_interp.analyses.localise.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
 
 ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter")]
 PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
@@ -68,7 +68,7 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
     """The localisation commands' body: load, run `analysis` with the task's deployed
     decoding (`sampling.deployed_decoding`, as every command), figures into the run
     folder; `per_model(lm)` gives the options that depend on the loaded model."""
-    from rnr_interp.sampling import deployed_decoding
+    from rnr_interp.engine.sampling import deployed_decoding
 
     at_least("--batch-size", batch_size)
     at_least("--panel", options.get("panel"))
@@ -123,10 +123,10 @@ def failures(
     """Failure set (recognised but answered wrong) and healthy panel of an MC task; over
     several models/tasks, one run per cell under OUT/cells and the cell-level screen
     (recognition vs generation score, the criterion applied) in OUT."""
-    from rnr_interp.recognition import FailureCriterion
+    from rnr_interp.analyses.localise.recognition import FailureCriterion
     from rnr_interp.records import RunDir
-    from rnr_interp.repair import run_failures, write_screen
-    from rnr_interp.sampling import check_prompts_fit, deployed_decoding
+    from rnr_interp.analyses.localise.repair import run_failures, write_screen
+    from rnr_interp.engine.sampling import check_prompts_fit, deployed_decoding
 
     if data is not None and len(task) > 1:
         fail("--data names one task's file; pass it with a single --task")
@@ -185,8 +185,8 @@ def repair(
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
-    from rnr_interp.cohort import Split
-    from rnr_interp.repair import controls_table, run_repair
+    from rnr_interp.analyses.localise.cohort import Split
+    from rnr_interp.analyses.localise.repair import controls_table, run_repair
 
     s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
@@ -218,9 +218,9 @@ def steer(
 ):
     """Steer the chosen block along v (from the selection parts): rescue held-out
     failures, induce failures in the held-out panel."""
-    from rnr_interp.cohort import Split
+    from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.interventions import COMPONENT_SITE
-    from rnr_interp.steering import run_steer
+    from rnr_interp.analyses.localise.steering import run_steer
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
@@ -245,8 +245,8 @@ def units(
 ):
     """Silence the top-k MLP units along v vs k random units (many draws): share of the
     block's held-out repair."""
-    from rnr_interp.cohort import Split
-    from rnr_interp.steering import run_units
+    from rnr_interp.analyses.localise.cohort import Split
+    from rnr_interp.analyses.localise.steering import run_units
 
     s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,

@@ -19,8 +19,8 @@ def sweep(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
 ):
     """Run a grid of audits (model x task x probe x interventions), skipping finished cells."""
-    from rnr_interp.sampling import BACKENDS
-    from rnr_interp.sweep import INDEX, Grid, status_counts, run_local, run_ray
+    from rnr_interp.engine.decoding import BACKENDS
+    from rnr_interp.analyses.sweep import INDEX, Grid, status_counts, run_local, run_ray
 
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -34,7 +34,7 @@ def sweep(
         typer.echo(f"note: {fallback} of {len(cells)} cells have interventions, which need hooks: "
                    f"they run on the TransformerLens backend, not {backend}")
     if backend == "vllm" and not use_ray:
-        from rnr_interp.vllm_backend import vllm_available
+        from rnr_interp.engine.vllm_backend import vllm_available
 
         if not vllm_available():
             fail("--backend vllm needs the vllm package (pip install vllm on a GPU machine; make vllm builds .venv-vllm with the CPU build)")

@@ -41,13 +41,13 @@ def run_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
     return " · ".join(parts + ([", ".join(budget)] if budget else []))
 
 
-def _titled(fig: go.Figure, what: str, label: str) -> go.Figure:
+def titled(fig: go.Figure, what: str, label: str) -> go.Figure:
     fig.update_layout(template=TEMPLATE, title={"text": f"{what}<br><sup>{label}</sup>"}, **FIGURE_SIZE,
                       margin={"t": 80})
     return fig
 
 
-def _log_budget_axis(fig: go.Figure, values: Iterable[float], title: str) -> None:
+def log_budget_axis(fig: go.Figure, values: Iterable[float], title: str) -> None:
     """A log x axis ticked at powers of two and the largest value, as budgets are chosen."""
     top = max(values, default=1)
     ticks = sorted({2**i for i in range(int(np.log2(max(top, 1))) + 1)} | {top})
@@ -74,9 +74,9 @@ def pass_at_k_figure(ks: Iterable[int], passes: Iterable[float], deployed: float
             fig.add_scatter(x=votes["k"], y=values, mode="lines", line={"dash": "dash"}, name=f"vote@k: {name} (answer-blind)")
     if deployed is not None:
         _hline(fig, deployed, f"deployed D = {deployed:.3f}")
-    _log_budget_axis(fig, ks, "k, samples per question (log scale)")
+    log_budget_axis(fig, ks, "k, samples per question (log scale)")
     fig.update_yaxes(title="pass@k (fraction of questions)", range=[0, 1.02])
-    return _titled(fig, "pass@k: reachable accuracy within k samples", label)
+    return titled(fig, "pass@k: reachable accuracy within k samples", label)
 
 
 def hit_count_figure(scores: pd.DataFrame, label: str) -> go.Figure:
@@ -90,7 +90,7 @@ def hit_count_figure(scores: pd.DataFrame, label: str) -> go.Figure:
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title=f"correct samples out of K={k} (count)", dtick=1 if k <= 16 else None)
     fig.update_yaxes(title="questions (count)", dtick=1 if len(scores) <= 12 else None)
-    return _titled(fig, "Per-question sample hit counts", label)
+    return titled(fig, "Per-question sample hit counts", label)
 
 
 def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figures:
@@ -136,10 +136,10 @@ def route_curves_figure(curves: pd.DataFrame, deployed: float | None, label: str
                         line={"color": METHOD_COLOURS.get(str(method)), "dash": "dash" if vote else "solid"}, **band)
     if deployed is not None:
         _hline(fig, deployed, f"deployed = {deployed:.3f}")
-    _log_budget_axis(fig, curves["budget"], "budget K, routes evaluated per question (log scale)")
+    log_budget_axis(fig, curves["budget"], "budget K, routes evaluated per question (log scale)")
     fig.update_yaxes(title="accuracy (fraction of questions)", range=[0, 1.02])
     mean = f", mean over {n_cells} cells" if n_cells > 1 else ""
-    return _titled(fig, f"Route-search oracle and deployable vote vs budget{mean}", label)
+    return titled(fig, f"Route-search oracle and deployable vote vs budget{mean}", label)
 
 
 def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
@@ -176,7 +176,7 @@ def cell_difference_figure(cells: pd.DataFrame, label: str) -> go.Figure | None:
     fig.update_xaxes(title="cell rank (sorted by difference within each method)", dtick=1 if len(diff) <= 60 else None)
     fig.update_yaxes(title="oracle difference, random − structured (accuracy)", range=[-bound, bound], zeroline=False)
     note = f", {n_excluded} excluded cell{'s' * (n_excluded != 1)} left out" if n_excluded else ""
-    return _titled(fig, f"Random vs structured route search per cell{note}", label)
+    return titled(fig, f"Random vs structured route search per cell{note}", label)
 
 
 def advantage_figure(advantage: pd.DataFrame, label: str) -> go.Figure:
@@ -193,7 +193,7 @@ def advantage_figure(advantage: pd.DataFrame, label: str) -> go.Figure:
     fig.add_hline(y=0, line={"color": "black", "width": 1})
     fig.update_xaxes(title="clean cell rank (sorted within each search)")
     fig.update_yaxes(title="oracle@K difference, random − structured (accuracy)", range=[-bound, bound], zeroline=False)
-    return _titled(fig, "Random vs structured route search across cells (95% paired intervals)", label)
+    return titled(fig, "Random vs structured route search across cells (95% paired intervals)", label)
 
 
 def temperature_sweep_figure(table: pd.DataFrame, label: str) -> go.Figure:
@@ -206,7 +206,7 @@ def temperature_sweep_figure(table: pd.DataFrame, label: str) -> go.Figure:
     fig.add_hline(y=0, line={"color": "black", "width": 1})
     fig.update_xaxes(title="sampling temperature")
     fig.update_yaxes(title="gap (fraction of questions; 95% paired intervals)")
-    return _titled(fig, "Selection gap vs temperature", label)
+    return titled(fig, "Selection gap vs temperature", label)
 
 
 def selector_recovery_figure(selectors: pd.DataFrame, label: str) -> go.Figure:
@@ -224,7 +224,7 @@ def selector_recovery_figure(selectors: pd.DataFrame, label: str) -> go.Figure:
     fig.update_layout(boxmode="group")
     fig.update_xaxes(title="selector (answer-blind)")
     fig.update_yaxes(title="gap recovery (fraction of oracle − greedy gap)")
-    return _titled(fig, "Selector gap recovery across cells", label)
+    return titled(fig, "Selector gap recovery across cells", label)
 
 
 def routing_figures_of(curves: pd.DataFrame | None, cells: pd.DataFrame | None, selectors: pd.DataFrame | None,

@@ -44,15 +44,15 @@ class Page:
     consumed: set[str] = field(default_factory=set)
 
     def section(self, title: str, body: str = "", figures: Figures = (), note: str = "") -> None:
-        parts = [f"<section><h2>{_e(title)}</h2>"]
+        parts = [f"<section><h2>{escape_html(title)}</h2>"]
         if note:
-            parts.append(f'<p class="note">{_e(note)}</p>')
+            parts.append(f'<p class="note">{escape_html(note)}</p>')
         parts.append(body)
         for name, fig in figures:
             name = self._unique(name)
             include = not self.figures  # plotly.js goes inline once, with the first figure
             self.figures.append((name, fig))
-            parts.append(f'<figure data-name="{_e(name)}">'
+            parts.append(f'<figure data-name="{escape_html(name)}">'
                          + fig.to_html(full_html=False, include_plotlyjs=include, config={"displaylogo": False})
                          + "</figure>")
         self.blocks.append("".join(parts) + "</section>")
@@ -81,7 +81,7 @@ def build_page(run: RunDir, back_link: str | None = None) -> tuple[str, Figures]
         _registered_section(page, entry)
     _other_artefacts_section(page)
     _config_section(page, summary)
-    return _document(f"{page.label} — {run.path.name}", _header(run, summary, back_link) + "".join(page.blocks)), page.figures
+    return document(f"{page.label} — {run.path.name}", _header(run, summary, back_link) + "".join(page.blocks)), page.figures
 
 
 def _summary_section(page: Page, s: dict[str, Any]) -> None:
@@ -98,31 +98,31 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         ]
         facts = [f"{s.get('n_questions')} questions", f"probe {s.get('probe')}", f"K={s.get('k')}",
                  f"T={s.get('temperature')}", level, f"unparsed {s.get('unparsed_rate', 0):.1%} of candidates"]
-        body = _table_html(["quantity", f"value [{level}]"], rows) + f'<p class="facts">{_e(" · ".join(facts))}</p>'
+        body = table_html(["quantity", f"value [{level}]"], rows) + f'<p class="facts">{escape_html(" · ".join(facts))}</p>'
     else:
         body = ""
     body += _localisation_html(s)
     if isinstance(snap := s.get("snapshot"), dict):  # `rnr route-summary` of a run in progress
         line = f"snapshot of {snap.get('of')}: {snap.get('questions_done')} of {snap.get('questions_total')} questions written"
-        body += f'<p class="facts">{_e(line)}</p>'
+        body += f'<p class="facts">{escape_html(line)}</p>'
     if isinstance(s.get("oracle_at_k"), dict):
         oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
-        body += _table_html(["route search", "accuracy (cells kept)"], oracle)
+        body += table_html(["route search", "accuracy (cells kept)"], oracle)
     if isinstance(s.get("cells"), dict) and s["cells"]:
         # Per cell, excluded ones too: a collapsed cell is still something to look at.
         methods = sorted({m for c in s["cells"].values() for m in c.get("oracle_at_k", {})})
         rows = [(cell, "excluded (format collapse)" if c.get("excluded") else "kept", _num(c.get("unparsed_rate")),
                  *(_num(c.get("oracle_at_k", {}).get(m)) for m in methods)) for cell, c in s["cells"].items()]
-        body += _table_html(["cell", "status", "unparsed", *(f"oracle@K {m}" for m in methods)], rows)
+        body += table_html(["cell", "status", "unparsed", *(f"oracle@K {m}" for m in methods)], rows)
     if isinstance(s.get("selectors"), dict) and s["selectors"]:
         sel = [(name, _num(v.get("accuracy")), _num(v.get("gap_recovery_median"))) for name, v in s["selectors"].items()]
-        body += _table_html(["selector", "accuracy", "median gap recovery"], sel)
+        body += table_html(["selector", "accuracy", "median gap recovery"], sel)
     if s.get("excluded_cells"):
-        body += f'<p class="facts">excluded cells: {_e(", ".join(map(str, s["excluded_cells"])))}</p>'
+        body += f'<p class="facts">excluded cells: {escape_html(", ".join(map(str, s["excluded_cells"])))}</p>'
     for label, block in chance_blocks(s).items():
         body += chance_html(block, label)
     if s.get("answer_changes"):
-        body += "".join(f'<p class="facts">{_e(answer_change_line(p, c))}</p>' for p, c in s["answer_changes"].items())
+        body += "".join(f'<p class="facts">{escape_html(answer_change_line(p, c))}</p>' for p, c in s["answer_changes"].items())
     if isinstance(s.get("permutation_control"), dict):
         body += permutation_html(s["permutation_control"])
     if body:
@@ -134,20 +134,20 @@ def _localisation_html(s: dict[str, Any]) -> str:
     recognition by readout, then (repair) the best block per component."""
     if "n_failure" not in s:
         return ""
-    rows = [("questions", _e(s.get("n_questions"))), ("deployed accuracy", _num(s.get("deployed_accuracy"))),
+    rows = [("questions", escape_html(s.get("n_questions"))), ("deployed accuracy", _num(s.get("deployed_accuracy"))),
             *((f"recognition, gold first ({readout})", _num(v)) for readout, v in (s.get("recognition_accuracy") or {}).items()),
-            ("failure set (recognised, answered wrong)", _e(s.get("n_failure"))),
-            ("healthy panel (answered right)", _e(s.get("n_panel")))]
-    html = _table_html(["cohort", "value"], rows)
+            ("failure set (recognised, answered wrong)", escape_html(s.get("n_failure"))),
+            ("healthy panel (answered right)", escape_html(s.get("n_panel")))]
+    html = table_html(["cohort", "value"], rows)
     if s.get("failure_empty_reason"):
-        html += f'<p class="facts">failure set empty: {_e(s["failure_empty_reason"])}</p>'
+        html += f'<p class="facts">failure set empty: {escape_html(s["failure_empty_reason"])}</p>'
     if isinstance(s.get("best"), dict):
         best = [(c, *(("nothing repaired", "", "", "") if b is None else
-                      (_e(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))
+                      (escape_html(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))
                 for c, b in s["best"].items()]
         # These rates are on the selection half that chose each block (in-sample, so
         # optimistic); the held-out rates are in the controls table.
-        html += _table_html(["best block (chosen on the selection half)", "layer", "repair, selection half",
+        html += table_html(["best block (chosen on the selection half)", "layer", "repair, selection half",
                              "damage, selection half", "selectivity, selection half"], best)
     return html
 
@@ -161,10 +161,10 @@ def chance_html(chance: dict[str, Any], label: str = "") -> str:
             for how, key in (("uniform over each question's options", "uniform"),
                              ("like the model's deployed answers", "deployed_distribution"))]
     counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
-    html = _table_html(["chance baseline", "D", f"O_K (K={k})" if k else "O_K (no samples)"], rows)
-    html += f'<p class="facts">{_e(prefix)}deployed answers: {_e(counts)}</p>'
+    html = table_html(["chance baseline", "D", f"O_K (K={k})" if k else "O_K (no samples)"], rows)
+    html += f'<p class="facts">{escape_html(prefix)}deployed answers: {escape_html(counts)}</p>'
     if chance.get("warning"):
-        html += f'<p class="warning">{_e(prefix)}warning: {_e(chance["warning"])}</p>'
+        html += f'<p class="warning">{escape_html(prefix)}warning: {escape_html(chance["warning"])}</p>'
     return html
 
 
@@ -173,7 +173,7 @@ def permutation_html(control: dict[str, Any]) -> str:
     intervention's repair rate unrotated and rotated and where its repairs went under
     rotation, with the rotation and its reading stated."""
     if "skipped" in control:
-        return f'<p class="facts">permutation control: none ({_e(control["skipped"])})</p>'
+        return f'<p class="facts">permutation control: none ({escape_html(control["skipped"])})</p>'
 
     def rate(p: dict[str, Any]) -> str:
         return f"{p['k']} of {p['n']}: " + (_ci(p["rate"], p["ci"]) if p["n"] else "—")
@@ -183,10 +183,10 @@ def permutation_html(control: dict[str, Any]) -> str:
               str(c["repairs"]["follow_position"]), str(c["repairs"]["other"])) for probe, c in control["probes"].items()]
     head = ["permutation control (held-out failures)", "right, options rotated [95% Wilson]", "repaired unrotated",
             "of those: rotated gold (content)", "old gold letter (position)", "other / none"]
-    changes = "".join(f'<p class="facts">{_e(answer_change_line(f"{p}, rotated answers vs rotated deployed", c["answer_changes"]))}</p>'
+    changes = "".join(f'<p class="facts">{escape_html(answer_change_line(f"{p}, rotated answers vs rotated deployed", c["answer_changes"]))}</p>'
                       for p, c in control["probes"].items())
-    return (f'<p class="facts">permutation control: {_e(control["rotation"])}</p>' + _table_html(head, rows) + changes
-            + f'<p class="facts">reading: {_e(control["reading"])}</p>')
+    return (f'<p class="facts">permutation control: {escape_html(control["rotation"])}</p>' + table_html(head, rows) + changes
+            + f'<p class="facts">reading: {escape_html(control["reading"])}</p>')
 
 
 def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
@@ -222,7 +222,7 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
         notes.append(f"the first {len(shown)} are shown, reachable-not-realized first")
     if questions is None:
         notes.append(f"question text unavailable ({why})")
-    page.section("Questions", _table_html(head, rows, raw=True), note="; ".join(notes) + ".")
+    page.section("Questions", table_html(head, rows, raw=True), note="; ".join(notes) + ".")
     return scores
 
 
@@ -240,20 +240,20 @@ def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, qu
     samples = rows[rows["probe"] == probe].sort_values("candidate")
     # A right sample first when there is one: it is what makes the question reachable.
     picks = pd.concat([samples[samples["correct"]].head(1), samples[~samples["correct"]]]).head(SAMPLES_SHOWN)
-    question = f"<b>{_e(qid)}</b>"
+    question = f"<b>{escape_html(qid)}</b>"
     if questions is not None and (q := questions.get(qid)) is not None:
-        question += f"<br>{_e(_clip(q.text))}"
+        question += f"<br>{escape_html(_clip(q.text))}"
         if q.choices:
-            question += "<ol type=A>" + "".join(f"<li>{_e(_clip(c, 120))}</li>" for c in q.choices) + "</ol>"
+            question += "<ol type=A>" + "".join(f"<li>{escape_html(_clip(c, 120))}</li>" for c in q.choices) + "</ol>"
     mark = lambda ok: '<span class="ok">✓</span>' if ok else '<span class="bad">✗</span>'  # noqa: E731
-    answer = f"{mark(deployed['correct'])} {_e(_extracted(deployed['extracted']))}<details><summary>text</summary><pre>{_e(_clip(deployed['text']))}</pre></details>"
+    answer = f"{mark(deployed['correct'])} {escape_html(_extracted(deployed['extracted']))}<details><summary>text</summary><pre>{escape_html(_clip(deployed['text']))}</pre></details>"
     shown = "".join(
-        f"<p>{mark(r.correct)} #{r.candidate} → {_e(_extracted(r.extracted))}</p><pre>{_e(_clip(r.text))}</pre>"
+        f"<p>{mark(r.correct)} #{r.candidate} → {escape_html(_extracted(r.extracted))}</p><pre>{escape_html(_clip(r.text))}</pre>"
         for r in picks.itertuples()
     )
     details = f"<details><summary>{len(picks)} of {len(samples)}</summary>{shown}</details>" if len(picks) else ""
-    return (question, _e(deployed["gold"]), answer, f"{int(score['c'])} / {int(score['n'])}",
-            _e(_category(bool(score["d"]), int(score["c"]))), details)
+    return (question, escape_html(deployed["gold"]), answer, f"{int(score['c'])} / {int(score['n'])}",
+            escape_html(_category(bool(score["d"]), int(score["c"]))), details)
 
 
 def reload_questions(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -294,7 +294,7 @@ def _has_json(run: RunDir, name: str) -> bool:
 
 def _json_details(run: RunDir, name: str) -> str:
     text = (run.artefacts_dir / f"{name}.json").read_text()
-    return f"<details><summary>{_e(name)}.json</summary><pre>{_e(_clip(text, 20000))}</pre></details>"
+    return f"<details><summary>{escape_html(name)}.json</summary><pre>{escape_html(_clip(text, 20000))}</pre></details>"
 
 
 def _other_artefacts_section(page: Page) -> None:
@@ -310,7 +310,7 @@ def _other_artefacts_section(page: Page) -> None:
                 empty.append(path.stem)
                 continue
             more = f" (first 50 of {len(df)} rows)" if len(df) > 50 else ""
-            body.append(f"<h3>{_e(path.stem)}{more}</h3>" + df.head(50).to_html(classes="data", border=0))
+            body.append(f"<h3>{escape_html(path.stem)}{more}</h3>" + df.head(50).to_html(classes="data", border=0))
     body += [_json_details(page.run, p.stem) for p in sorted(folder.glob("*.json")) if p.stem not in page.consumed]
     if body:
         note = f"Empty tables: {', '.join(empty)}." if empty else ""
@@ -319,9 +319,9 @@ def _other_artefacts_section(page: Page) -> None:
 
 def _config_section(page: Page, summary: dict[str, Any]) -> None:
     manifest = {k: v for k, v in page.run.manifest.items() if k != "record_columns"}
-    body = f"<details><summary>manifest.json</summary><pre>{_e(json.dumps(manifest, indent=2))}</pre></details>"
+    body = f"<details><summary>manifest.json</summary><pre>{escape_html(json.dumps(manifest, indent=2))}</pre></details>"
     if summary:
-        body += f"<details><summary>summary.json</summary><pre>{_e(json.dumps(summary, indent=2))}</pre></details>"
+        body += f"<details><summary>summary.json</summary><pre>{escape_html(json.dumps(summary, indent=2))}</pre></details>"
     page.section("Run configuration", body)
 
 
@@ -338,16 +338,16 @@ def build_index(runs: list[tuple[RunDir, str]], root: Path) -> tuple[str, Figure
         model, task = s.get("model") or cfg.get("model") or "", s.get("task") or (cfg.get("task") or {}).get("name") or ""
         models.add(str(model)), tasks.add(str(task))
         rows.append((
-            f'<a href="{_e(link)}">{_e(str(run.path.relative_to(root)))}</a>', _e(s.get("kind", cfg.get("kind", ""))),
-            _e(model), _e(task), _e(s.get("n_questions", "")), _e(s.get("k", "")),
+            f'<a href="{escape_html(link)}">{escape_html(str(run.path.relative_to(root)))}</a>', escape_html(s.get("kind", cfg.get("kind", ""))),
+            escape_html(model), escape_html(task), escape_html(s.get("n_questions", "")), escape_html(s.get("k", "")),
             *(_ci(s[key], s.get(f"{key}_ci")) if key in s else "" for key in ("D", "O_K", "gap")),
         ))
     page = Page(None, f"sweep of {len(runs)} runs · {', '.join(sorted(models))} · {', '.join(sorted(tasks))}")
-    page.blocks.append(f"<h1>{len(runs)} runs in {_e(str(root))}</h1>" + _table_html(head, rows, raw=True))
+    page.blocks.append(f"<h1>{len(runs)} runs in {escape_html(str(root))}</h1>" + table_html(head, rows, raw=True))
     tables = [[t for run, _ in runs if (t := _table(run, name)) is not None] for name in ROUTING_TABLES]
     if figs := routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None, page.label):
         page.section("Routing across the sweep", figures=figs)
-    return _document(f"runs in {root.name}", "".join(page.blocks)), page.figures
+    return document(f"runs in {root.name}", "".join(page.blocks)), page.figures
 
 
 # -- writing ------------------------------------------------------------------------
@@ -369,14 +369,14 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     for run in runs:
         rel = run.path.relative_to(root)
         back = os.path.relpath(dest / INDEX_NAME, dest / rel) if sweep else None
-        _write_page(dest / rel / REPORT_NAME, *build_page(run, back), images=images)
+        write_page(dest / rel / REPORT_NAME, *build_page(run, back), images=images)
         pages.append((run, (rel / REPORT_NAME).as_posix()))
     if not sweep:
         return dest / REPORT_NAME
-    return _write_page(dest / INDEX_NAME, *build_index(pages, root), images=images)
+    return write_page(dest / INDEX_NAME, *build_index(pages, root), images=images)
 
 
-def _write_page(path: Path, text: str, figures: Figures, images: bool) -> Path:
+def write_page(path: Path, text: str, figures: Figures, images: bool) -> Path:
     """Write a page, with its figures as images in figures/ beside it when asked."""
     if images and figures:
         from rnr_interp.report.export import export_figures
@@ -389,7 +389,7 @@ def _write_page(path: Path, text: str, figures: Figures, images: bool) -> Path:
 
 
 def _images_note(paths: list[Path], folder: Path) -> str:
-    links = " ".join(f'<a href="{_e(p.relative_to(folder).as_posix())}">{_e(p.name)}</a>' for p in paths)
+    links = " ".join(f'<a href="{escape_html(p.relative_to(folder).as_posix())}">{escape_html(p.name)}</a>' for p in paths)
     return f"<section><h2>Static images</h2><p>{links}</p></section>"
 
 
@@ -405,26 +405,26 @@ figure{margin:1rem 0}details summary{cursor:pointer;color:#1f77b4}ol{margin:.2re
 """
 
 
-def _document(title: str, body: str) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+def document(title: str, body: str) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape_html(title)}</title>'
             f"<style>{_CSS}</style></head><body>{body}</body></html>")
 
 
 def _header(run: RunDir, summary: dict[str, Any], back_link: str | None) -> str:
     kind = summary.get("kind") or run.config.get("kind") or "run"
-    back = f'<p><a href="{_e(back_link)}">← all runs</a></p>' if back_link else ""
+    back = f'<p><a href="{escape_html(back_link)}">← all runs</a></p>' if back_link else ""
     label = run_label(run.config, summary)
-    return (f"{back}<h1>{_e(label)}</h1><p class=\"facts\">{_e(kind)} run · {_e(str(run.path))} · "
-            f"created {_e(run.manifest.get('created', '?'))}</p>")
+    return (f"{back}<h1>{escape_html(label)}</h1><p class=\"facts\">{escape_html(kind)} run · {escape_html(str(run.path))} · "
+            f"created {escape_html(run.manifest.get('created', '?'))}</p>")
 
 
-def _table_html(head: list[str], rows: list[tuple[str, ...]], raw: bool = False) -> str:
-    cell = (lambda v: str(v)) if raw else _e
-    return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"
+def table_html(head: list[str], rows: list[tuple[str, ...]], raw: bool = False) -> str:
+    cell = (lambda v: str(v)) if raw else escape_html
+    return ("<table><tr>" + "".join(f"<th>{escape_html(h)}</th>" for h in head) + "</tr>"
             + "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows) + "</table>")
 
 
-def _e(value: Any) -> str:
+def escape_html(value: Any) -> str:
     return html.escape(str(value))
 
 
@@ -440,7 +440,7 @@ def _extracted(value: Any) -> str:
 def _num(value: Any) -> str:
     if isinstance(value, (int, float)):
         return "— (undefined)" if value != value else f"{value:.3f}"  # NaN: e.g. recovery of a zero gap
-    return _e(value if value is not None else "—")
+    return escape_html(value if value is not None else "—")
 
 
 def _ci(value: float, ci: Any) -> str:

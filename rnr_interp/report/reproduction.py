@@ -27,7 +27,7 @@ import pandas as pd
 from rnr_interp.records import MANIFEST, RunDir, load_runs
 from rnr_interp.report import compare_figures
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, read_table, routing_figures_of, summary_of
-from rnr_interp.report.html import INDEX_NAME, Page, _document, _e, _table_html, _write_page, write_report
+from rnr_interp.report.html import INDEX_NAME, Page, document, escape_html, table_html, write_page, write_report
 from rnr_interp.report.registry import REGISTRY, present_tables
 from rnr_interp.report.reproduction_figures import task_curves_figure
 
@@ -64,8 +64,8 @@ def write_reproduction_report(root: Path, profile: str, model: str, why: dict[st
                 warnings.warn(f"the report of {folder} failed: {err!r}", stacklevel=2)
     label = f"{model} · profile {profile}"
     page = Page(None, label)
-    page.blocks.append(f"<h1>Reachability Is Not Realization, reproduced on {_e(model)}</h1>"
-                       f'<p class="facts">profile {_e(profile)} · root {_e(str(root))}</p>')
+    page.blocks.append(f"<h1>Reachability Is Not Realization, reproduced on {escape_html(model)}</h1>"
+                       f'<p class="facts">profile {escape_html(profile)} · root {escape_html(str(root))}</p>')
     _findings_section(page, findings)
     _parts_section(page, parts, links, why)
     _audit_section(page, root / "1_audit", label)
@@ -73,8 +73,8 @@ def write_reproduction_report(root: Path, profile: str, model: str, why: dict[st
     _temperature_section(page, root / "3_temperature", label)
     _localisation_section(page, root / "4_localisation", label)
     _checkpoint_section(page, root / "5_checkpoints")
-    text = _document(f"reproduction on {model} ({profile})", "".join(page.blocks))
-    return _write_page(root / INDEX_NAME, text, page.figures, images=False)
+    text = document(f"reproduction on {model} ({profile})", "".join(page.blocks))
+    return write_page(root / INDEX_NAME, text, page.figures, images=False)
 
 
 def _ci(ci: Any) -> str:
@@ -85,9 +85,9 @@ def _findings_section(page: Page, findings: Sequence[dict[str, Any]]) -> None:
     head = ["claim (paper)", "paper", "scope", "this model", "value", "95% interval", "n", "verdict", "why"]
     rows = [(f["claim"], f["paper"], f["scope"], f["measured"] or "—",
              "—" if f["value"] is None else f"{f['value']:.3f}", _ci(f["ci"]), "—" if f["n"] is None else f["n"],
-             f'<b class="verdict">{_e(f["verdict"])}</b>', f["why"]) for f in findings]
-    rows = [tuple(c if isinstance(c, str) and c.startswith("<b") else _e(c) for c in r) for r in rows]
-    page.section("Findings: the paper's claims on this model", _table_html(head, rows, raw=True),
+             f'<b class="verdict">{escape_html(f["verdict"])}</b>', f["why"]) for f in findings]
+    rows = [tuple(c if isinstance(c, str) and c.startswith("<b") else escape_html(c) for c in r) for r in rows]
+    page.section("Findings: the paper's claims on this model", table_html(head, rows, raw=True),
                  note="Computed from the run folders' summaries (findings.json). Verdicts compare the 95% interval "
                       "with the stated threshold; an interval that spans it is 'not testable here' at this size. "
                       "A row 'reported, not judged' shows a number the paper reports on no claim's threshold.")
@@ -105,12 +105,12 @@ def where_spent(part: dict[str, Any]) -> str:
 def _parts_section(page: Page, parts: dict[str, dict[str, Any]], links: dict[str, str], why: dict[str, str]) -> None:
     rows = []
     for name, p in parts.items():
-        link = f'<a href="{_e(links[name])}">{_e(name)}</a>' if name in links else _e(name)
+        link = f'<a href="{escape_html(links[name])}">{escape_html(name)}</a>' if name in links else escape_html(name)
         where = where_spent(p)
         seconds = f"{p.get('seconds', 0):.0f}" + (f" ({where})" if where else "")
-        rows.append((link, _e(p.get("title", "")), _e(p.get("status", "")), _e(seconds),
-                     _e(p.get("error") or why.get(name, why.get("all", "")))))
-    page.section("Parts: status and cost", _table_html(["part", "what", "status", "wall seconds", "sizes / error"], rows, raw=True),
+        rows.append((link, escape_html(p.get("title", "")), escape_html(p.get("status", "")), escape_html(seconds),
+                     escape_html(p.get("error") or why.get(name, why.get("all", "")))))
+    page.section("Parts: status and cost", table_html(["part", "what", "status", "wall seconds", "sizes / error"], rows, raw=True),
                  note="Wall seconds summed over invocations until the part finished (a resumed part keeps what it cost).")
 
 

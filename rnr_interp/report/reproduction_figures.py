@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import plotly.graph_objects as go
 
-from rnr_interp.report.figures import _log_budget_axis, _titled
+from rnr_interp.report.figures import log_budget_axis, titled
 
 
 def task_curves_figure(curves: Sequence[dict[str, Any]], label: str) -> go.Figure:
@@ -27,6 +27,6 @@ def task_curves_figure(curves: Sequence[dict[str, Any]], label: str) -> go.Figur
         if c.get("vote"):
             fig.add_scatter(x=c["k"], y=c["vote"], mode="lines", name=f"{c['task']}: majority vote@k",
                             line={"color": colour, "dash": "dot"})
-    _log_budget_axis(fig, ks or [1], "k, temperature samples per question (log scale)")
+    log_budget_axis(fig, ks or [1], "k, temperature samples per question (log scale)")
     fig.update_yaxes(title="accuracy (fraction of questions)", range=[0, 1.02])
-    return _titled(fig, "Reachable (oracle) vs deployable (vote) accuracy over k, per task", label)
+    return titled(fig, "Reachable (oracle) vs deployable (vote) accuracy over k, per task", label)

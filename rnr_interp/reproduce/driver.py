@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rnr_interp.records import write_json_atomic
+from rnr_interp.records import read_json_file, write_json_atomic
 from rnr_interp.reproduce.findings import as_records, findings
-from rnr_interp.reproduce.parts import PARTS, Context, Part, read_json
+from rnr_interp.reproduce.parts import PARTS, Context, Part
 from rnr_interp.reproduce.profiles import Profile
 
 STATE = "reproduce.json"
@@ -41,7 +41,7 @@ class Reproduction:
     @classmethod
     def open(cls, root: Path, profile: Profile) -> "Reproduction":
         """The root's state, new or resumed; a root made with another profile is refused."""
-        state = read_json(root / STATE)
+        state = read_json_file(root / STATE) if (root / STATE).is_file() else {}
         if state:
             # compared as stored (JSON has lists where the profile has tuples)
             old, new = state.get("profile", {}), json.loads(json.dumps(profile.config()))
@@ -131,11 +131,15 @@ def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None
 
 
 def write_outcome(root: Path, profile: Profile, state: Reproduction) -> tuple[list[dict[str, Any]], Path]:
-    """The findings table and the index page, from the run folders under `root` as they are."""
+    """The findings table, its Markdown page (old values beside new where they changed) and
+    the index page, from the run folders under `root` as they are."""
+    from rnr_interp.report.findings_page import write_findings_page
     from rnr_interp.report.reproduction import write_reproduction_report
 
+    previous = read_json_file(root / FINDINGS) if (root / FINDINGS).is_file() else []
     rows = as_records(findings(root))
     write_json_atomic(root / FINDINGS, rows)
+    write_findings_page(root, profile.name, profile.model, state.parts, rows, previous)
     return rows, write_reproduction_report(root, profile.name, profile.model, profile.why, state.parts, rows)
 
 

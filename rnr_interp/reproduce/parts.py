@@ -11,7 +11,7 @@ folder does (a killed part redoes no finished question, and no finished run).
    and the cell-level screen over them (``4_localisation/screen``, `repair.write_screen`),
    then, on every cell the screen keeps, repair (`run_repair`), reciprocal steering
    (`run_steer`) and top-k units (`run_units`) on the repair run's cohort and block;
-5. ``5_checkpoints``: GRPO and SFT checkpoints (trained by ``experiments/finetune.py``
+5. ``5_checkpoints``: GRPO and SFT checkpoints (trained by ``analyses.finetune``
    when absent), base and trained audits, `compare.compare_runs` with the budget control
    (both models at K and 2K) and, when the runs asked in different prompt formats, the
    prompt-format control (the trained model audited in the base format).
@@ -19,19 +19,14 @@ folder does (a killed part redoes no finished question, and no finished run).
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from rnr_interp.models import LoadedModel
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 from rnr_interp.reproduce.profiles import Profile
 
-#: experiments/finetune.py of this checkout (absent in an installed package)
-FINETUNE = Path(__file__).resolve().parents[2] / "experiments" / "finetune.py"
 
 
 @dataclass
@@ -60,8 +55,8 @@ class Context:
 
 
 def audit_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.audit import run_audit
-    from rnr_interp.sampling import Probe
+    from rnr_interp.analyses.audit import run_audit
+    from rnr_interp.engine.sampling import Probe
 
     p = ctx.profile
     lm = ctx.model(p.model)
@@ -72,8 +67,8 @@ def audit_part(ctx: Context, folder: Path) -> None:
 
 
 def routing_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.routing.audit import RouteConfig, run_route_audit
-    from rnr_interp.routing.cells import write_route_cells
+    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.cells import write_route_cells
 
     p = ctx.profile
     lm = ctx.model(p.model)
@@ -87,7 +82,7 @@ def routing_part(ctx: Context, folder: Path) -> None:
 
 
 def temperature_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.sweep import run_temperature_sweep
+    from rnr_interp.analyses.sweep import run_temperature_sweep
 
     p = ctx.profile
     ctx.log(f"  temperatures {', '.join(f'{t:g}' for t in p.temperatures)}: {p.sweep_task}, {p.sweep_n} questions, K={p.sweep_k}")
@@ -96,11 +91,11 @@ def temperature_part(ctx: Context, folder: Path) -> None:
 
 
 def localisation_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.cohort import permutation_applies
-    from rnr_interp.recognition import FailureCriterion
+    from rnr_interp.analyses.localise.cohort import permutation_applies
+    from rnr_interp.analyses.localise.recognition import FailureCriterion
     from rnr_interp.records import RunDir
-    from rnr_interp.repair import run_failures, run_repair, write_screen
-    from rnr_interp.steering import run_steer, run_units
+    from rnr_interp.analyses.localise.repair import run_failures, run_repair, write_screen
+    from rnr_interp.analyses.localise.steering import run_steer, run_units
 
     p = ctx.profile
     lm = ctx.model(p.model)
@@ -129,38 +124,24 @@ def localisation_part(ctx: Context, folder: Path) -> None:
 
 def train_checkpoint(ctx: Context, recipe: str, out: Path) -> Path:
     """The recipe's checkpoint: the user's, one already trained under `out`, or trained
-    now by experiments/finetune.py (loaded from this checkout: experiments/ is not part
-    of the package)."""
+    now by `analyses.finetune`."""
     if recipe in ctx.checkpoints:
         return ctx.checkpoints[recipe]
     if (out / "finetune.json").is_file():
         return out
-    if not FINETUNE.is_file():
-        raise FileNotFoundError(f"no {recipe} checkpoint: pass --checkpoint {recipe}=DIR "
-                                f"(experiments/finetune.py is only in a source checkout)")
+    from rnr_interp.analyses import finetune
+
     p = ctx.profile
     ctx.log(f"  train {recipe}: {p.train_steps} steps on {p.model}")
-    finetune = _experiment_module("finetune", FINETUNE)
     return finetune.train(finetune.Config(recipe=recipe, model=p.model, out=str(out), steps=p.train_steps,
                                           audit_n=p.ckpt_n), progress=False)
 
 
-def _experiment_module(name: str, path: Path):
-    """A script of experiments/ as a module (registered under its name, as its
-    dataclasses need, and as experiments/checkpoint_audit.py imports it)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def checkpoint_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.audit import run_audit
-    from rnr_interp.compare import compare_runs
+    from rnr_interp.analyses.audit import run_audit
+    from rnr_interp.analyses.checkpoints import compare_runs
     from rnr_interp.records import RunDir
-    from rnr_interp.sampling import Probe
+    from rnr_interp.engine.sampling import Probe
 
     p = ctx.profile
     task = ctx.task(p.ckpt_task, p.ckpt_n)
@@ -185,7 +166,7 @@ def shared_prompt_audit(ctx: Context, lm: LoadedModel, base, trained, out: Path,
     """The prompt-format control: the trained model audited in the base run's prompt
     format, when the two runs asked differently (None when they asked alike: the
     control would repeat the trained audit; the comparison states the formats)."""
-    from rnr_interp.audit import run_audit
+    from rnr_interp.analyses.audit import run_audit
     from rnr_interp.models import PromptFormat
     from rnr_interp.records import RunDir
 
@@ -214,11 +195,3 @@ PARTS: tuple[Part, ...] = (
     Part("4_localisation", "Failure screen; repair, steering and units on cells that pass", localisation_part),
     Part("5_checkpoints", "Checkpoint audit: base vs GRPO and SFT", checkpoint_part),
 )
-
-
-def part_names() -> list[str]:
-    return [p.name for p in PARTS]
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}

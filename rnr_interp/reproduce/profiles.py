@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
+
 #: the six tasks the paper and ../shared/data share (ARC-Easy is the demo's seventh,
 #: used by localisation, not by the audit part)
 PAPER_TASKS = ("arc_challenge", "piqa", "boolq", "logiqa", "hellaswag", "gsm8k")  # GSM8K last: 256 new tokens
@@ -57,7 +59,7 @@ class Profile:
     #: generation >= margin with its paired interval at this level above 0
     screen_margin: float = 0.10
     screen_level: float = 0.95
-    ckpt_temperature: float = 0.7
+    ckpt_temperature: float = SAMPLING_TEMPERATURE
     recipes: tuple[str, ...] = ("grpo", "sft")
     #: questions per batch in the sampling parts (each question fans out to K + 1 rows)
     batch_size: int = 8

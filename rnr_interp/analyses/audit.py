@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pandas as pd
 
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores, selection_summary, unparsed_rate, vote_matrix
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir
-from rnr_interp.sampling import Probe, chance_summary, deployed_decoding, run_config, sample_task
+from rnr_interp.engine.sampling import Probe, chance_summary, deployed_decoding, run_config, sample_task
 from rnr_interp.tasks.base import Task
 
 if TYPE_CHECKING:  # vLLM loads on first use
-    from rnr_interp.vllm_backend import VLLMModel
+    from rnr_interp.engine.vllm_backend import VLLMModel
 
 
 def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int) -> dict[str, Any]:

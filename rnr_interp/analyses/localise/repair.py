@@ -34,17 +34,17 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.cohort import (
+from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, ROTATION, Row, Split, build_cohort, check_permutation_control, cohort_summary, localisation_config,
     multiple_choice_readings, outcome_counts, run_permutation_control, run_rows,
 )
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import proportion
-from rnr_interp.recognition import FailureCriterion, screen_cell
+from rnr_interp.analyses.localise.recognition import FailureCriterion, screen_cell
 from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
-from rnr_interp.sampling import deployed_decoding
+from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
 #: the block components a sweep silences (the keys of the site table's component map)

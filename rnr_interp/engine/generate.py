@@ -14,69 +14,23 @@ all of its uniforms are drawn up front, and a token is drawn by inverting the CD
 (top-p truncated, tempered) distribution. A candidate therefore depends on its seed and
 prompt only, not on what else shared its batch.
 
-`Engine` is the contract every decoding engine meets (this module's `generate`, and
-`vllm_backend.generate` for plain sampling): `sampling` writes the same records
-whichever engine produced the generations.
+It meets `decoding.Engine`, the contract `vllm_backend.generate` meets too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from rnr_interp.engine.decoding import Decoding, Generation, cut_at_stop, plan_columns
 from rnr_interp.interventions import Active, Intervention, applied, capturing, replaying, site_hook
 from rnr_interp.models import LoadedModel
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """How candidates are decoded. temperature 0 is greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-
-    def __post_init__(self):
-        # `not x >= 0` rather than `x < 0`: NaN fails every comparison and must be refused.
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a whole number >= 1, got {self.max_new_tokens}")
-
-
-@dataclass
-class Generation:
-    tokens: list[int]
-    text: str
-    #: sum of the chosen tokens' log-probs under the model (temperature 1, no top-p)
-    logprob: float
-    #: "stop" (stop token or stop string) or "length"
-    finish: str
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-
-class Engine(Protocol):
-    """A decoding engine: `n` continuations per prompt, result[b][j] for prompt b,
-    column j. Column j samples at temperatures[j] with seed seeds[b][j] (temperature 0
-    is greedy); text is cut at the first stop string. An engine without hooks refuses
-    any intervention (`sampling.check_hooks`)."""
-
-    def __call__(self, lm, prompts: Sequence[Sequence[int]], /, *, n: int = 1, decoding: "Decoding" = ...,
-                 temperatures: Sequence[float] | None = None, seeds: Sequence[Sequence[int]] | None = None,
-                 interventions: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None = None,
-                 stop_strings: Sequence[str] = ()) -> list[list[Generation]]: ...
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
@@ -301,7 +255,7 @@ SAMPLER_ROWS = 8
 
 
 def _sample(
-    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: float, u: Float[Tensor, "r"]
+    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: Float[Tensor, "r"], u: Float[Tensor, "r"]
 ) -> tuple[Int[Tensor, "r"], Float[Tensor, "r"]]:
     """Each row's next token (`_pick`) and its log-probability under the untempered
     logits, SAMPLER_ROWS rows at a time on a CPU."""
@@ -309,37 +263,47 @@ def _sample(
     toks, logps = [], []
     for s in range(0, logits.shape[0], step):
         rows = slice(s, s + step)
-        tok = _pick(logits[rows], temps[rows], top_p, u[rows])
+        tok = _pick(logits[rows], temps[rows], top_p[rows], u[rows])
         toks.append(tok)
         logps.append(torch.log_softmax(logits[rows], -1).gather(-1, tok[:, None]).squeeze(-1))
     return torch.cat(toks), torch.cat(logps)
 
 
 def _pick(
-    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: float, u: Float[Tensor, "r"]
+    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: Float[Tensor, "r"], u: Float[Tensor, "r"]
 ) -> Int[Tensor, "r"]:
     """Greedy for rows with temperature 0; else inverse-CDF sampling from the tempered,
-    top-p-truncated distribution with the row's uniform `u`."""
+    top-p-truncated distribution (each row its own top-p) with the row's uniform `u`.
+    Rows at top-p 1 and truncated rows draw apart, so a row's token never depends on
+    which other rows share its batch."""
     hot = temps > 0
     if not bool(hot.any()):
         return logits.argmax(-1)
-    everyone = bool(hot.all())  # the usual case (K samples): no row copies, no argmax
-    probs = torch.softmax((logits if everyone else logits[hot]) / temps[hot, None], dim=-1)
-    if top_p < 1.0:
+    cut = hot & (top_p < 1.0)
+    if bool(hot.all()) and (bool(cut.all()) or not bool(cut.any())):
+        # the usual case (K samples at one top-p): no row copies, no argmax
+        return _draw(logits, temps, top_p if bool(cut.any()) else None, u)
+    out = logits.argmax(-1)
+    for rows, truncated in ((hot & ~cut, False), (cut, True)):
+        if bool(rows.any()):
+            out[rows] = _draw(logits[rows], temps[rows], top_p[rows] if truncated else None, u[rows])
+    return out
+
+
+def _draw(
+    logits: Float[Tensor, "r v"], temps: Float[Tensor, "r"], top_p: Float[Tensor, "r"] | None, u: Float[Tensor, "r"]
+) -> Int[Tensor, "r"]:
+    probs = torch.softmax(logits / temps[:, None], dim=-1)
+    if top_p is not None:
         # Keep the smallest prefix (by probability) whose mass reaches top_p, always at
         # least one token. Sorting the vocabulary is costly, so only top-p pays for it.
         probs, order = probs.sort(dim=-1, descending=True)
-        probs = probs * ((probs.cumsum(-1) - probs) < top_p)
+        probs = probs * ((probs.cumsum(-1) - probs) < top_p[:, None])
     cum = probs.cumsum(-1)
-    target = u[hot, None] * cum[:, -1:]
+    target = u[:, None] * cum[:, -1:]
     # right=True: a token of zero probability (cum does not grow) is never drawn.
     idx = torch.searchsorted(cum, target, right=True).clamp(max=probs.shape[-1] - 1)
-    sampled = (order.gather(-1, idx) if top_p < 1.0 else idx).squeeze(-1)
-    if everyone:
-        return sampled
-    out = logits.argmax(-1)
-    out[hot] = sampled
-    return out
+    return (order.gather(-1, idx) if top_p is not None else idx).squeeze(-1)
 
 
 def _uniforms(seeds: Sequence[int], steps: int) -> Float[Tensor, "r steps"]:
@@ -356,8 +320,8 @@ def generate(
     prompts: Sequence[Sequence[int]],
     *,
     n: int = 1,
-    decoding: Decoding = Decoding(),
-    temperatures: Sequence[float] | None = None,
+    decoding: Decoding | None = None,
+    columns: Sequence[Decoding] | None = None,
     seeds: Sequence[Sequence[int]] | None = None,
     interventions: Sequence[Sequence[Intervention]] | Sequence[Intervention] | None = None,
     stop_strings: Sequence[str] = (),
@@ -366,7 +330,8 @@ def generate(
 ) -> list[list[Generation]]:
     """Generate `n` continuations for each prompt (token ids, already rendered).
 
-    temperatures: one per column j < n (default: `decoding.temperature` for all);
+    decoding: every column's (default greedy, 64 new tokens); or columns: one per column
+    j < n (its temperature and top-p; they share max_new_tokens);
     seeds: seeds[b][j] for prompt b, column j (needed when any temperature > 0);
     interventions: one set for all, or one set per prompt (shared by its n columns).
     reuse: `prompt_states` of these prompts; each row's prefill replays the leading
@@ -376,19 +341,15 @@ def generate(
     Returns result[b][j].
     """
     B = len(prompts)
-    temps_col = list(temperatures) if temperatures is not None else [decoding.temperature] * n
-    if len(temps_col) != n:
-        raise ValueError(f"got {len(temps_col)} temperatures for n={n} columns")
-    if any(t > 0 for t in temps_col) and seeds is None:
-        raise ValueError("sampling (temperature > 0) needs seeds")
+    cols, seeds = plan_columns(n, B, decoding, columns, seeds)
     device = lm.device
-    steps = decoding.max_new_tokens
+    steps = cols[0].max_new_tokens
     longest = max((len(p) for p in prompts), default=0)
     # Before the prefill, so a generation that would outgrow the context never starts.
     lm.check_fits(longest + steps, f"a prompt of {longest} tokens plus {steps} new tokens")
-    seeds = seeds or [[0] * n for _ in range(B)]
     u = _uniforms([s for row in seeds for s in row[:n]], steps).to(device)
-    temps = torch.tensor(temps_col * B, dtype=torch.float32, device=device)
+    temps = torch.tensor([c.temperature for c in cols] * B, dtype=torch.float32, device=device)
+    top_ps = torch.tensor([c.top_p for c in cols] * B, dtype=torch.float32, device=device)
     stop_ids = torch.tensor(sorted(lm.stop_token_ids), dtype=torch.long, device=device)
 
     ids, mask = left_pad(prompts, lm.pad_id, device)
@@ -413,7 +374,7 @@ def generate(
         out_logp = [0.0] * R
         finish = ["length"] * R
         for t in range(steps):
-            tok, logp = _sample(last, temps[rows], decoding.top_p, u[rows, t])
+            tok, logp = _sample(last, temps[rows], top_ps[rows], u[rows, t])
             done = torch.isin(tok, stop_ids) & live
             for i, (r, tk, lp, d, lv) in enumerate(zip(rows.tolist(), tok.tolist(), logp.tolist(), done.tolist(), live.tolist())):
                 if not lv:
@@ -452,7 +413,7 @@ def generate(
             r = b * n + j
             text = lm.tokenizer.decode(out_tokens[r], skip_special_tokens=True)
             if stop_strings:
-                text = _cut_at_stop(text, stop_strings)
+                text = cut_at_stop(text, stop_strings)
             row.append(Generation(tokens=out_tokens[r], text=text, logprob=out_logp[r], finish=finish[r]))
         results.append(row)
     return results
@@ -474,8 +435,3 @@ def _hits_stop_string(tokenizer, tokens: list[int], stop_strings: Sequence[str])
     width = max(len(s) for s in stop_strings) + 8
     tail = tokenizer.decode(tokens[-width:], skip_special_tokens=True)
     return any(s in tail for s in stop_strings)
-
-
-def _cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
-    cut = min((text.find(s) for s in stop_strings if s in text), default=-1)
-    return text[:cut] if cut >= 0 else text

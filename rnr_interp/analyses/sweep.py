@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from rnr_interp.interventions import dumps, loads, set_id
 from rnr_interp.records import SUMMARY, RunDir, write_json_atomic
-from rnr_interp.sampling import BACKENDS, Probe, check_hooks
+from rnr_interp.engine.decoding import BACKENDS, check_hooks
+from rnr_interp.engine.sampling import Probe
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -177,7 +178,7 @@ def _model(spec: str, backend: str):
     if key not in _loaded:
         _loaded.clear()
         if backend == "vllm":
-            from rnr_interp.vllm_backend import load_vllm
+            from rnr_interp.engine.vllm_backend import load_vllm
 
             _loaded[key] = load_vllm(spec)
         else:
@@ -194,8 +195,8 @@ def is_finished(cell: Cell, out_root: str | Path) -> bool:
 def run_cell(cell: Cell, out_root: str | Path, progress: bool = False) -> dict[str, Any]:
     """Audit `cell` into ``out_root/<cell.folder>`` (resuming a partial run), unless it
     is finished. Returns its status entry for the index; errors propagate."""
-    from rnr_interp.audit import run_audit
-    from rnr_interp.sampling import deployed_decoding
+    from rnr_interp.analyses.audit import run_audit
+    from rnr_interp.engine.sampling import deployed_decoding
     from rnr_interp.tasks import load_task
 
     folder = Path(out_root) / cell.folder
@@ -358,7 +359,7 @@ def run_temperature_sweep(lm: LoadedModel, task: Task, out: str | Path, temperat
                           batch_size: int = 8, progress: bool = True) -> pd.DataFrame:
     """Audit at each temperature (resuming finished ones) and write the sweep table
     ``temperature_sweep`` into OUT."""
-    from rnr_interp.audit import run_audit
+    from rnr_interp.analyses.audit import run_audit
 
     if not temperatures or any(t <= 0 for t in temperatures):
         raise ValueError(f"temperatures must be a non-empty list of values > 0, got {list(temperatures)}")

@@ -32,11 +32,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from rnr_interp.generate import Decoding
+from rnr_interp.engine.decoding import Decoding
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import RunDir, comparable, config_diff, lookup, short_repr
-from rnr_interp.sampling import Probe, chunks, sample_questions
+from rnr_interp.engine.sampling import Probe, chunks, sample_questions
 from rnr_interp.tasks.base import Task
 
 REALIZED = ("gained", "lost", "kept", "never")

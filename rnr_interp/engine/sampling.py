@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, Engine, Generation, generate
+from rnr_interp.engine.decoding import BACKENDS, SAMPLING_TEMPERATURE, Decoding, Engine, Generation, check_hooks
+
+from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED, chance_baselines
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
 
 if TYPE_CHECKING:  # the vLLM backend imports vllm lazily; only its type is named here
-    from rnr_interp.vllm_backend import VLLMModel
+    from rnr_interp.engine.vllm_backend import VLLMModel
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class Probe:
     """K temperature samples per question. `name` labels the records' `probe` column."""
 
     k: int = 32
-    temperature: float = 0.7
+    temperature: float = SAMPLING_TEMPERATURE
     top_p: float = 1.0
     seed: int = 0
     name: str = "temperature"
@@ -69,18 +71,6 @@ def run_config(kind: str, lm: LoadedModel, task: Task, **extra: Any) -> dict[str
             "question_ids_hash": task.ids_hash(), **extra}
 
 
-BACKENDS = ("tl", "vllm")
-#: Backends whose engine runs the hook registry; the others sample plain models only.
-HOOKED_BACKENDS = ("tl",)
-
-
-def check_hooks(backend: str, interventions: Sequence[Intervention]) -> None:
-    """The one place that refuses interventions on an engine without hooks."""
-    if interventions and backend not in HOOKED_BACKENDS:
-        raise ValueError(f"interventions need hooks: the {backend!r} backend cannot apply them; "
-                         "use the TransformerLens backend ('tl')")
-
-
 def generator(lm: LoadedModel | VLLMModel, backend: str | None, interventions: Sequence[Intervention] = ()) -> Engine:
     """The engine of a sampling backend: "tl" (TransformerLens, the default, hooks and
     all) or "vllm" (plain sampling, `lm` from `vllm_backend.load_vllm`)."""
@@ -92,7 +82,7 @@ def generator(lm: LoadedModel | VLLMModel, backend: str | None, interventions: S
     check_hooks(backend, interventions)
     if backend == "tl":
         return generate
-    from rnr_interp.vllm_backend import generate as vllm_generate
+    from rnr_interp.engine.vllm_backend import generate as vllm_generate
 
     return vllm_generate
 
@@ -138,10 +128,10 @@ def sample_questions(
     n = 1 + probe.k
     # Column 0 is the deployed candidate (seed index -1); columns 1..K the probe samples.
     seeds = [[candidate_seed(probe.seed, q.id, j - 1) for j in range(n)] for q in questions]
+    sample = Decoding(temperature=probe.temperature, top_p=probe.top_p, max_new_tokens=max_new)
     gens = engine(
         lm, prompts, n=n,
-        decoding=Decoding(temperature=probe.temperature, top_p=probe.top_p, max_new_tokens=max_new),
-        temperatures=[deployed.temperature] + [probe.temperature] * probe.k,
+        columns=[deployed] + [sample] * probe.k,  # each candidate with the decoding its manifest entry states
         seeds=seeds,
         interventions=list(interventions),
         stop_strings=task.stop_strings,

@@ -25,13 +25,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, PromptStates, generate, prompt_states, replay_pays
+from rnr_interp.engine.decoding import Decoding
+
+from rnr_interp.engine.generate import PromptStates, generate, prompt_states, replay_pays
 from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
-from rnr_interp.recognition import READOUTS, gold_first, recognize
+from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognize
 from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
-from rnr_interp.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
+from rnr_interp.engine.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
 
 # -- generation rows -----------------------------------------------------------------

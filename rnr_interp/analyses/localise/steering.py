@@ -43,17 +43,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rnr_interp.cohort import (
+from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, ROTATION, Cohort, Row, Split, build_cohort, check_permutation_control, cohort_summary, localisation_config,
     multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
 )
-from rnr_interp.generate import Decoding, forward, left_pad
+from rnr_interp.engine.decoding import Decoding
+from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
 from rnr_interp.metrics import DEPLOYED, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
-from rnr_interp.repair import ablation_probe, best_blocks, silencing_sweep
-from rnr_interp.sampling import chunks, deployed_decoding, prompt_ids
+from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, silencing_sweep
+from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
 DEFAULT_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)

@@ -35,16 +35,18 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, prompt_states
+from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE, Decoding
+
+from rnr_interp.engine.generate import PromptStates, generate, last_logits, prompt_states
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import Journal, ProbeLabel, RunDir, RunFolderError, comparable, config_diff
-from rnr_interp.routing.batching import Lockstep
-from rnr_interp.routing.search import SEARCHES
-from rnr_interp.routing.selectors import search_reward, select
-from rnr_interp.routing.spaces import SPACES, RouteSpace, make_space
-from rnr_interp.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
+from rnr_interp.analyses.routing.batching import Lockstep
+from rnr_interp.analyses.routing.search import SEARCHES
+from rnr_interp.analyses.routing.selectors import search_reward, select
+from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space
+from rnr_interp.engine.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
@@ -52,7 +54,7 @@ STRUCTURED = ("mcts", "hill_climb", "genetic")
 CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_verification")
 #: answer-blind search selectors: name -> the search run with `search_reward`
 SEARCH_SELECTORS = {f"{m}_blind": m for m in STRUCTURED}
-SIX_SELECTORS = ("majority", "confidence", "self_verification", *SEARCH_SELECTORS)
+
 VOTES = {"majority": False, "weighted_majority": True}  # deployable lines: confidence-weighted?
 #: rows (question, route) per batched generation in the audit, whatever its questions per
 #: chunk: a batch takes rows from every search of the chunk (`run_searches`), and on a CPU
@@ -80,7 +82,7 @@ class RouteConfig:
     budget: int = 32
     spaces: tuple[str, ...] = ("native",)
     methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
-    temperature: float = 1.0
+    temperature: float = SAMPLING_TEMPERATURE
     seed: int = 0
     collapse: float = 0.5
     #: questions per chunk: the lockstep's unit and a records part (a batch holds

@@ -30,10 +30,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rnr_interp.generate import forward, left_pad
+from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.models import LoadedModel
-from rnr_interp.sampling import chunks
+from rnr_interp.engine.sampling import chunks
 from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
 
 Variant = Literal["option", "letter"]
