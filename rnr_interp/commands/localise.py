@@ -16,7 +16,7 @@ from rnr_interp.commands.common import (
 from rnr_interp.cohort import PANEL_CAP
 from rnr_interp.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
 
-ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter")]
+ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter | lm-eval:acc | lm-eval:acc_norm (lm-eval tasks)")]
 PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
 SplitSeedOpt = Annotated[int, typer.Option("--split-seed", help="seed of the selection / held-out split of failure set and panel")]
 LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="layers to sweep, e.g. '0-5,9' (default: all)")]
