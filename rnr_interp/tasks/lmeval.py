@@ -58,6 +58,8 @@ PREFIX = "lm-eval:"
 #: what lm-eval's RegexFilter returns when nothing matches: no answer
 FILTER_FALLBACK = "[invalid]"
 OUTPUT_TYPES = ("multiple_choice", "generate_until")
+#: a rule that is neither a function nor a column name (`Renderer._direct`)
+_UNSET: Any = object()
 
 
 class LmEvalUnavailable(ValueError):
@@ -312,12 +314,23 @@ class Renderer:
         except Exception as e:  # noqa: BLE001 - jinja2's UndefinedError, TemplateSyntaxError, errors inside filters
             raise RowError(f"{field} of {self.cfg.path.name}: {type(e).__name__}: {e}") from None
 
+    def _direct(self, field: str, doc: dict[str, Any]) -> Any:
+        """`field`'s value for doc when its rule is a `!function` (called) or a column
+        name (read, lm-eval's first check for a string); else `_UNSET` (a template)."""
+        rule = getattr(self.cfg, field)
+        if field in self._fns:
+            try:
+                return self._fns[field](doc)
+            except Exception as e:  # noqa: BLE001 - lm-eval's code on a row it was not written for
+                raise RowError(f"{field} of {self.cfg.path.name}: {type(e).__name__}: {e}") from None
+        if isinstance(rule, str) and rule in self.features:
+            return doc[rule]
+        return _UNSET
+
     def text(self, doc: dict[str, Any]) -> str:
         rule = self.cfg.doc_to_text
-        if "doc_to_text" in self._fns:
-            out = self._fns["doc_to_text"](doc)
-        elif isinstance(rule, str) and rule in self.features:
-            out = doc[rule]
+        if (out := self._direct("doc_to_text", doc)) is not _UNSET:
+            pass
         elif isinstance(rule, str):
             out = self._template("doc_to_text", rule, doc)
             if out.isdigit() and self.cfg.doc_to_choice is not None:
@@ -329,19 +342,14 @@ class Renderer:
         return out
 
     def description(self, doc: dict[str, Any]) -> str:
-        rule = self.cfg.description
-        if "description" in self._fns:
-            return str(self._fns["description"](doc))
-        if rule in self.features:
-            return str(doc[rule])
-        return self._template("description", rule, doc) if rule else ""
+        if (out := self._direct("description", doc)) is not _UNSET:
+            return str(out)
+        return self._template("description", self.cfg.description, doc) if self.cfg.description else ""
 
     def choices(self, doc: dict[str, Any]) -> list[str]:
         rule = self.cfg.doc_to_choice
-        if "doc_to_choice" in self._fns:
-            out = self._fns["doc_to_choice"](doc)
-        elif isinstance(rule, str) and rule in self.features:
-            out = doc[rule]
+        if (out := self._direct("doc_to_choice", doc)) is not _UNSET:
+            pass
         elif isinstance(rule, str):
             rendered = self._template("doc_to_choice", rule, doc)
             try:
@@ -360,14 +368,12 @@ class Renderer:
 
     def target(self, doc: dict[str, Any]) -> int | str | list[Any]:
         rule = self.cfg.doc_to_target
-        if "doc_to_target" in self._fns:
-            return self._fns["doc_to_target"](doc)
+        if (direct := self._direct("doc_to_target", doc)) is not _UNSET:
+            return direct
         if isinstance(rule, (int, list)):
             return rule
         if not isinstance(rule, str):
             raise RowError(f"doc_to_target must be a template, a column name, an index or a list, got {rule!r}")
-        if rule in self.features:
-            return doc[rule]
         out = self._template("doc_to_target", rule, doc)
         if out.isdigit() and self.cfg.doc_to_choice is not None:
             return ast.literal_eval(out)
