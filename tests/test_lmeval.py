@@ -50,7 +50,7 @@ def lm_eval_own_task(name: str, folder: Path):
             split = datasets.load_from_disk(str(folder))
             split = split[next(iter(split))] if isinstance(split, datasets.DatasetDict) else split
             # every split the task might name is the same rows (no few-shot is drawn at 0 shots)
-            self.dataset = datasets.DatasetDict({s: split for s in ("train", "validation", "test")})
+            self.dataset = datasets.DatasetDict({s: split for s in ("train", "validation", "test", "dev")})
 
     return Offline(config=config)
 
@@ -107,6 +107,18 @@ HELLASWAG = [  # the columns lm-eval's hellaswag utils.process_docs reads
 ]
 
 
+OPENBOOKQA = [  # a column as doc_to_text; the ARC loader cannot read these field names
+    {"id": "o1", "question_stem": "Plants need", "answerKey": "B",
+     "choices": {"text": ["rocks", "sunlight", "plastic", "noise"], "label": list("ABCD")}},
+    {"id": "o2", "question_stem": "Ice is", "answerKey": " A",
+     "choices": {"text": ["frozen water", "hot", "a gas", "a metal"], "label": list("ABCD")}},
+]
+MMLU = [  # included base file, description, letters as choices, an integer target column
+    {"question": "Which bone is in the arm? ", "subject": "anatomy", "choices": ["femur", "humerus", "tibia", "fibula"], "answer": 1},
+    {"question": "The heart has how many chambers?", "subject": "anatomy", "choices": ["2", "3", "4", "5"], "answer": 2},
+]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, shared_data) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lmeval")
@@ -116,10 +128,12 @@ def folders(tmp_path_factory, shared_data) -> dict[str, Path]:
         "boolq": save(boolq_rows(shared_data, 6), root / "boolq", "validation"),
         "commonsense_qa": save(COMMONSENSE_QA, root / "commonsense_qa", "validation"),
         "hellaswag": save(HELLASWAG, root / "hellaswag", "validation"),
+        "openbookqa": save(OPENBOOKQA, root / "openbookqa"),
+        "mmlu_anatomy": save(MMLU, root / "mmlu_anatomy"),
     }
 
 
-@pytest.mark.parametrize("name", ["arc_easy", "piqa", "boolq", "commonsense_qa", "hellaswag"])
+@pytest.mark.parametrize("name", ["arc_easy", "piqa", "boolq", "commonsense_qa", "hellaswag", "openbookqa", "mmlu_anatomy"])
 def test_requests_and_golds_equal_lm_evals_own_task(name, folders):
     """The (context, continuation) requests and the gold of every question, as lm-eval's
     own ConfigurableTask builds them at zero shots (hellaswag through lm-eval's own
@@ -191,6 +205,17 @@ def test_arc_and_lm_eval_arc_easy_read_the_same_questions(folders, shared_data, 
 
     ids = [RunDir(p).read_records().query("probe == 'deployed'")["question_id"].tolist() for p in (tmp_path / "arc", tmp_path / "lm")]
     assert ids[0] == ids[1] == [q.id for q in arc.questions[:3]]
+
+
+def test_the_generation_prompt_letters_the_options_once(folders):
+    arc = load_task("lm-eval:arc_easy", data=folders["arc_easy"], n=1)
+    q = arc.questions[0]
+    assert arc.user_message(q) == "\n\n".join([q.text, "\n".join(f"{l}. {c}" for l, c in zip("ABCDE", q.choices)), arc.instruction])
+    mmlu = load_task("lm-eval:mmlu_anatomy", data=folders["mmlu_anatomy"], n=1)
+    q = mmlu.questions[0]
+    assert q.choices == ("A", "B", "C", "D") and q.answer == "B"
+    assert q.text.startswith("The following are multiple choice questions (with answers) about anatomy.\n\nWhich bone")
+    assert mmlu.user_message(q) == q.text.strip() + "\n\n" + mmlu.instruction  # doc_to_text lists the options already
 
 
 def test_generate_until_task_reads_both_filters_and_grades_like_lm_eval(shared_data):

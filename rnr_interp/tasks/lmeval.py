@@ -16,8 +16,9 @@ folder) is refused naming the file, and no code from there is imported.
 Two output types:
 
 - ``multiple_choice`` -> `LmEvalMCTask`: generation asks the rendered `doc_to_text`
-  verbatim, then the options lettered ``A. ...`` and the multiple-choice instruction,
-  graded by letter; recognition scores lm-eval's own requests
+  verbatim, then the options lettered ``A. ...`` (not when the choices are the letters
+  themselves, as in mmlu, whose doc_to_text lists the options) and the multiple-choice
+  instruction, graded by letter; recognition scores lm-eval's own requests
   (`loglikelihood_requests`: context, then `target_delimiter` + each choice, no chat
   template), read as lm-eval's ``acc`` (sum of log-probs) and ``acc_norm`` (divided by
   the choice's length in characters, as lm-eval 0.4.13 computes it).
@@ -518,6 +519,14 @@ class LmEvalMCTask(MultipleChoiceTask):
         self.name = f"{PREFIX}{cfg.task}"
         self.config, self.data = cfg, data
         super().__init__(questions, source=source)
+
+    def user_message(self, q: Question) -> str:
+        """doc_to_text, the lettered options, the instruction; when the choices are the
+        letters themselves (mmlu, commonsense_qa: doc_to_text already lists the options
+        under them), doc_to_text and the instruction only."""
+        if q.choices == tuple(LETTERS[: len(q.choices or ())]):
+            return "\n\n".join([q.text.strip(), self.instruction])
+        return super().user_message(q)
 
     def loglikelihood_requests(self, q: Question) -> list[tuple[str, str]]:
         """lm-eval's requests for q, one per option in order: (context, target
