@@ -282,6 +282,9 @@ def test_bad_task_configs_and_rows_are_one_line_naming_the_file(tmp_path, folder
     data = _mine_data(tmp_path, GOOD)
     line = _refused(["--task-config", str(_config(tmp_path, MINE + "doc_to_text: [oops\n")), "--data", str(data)], tmp_path / "o1")
     assert "mine.yaml:" in line and "not valid YAML" in line
+    scored = MINE.replace("multiple_choice", "generate_until") + "process_results: !function utils.score\n"
+    line = _refused(["--task-config", str(_config(tmp_path, scored)), "--data", str(data)], tmp_path / "o6")
+    assert "mine.yaml: process_results: a generation task with its own scoring code is not supported" in line
     line = _refused(["--task", "lm-eval:arc_eazy", "--data", str(folders["arc_easy"])], tmp_path / "o2")
     assert "unknown lm-eval task 'arc_eazy'" in line and "arc_easy" in line and "lm_eval/tasks" in line
     missing = MINE.replace("{{question}}", "{{stem}}")

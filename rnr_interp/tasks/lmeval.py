@@ -255,6 +255,9 @@ class LmEvalConfig:
                 raise bad(f"no {key}")
         if output_type == "multiple_choice" and raw.get("doc_to_choice") is None:
             raise bad("a multiple_choice task needs doc_to_choice")
+        if output_type == "generate_until" and raw.get("process_results") is not None:
+            raise bad("process_results: a generation task with its own scoring code is not supported "
+                      "(answers are graded by the YAML's filters and exact_match)")
         if raw.get("doc_to_image") or raw.get("doc_to_audio"):
             raise bad("multimodal tasks (doc_to_image, doc_to_audio) are not supported")
         if not isinstance(raw.get("target_delimiter", " "), str):
