@@ -230,7 +230,10 @@ def test_generate_until_task_reads_both_filters_and_grades_like_lm_eval(shared_d
     assert task.extractions(loose) == {"strict-match": None, "flexible-extract": "18."}
     # exact_match with gsm8k's regexes_to_ignore strips the gold's "... #### " and the trailing "."
     assert task.grade_filtered("18", q) and task.grade_filtered("18.", q) and not task.grade_filtered("17", q)
-    assert task.extract(loose) is None and not task.grade(task.extract(loose), q)  # deployed: strict-match
+    # records hold the flexible reading; the strict grading reads strict-match
+    assert task.extract(loose) == "18." and task.grade(task.extract(loose), q)
+    assert task.extract_strict(loose) is None and task.read_answer_strict(loose, q, finished=True) is None
+    assert task.read_answer_strict(marked, q, finished=False) == "18"
 
 
 def test_lm_eval_task_resumes_and_reloads_from_its_manifest(folders, tmp_path):

@@ -27,7 +27,8 @@ Two output types:
   named filter of the YAML's `filter_list` (gsm8k: ``strict-match``,
   ``flexible-extract``) is an extraction (`extractions`), applied by lm-eval's own
   filter classes, and graded by `grade_filtered` with the YAML's `exact_match`
-  settings against the rendered `doc_to_target`.
+  settings against the rendered `doc_to_target`. `extract` is the flexible reading
+  (what records hold), `extract_strict` / `read_answer_strict` the strict one.
 
 `--data PATH` replaces `dataset_path`: a `save_to_disk` folder of one split or of a
 DatasetDict (then the YAML's `test_split`, else `validation_split`), one `.arrow` file,
@@ -59,6 +60,8 @@ PREFIX = "lm-eval:"
 #: what lm-eval's RegexFilter returns when nothing matches: no answer
 FILTER_FALLBACK = "[invalid]"
 OUTPUT_TYPES = ("multiple_choice", "generate_until")
+#: the filter names of lm-eval's two gradings of a generation (gsm8k and most math tasks)
+STRICT, FLEXIBLE = "strict-match", "flexible-extract"
 #: a rule that is neither a function nor a column name (`Renderer._direct`)
 _UNSET: Any = object()
 
@@ -568,8 +571,23 @@ class LmEvalGenerationTask(Task):
         return {name: pipeline(generation) for name, pipeline in self.filters.items()}
 
     def extract(self, generation: str) -> str | None:
-        """The deployed reading: the YAML's first filter (gsm8k: strict-match)."""
-        return next(iter(self.extractions(generation).values()))
+        """The flexible reading, what records' `extracted` and `correct` hold (as every
+        task's lenient extractor): the filter named "flexible-extract", else the YAML's
+        last filter, else the whole generation."""
+        readings = self.extractions(generation)
+        return readings.get(FLEXIBLE, list(readings.values())[-1])
+
+    def extract_strict(self, generation: str) -> str | None:
+        """The strict reading: the filter named "strict-match" (gsm8k: the number after
+        '#### '), else the YAML's first filter, else the whole generation."""
+        readings = self.extractions(generation)
+        return readings.get(STRICT, next(iter(readings.values())))
+
+    def read_answer_strict(self, generation: str, q: Question, finished: bool) -> str | None:
+        """The strict grading's reading (the strict/flexible grading's hook): lm-eval's
+        strict filter, whether or not the candidate ended on its own (lm-eval's filters
+        do not ask)."""
+        return self.extract_strict(generation)
 
     def grade(self, extracted: str | None, q: Question) -> bool:
         return self.grade_filtered(extracted, q)
