@@ -118,8 +118,8 @@ def _installed_function(module_path: Path, name: str, yaml_path: Path) -> Callab
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except ImportError as e:  # lm-eval's own utils may need one of the packages installed without
-        raise DataFormatError(yaml_path, None, f"!function: {module_path.name} needs a package not installed here ({e})") from None
+    except Exception as e:  # noqa: BLE001 - lm-eval's own utils may need a package it was installed without
+        raise DataFormatError(yaml_path, None, f"!function: {module_path} did not import here ({type(e).__name__}: {e})") from None
     if not callable(getattr(module, name, None)):
         raise DataFormatError(yaml_path, None, f"!function: {module_path} has no function {name!r}")
     return getattr(module, name)
