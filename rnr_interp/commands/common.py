@@ -140,13 +140,18 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
         raise ValueError(str(exc)) from None
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
-    if t.skipped_rows:
-        first = t.skipped_rows[0]
-        typer.echo(f"skipped {len(t.skipped_rows)} invalid row(s) of {t.source} (listed in the run's manifest and "
-                   f"summary; first: row {first['row']}: {first['reason']})", err=True)
+    say_skipped(t)
     lm = load_model(model)
     check_prompts_fit(lm, t, max_new_tokens or t.max_new_tokens)
     return lm, t
+
+
+def say_skipped(task: Task) -> None:
+    """How many data rows `--on-invalid skip` dropped, on stderr (nothing when none)."""
+    if task.skipped_rows:
+        first = task.skipped_rows[0]
+        typer.echo(f"skipped {len(task.skipped_rows)} invalid row(s) of {task.source} (listed in the run's manifest and "
+                   f"summary; first: row {first['row']}: {first['reason']})", err=True)
 
 
 def fmt_ci(value: float, ci) -> str:
