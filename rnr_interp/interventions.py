@@ -37,8 +37,8 @@ Component = Literal["mlp", "attn", "layer"]
 # HookedTransformer names a spec or an analysis asks for; values are the bridge's hook
 # point ("{layer}" filled in) in each architecture family. The TransformerLens bridge
 # already aliases the standard names onto each family's modules, so most families share
-# the default; a family differs where its block has extra structure. Gemma-2/3 put an
-# RMSNorm after the MLP (``post_feedforward_layernorm``, the bridge's ``ln2_post``):
+# the default; a family differs where its block has extra structure. Gemma-2/3 and OLMo 2
+# put an RMSNorm after the MLP (``post_feedforward_layernorm``, the bridge's ``ln2_post``):
 # there ``hook_mlp_out`` is the norm's output (what reaches the residual stream) and
 # ``mlp.hook_out`` the MLP's own output before it; ``post_mlp_norm`` names the norm
 # module, for analyses that need its weight.
@@ -61,6 +61,7 @@ SITES: dict[str, dict[str, str]] = {
     "gemma2": _POST_MLP_NORM_SITES,
     "gemma3": _POST_MLP_NORM_SITES,
     "gemma3_text": _POST_MLP_NORM_SITES,
+    "olmo2": _POST_MLP_NORM_SITES,
 }
 #: the site where each block component writes into the residual stream
 COMPONENT_SITE: dict[str, str] = {"mlp": "hook_mlp_out", "attn": "hook_attn_out", "layer": "hook_resid_post"}

@@ -329,7 +329,7 @@ def _normalise(config: dict[str, Any]) -> dict[str, Any]:
 #: config entries that say where something came from, not what it is (the data file's
 #: path): kept in the manifest, left out of the resume check and of the comparison of
 #: runs. What the data is, `task.questions_hash`, counts.
-PROVENANCE_KEYS: tuple[str, ...] = ("task.source",)
+PROVENANCE_KEYS: tuple[str, ...] = ("task.source", "task.lm_eval.yaml", "task.lm_eval.data")
 #: config entries left out of config_hash, and so of the records' run_id: the content
 #: hash came after run ids were published, and a run's id stays the one it had.
 UNHASHED_KEYS: tuple[str, ...] = ("task.questions_hash",)
@@ -883,7 +883,10 @@ class RunDir:
 
     # -- summary and named artefacts ------------------------------------------------
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        return write_json_atomic(self.path / SUMMARY, summary)
+        """summary.json, with the data rows the task skipped as invalid (from the
+        config), so every analysis's summary says what it left out."""
+        skipped = (self.config.get("task") or {}).get("skipped_rows")
+        return write_json_atomic(self.path / SUMMARY, {**summary, "skipped_rows": skipped} if skipped else summary)
 
     def read_summary(self) -> dict[str, Any]:
         path = self.path / SUMMARY

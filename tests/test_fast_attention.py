@@ -162,6 +162,7 @@ def test_only_plain_rotary_attention_is_swapped():
     assert fused_layers("tiny-llama:2") == 2
     assert fused_layers("tiny-gemma2") == 0  # score softcapping: eager only
     assert fused_layers("tiny-gpt2") == 0  # not a rotary attention bridge
+    assert fused_layers("tiny-olmo2") == fused_layers("tiny-gemma3") == 0  # query/key norms: eager only
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -24,7 +24,7 @@ def hf_greedy(model, lm, prompts, max_new_tokens):
     return rows
 
 
-@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-gpt2", "tiny-olmo2", "tiny-gemma3"])
 def test_greedy_equals_transformers_generate_tiny(spec):
     lm = load_model(spec)
     from rnr_interp.models import build_tiny

@@ -14,7 +14,7 @@ from rnr_interp.interventions import (
 )
 from rnr_interp.models import build_tiny, load_model
 
-FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-gpt2", "tiny-gemma"]
+FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-gpt2", "tiny-gemma", "tiny-olmo2", "tiny-gemma3"]
 PROMPTS = ["hello 12+3", "what is 7*8?", "a"]
 
 
@@ -40,14 +40,22 @@ def reference(name, n_layers, edit):
     owner = model.transformer if hasattr(model, "transformer") else model.model
     attr = "h" if hasattr(owner, "h") else "layers"
     layers = edit(list(getattr(owner, attr)))
+    types = getattr(model.config, "layer_types", None)
+    if types is not None:
+        # A layer keeps its own attention kind (Gemma 3: sliding window or global) wherever
+        # a route puts it; the HF model picks each position's mask by config.layer_types.
+        types = [getattr(_attention(layer), "layer_type", None) or types[0] for layer in layers]
     for i, layer in enumerate(layers):
-        attn = layer.attn if hasattr(layer, "attn") else layer.self_attn
-        attn.layer_idx = i
+        _attention(layer).layer_idx = i
     setattr(owner, attr, torch.nn.ModuleList(layers))
     model.config.num_hidden_layers = len(layers)
-    if getattr(model.config, "layer_types", None) is not None:
-        model.config.layer_types = [model.config.layer_types[0]] * len(layers)
+    if types is not None:
+        model.config.layer_types = types
     return model
+
+
+def _attention(layer):
+    return layer.attn if hasattr(layer, "attn") else layer.self_attn
 
 
 def ref_logits(lm, model):

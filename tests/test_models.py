@@ -12,7 +12,7 @@ from rnr_interp.engine.generate import generate, left_pad, forward
 from rnr_interp.models import ALIGNMENT, ModelSpecError, smollm2_dir, build_tiny, load_model
 
 
-@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2:2", "tiny-gpt2:4", "tiny-gemma:3"])
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2:2", "tiny-gpt2:4", "tiny-gemma:3", "tiny-olmo2:2", "tiny-gemma3:3"])
 def test_tiny_models_load_as_bridges(spec):
     lm = load_model(spec)
     facts = lm.facts()
@@ -108,6 +108,19 @@ def test_model_info_cli_prints_one_json_object():
     assert facts["n_layers"] == 2 and facts["architecture"] == "Qwen2ForCausalLM"
     bad = CliRunner().invoke(app, ["model-info", "nonsense"])
     assert bad.exit_code == 2 and "unknown model spec" in bad.output
+
+
+@pytest.mark.parametrize("spec,architecture,n_kv_heads", [("tiny-olmo2", "Olmo2ForCausalLM", 2),
+                                                         ("tiny-gemma3", "Gemma3ForCausalLM", 1)])
+def test_model_info_cli_prints_the_new_families(spec, architecture, n_kv_heads):
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    result = CliRunner().invoke(app, ["model-info", spec])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout.strip())
+    assert (facts["architecture"], facts["n_layers"], facts["n_kv_heads"]) == (architecture, 3, n_kv_heads)
 
 
 def test_device_defaults_to_cpu_and_names_bad_devices(monkeypatch):

@@ -227,7 +227,7 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
         assert np.isnan(s["oracle_at_k"]["random"]) == excluded
 
 
-@pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6"])
+@pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6", "tiny-olmo2:6", "tiny-gemma3:6"])
 def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
     from rnr_interp.engine.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states
     from rnr_interp.interventions import shared_prefix

@@ -12,7 +12,7 @@ from rnr_interp.models import load_model
 from rnr_interp.records import DEPLOYED, ProbeLabel
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2", "tiny-gemma"])
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2", "tiny-gemma", "tiny-olmo2", "tiny-gemma3"])
 def lm(request):
     return load_model(f"{request.param}:2")
 
@@ -41,10 +41,24 @@ def test_a_read_sees_the_write_in_force(lm):
 
 
 def test_post_mlp_norm_families_read_the_mlp_before_its_norm():
-    for fam in ("gemma2", "gemma3"):
+    for fam in ("gemma2", "gemma3", "olmo2"):
         assert SITES[fam]["mlp.hook_out"] == "blocks.{layer}.mlp.hook_out"
         assert SITES[fam]["post_mlp_norm"] == "blocks.{layer}.ln2_post"
     assert SITES["default"]["mlp.hook_out"] == SITES["default"]["hook_mlp_out"]
+
+
+@pytest.mark.parametrize("spec", ["tiny-gemma2:1", "tiny-gemma3:1", "tiny-olmo2:1"])
+def test_post_mlp_norm_sites_sit_either_side_of_the_norm(spec):
+    """In the built models: hook_mlp_out is the norm's output (what reaches the residual
+    stream), mlp.hook_out its input (the MLP's own output)."""
+    lm = load_model(spec)
+    ids, mask = left_pad([[5, 6, 7]], lm.pad_id, lm.device)
+    sites = ("hook_mlp_out", "mlp.hook_out")
+    names = [site_hook(lm, s, 0) for s in sites] + ["blocks.0.ln2_post.hook_out", "blocks.0.ln2_post.hook_in"]
+    with torch.inference_mode(), capturing(lm, names) as got:
+        forward(lm, ids, mask)
+    out, mlp, norm_out, norm_in = (got[n][0] for n in names)
+    assert torch.equal(out, norm_out) and torch.equal(mlp, norm_in) and not torch.allclose(out, mlp)
 
 
 def test_probe_labels_are_the_strings_records_hold():

