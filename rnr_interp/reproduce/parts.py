@@ -20,13 +20,13 @@ folder does (a killed part redoes no finished question, and no finished run).
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from rnr_interp.models import LoadedModel
+from rnr_interp.records import read_json_file
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 from rnr_interp.reproduce.profiles import Profile
 
@@ -221,4 +221,4 @@ def part_names() -> list[str]:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json_file(path) if path.is_file() else {}
