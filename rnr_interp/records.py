@@ -379,6 +379,13 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def comparable_hash(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of `comparable(config)`: what a manifest's config
+    must still hash to when it is read (the data file's path may change, nothing else)."""
+    canonical = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def _hashes_of(config: dict[str, Any]) -> tuple[str, ...]:
     """The config hashes a manifest holding `config` may carry: `config_hash`, and the
     hash with UNHASHED_KEYS in (how manifests of a few days in November 2026 were
@@ -725,10 +732,13 @@ class RunDir:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
                 or not isinstance(manifest.get("config_hash"), str):
             raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
-        if manifest["config_hash"] not in _hashes_of(manifest["config"]):
-            # The config was edited after the run started (a K, a probe, a seed, the
-            # questions): the records were made under another one.
-            raise RunFolderError(f"{path}: its config does not match its config_hash (edited after the run started?); "
+        # A config edited after the run started (a K, a probe, a seed, the questions)
+        # describes records made under another one. Where the data file lives may be
+        # edited (PROVENANCE_KEYS): manifests that carry `comparable_hash` allow that.
+        key, allowed = ("comparable_hash", (comparable_hash(manifest["config"]),)) if "comparable_hash" in manifest \
+            else ("config_hash", _hashes_of(manifest["config"]))
+        if manifest[key] not in allowed:
+            raise RunFolderError(f"{path}: its config does not match its {key} (edited after the run started?); "
                                  "the records were made under another config, so the folder is refused")
         return manifest
 
@@ -775,6 +785,7 @@ class RunDir:
             manifest = {
                 "config": config,
                 "config_hash": digest,
+                "comparable_hash": comparable_hash(config),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "versions": _versions(),
                 "record_columns": list(RECORD_COLUMNS),
@@ -851,17 +862,16 @@ class RunDir:
         return self.records_dir / f"part-{max(numbers, default=-1) + 1:05d}.parquet"
 
     def _read_part(self, part: Path, **kw: Any) -> pa.Table:
-        """A records part of this run: every row's run_id must be the run's (rows copied
-        from another run, or a part made under a config since edited, are refused
-        naming the part). `kw` goes to pyarrow (columns, filters)."""
-        columns = kw.pop("columns", None)
-        table = _read_parquet(part, RECORD_SCHEMA, columns=None if columns is None else [*dict.fromkeys([*columns, "run_id"])], **kw)
-        foreign = set(table["run_id"].unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
+        """A records part of this run: every row's run_id must be the run's, filtered
+        out or not (rows copied from another run, or a part made under a config since
+        edited, are refused naming the part). `kw` goes to pyarrow (columns, filters)."""
+        ids = _read_parquet(part, RECORD_SCHEMA, columns=["run_id"])["run_id"]
+        foreign = set(ids.unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
         if foreign:
             raise RunFolderError(
                 f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
                 f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
-        return table if columns is None else table.select(columns)
+        return _read_parquet(part, RECORD_SCHEMA, **kw)
 
     def _legacy_run_ids(self) -> tuple[str, ...]:
         """run_id values this run's own parts held before every writer stamped the run's

@@ -570,14 +570,24 @@ def test_a_part_whose_rows_were_made_under_another_config(seeds_run, tmp_path):
     manifest["config"]["probe"]["k"] = 3  # hand-edited: 2 -> 3
     (mine / "manifest.json").write_text(json.dumps(manifest))
     for command in (["pass-at-k", mine], ["report", mine], [*AUDIT, "--k", "3", "--out", mine], [*AUDIT, "--out", mine]):
-        refused(*command, intact=(mine,), says=("manifest.json", "config_hash"))
-    # the hash recomputed to match: the records now carry another run's id
-    from rnr_interp.records import config_hash
+        refused(*command, intact=(mine,), says=("manifest.json", "edited after the run started"))
+    # the hashes recomputed to match: the records now carry another run's id
+    from rnr_interp.records import comparable_hash, config_hash
 
     manifest["config_hash"] = config_hash(manifest["config"])
+    manifest["comparable_hash"] = comparable_hash(manifest["config"])
     (mine / "manifest.json").write_text(json.dumps(manifest))
     for command in (["pass-at-k", mine], [*AUDIT, "--k", "3", "--out", mine]):
         refused(*command, intact=(mine,), says=("part-00000.parquet", "another run"))
+
+
+def test_where_the_data_lives_may_be_edited_in_the_manifest(seeds_run, tmp_path):
+    mine = Path(shutil.copytree(seeds_run[0], tmp_path / "mine"))
+    manifest = json.loads((mine / "manifest.json").read_text())
+    manifest["config"]["task"]["source"] = "/data/moved/elsewhere.jsonl"  # provenance, not content
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    res = invoke("pass-at-k", mine)
+    assert res.exit_code == 0, res.output
 
 
 def test_a_run_made_before_these_checks_still_reads():
