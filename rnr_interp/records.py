@@ -470,7 +470,7 @@ def parse_json(text: str | bytes) -> Any:
         raise JSONTooDeepError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     # Measured without recursion, so a value Python could parse but not walk is refused too.
     level: list[Any] = [value]
-    for depth in range(MAX_JSON_DEPTH + 1):
+    for _ in range(MAX_JSON_DEPTH + 1):
         level = [child for node in level if isinstance(node, (dict, list))
                  for child in (node.values() if isinstance(node, dict) else node)]
         if not level:

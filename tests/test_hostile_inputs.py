@@ -808,3 +808,18 @@ def test_deeply_nested_json(tmp_path, run_copy):
     (run_copy / "manifest.json").write_text(manifest)
     (run_copy / "summary.json").write_text(deep)
     refused("report", run_copy, intact=(run_copy,), says=("nested deeper",))
+
+
+def test_batched_generation_is_held_against_the_models_device():
+    from rnr_interp.sampling import RunSize, check_run_size
+
+    gib = 2 ** 30
+    # 8 questions x (1 + 1000) rows of 20 MB: 157 GiB at once
+    big = dict(n_questions=8, votes=1000, fixed_rows=1, rows_per_vote=1, max_new_tokens=256, n_answers=4,
+               batch_rows=(8, 8), row_bytes=20 * 2 ** 20)
+    with pytest.raises(ValueError, match="batched generation 156.4 GiB.*largest --k that fits is 654"):
+        check_run_size(RunSize(**big), "--k", memory=128 * gib)
+    # on a GPU of 200 GiB the rows are the GPU's to hold, the machine keeps the rest
+    check_run_size(RunSize(**big, device_bytes=200 * gib), "--k", memory=16 * gib)
+    with pytest.raises(ValueError, match="on the model's device"):
+        check_run_size(RunSize(**big, device_bytes=100 * gib), "--k", memory=16 * gib)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -67,7 +67,7 @@ def audit(
     run_folder(out)
 
 
-def audit_size(k: int, batch_size: int):
+def audit_size(k: int, batch_size: int) -> Callable[..., tuple[Any, str]]:
     """An audit's size (`sampling.RunSize`) for `load_inputs`: the deployed answer and K
     samples per question, voted over K, generated for `batch_size` questions at once."""
     from rnr_interp.sampling import run_size
@@ -177,7 +177,7 @@ def route(
     run_folder(out)
 
 
-def route_size(cfg, option: str):
+def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:
     """A route audit's size (`sampling.RunSize`) for `load_inputs`: the deployed answer,
     the temperature samples and every search's budget of routes per question, voted over
     the budget; a chunk's samples (or a route batch, if larger) generated at once."""

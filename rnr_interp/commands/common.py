@@ -15,12 +15,7 @@ if TYPE_CHECKING:  # torch and pandas load on first use, so `rnr --help` stays q
 
 T = TypeVar("T")
 
-# Options every analysis command shares (same names, same defaults).
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
-TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | arithmetic | arithmetic_mc")]
-DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
-NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
-KOpt = Annotated[int, typer.Option("--k", help="probe budget K per question")]
+
 def out_folder(value: str | Path) -> Path:
     """The parser of every --out: the empty string names no folder (as a Path it would
     be the working directory)."""
@@ -31,6 +26,12 @@ def out_folder(value: str | Path) -> Path:
     return Path(value)
 
 
+# Options every analysis command shares (same names, same defaults).
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
+TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | arithmetic | arithmetic_mc")]
+DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
+NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
+KOpt = Annotated[int, typer.Option("--k", help="probe budget K per question")]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", parser=out_folder,
                                       help="run folder: new, empty, or a run of the same config to resume")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="base seed of every random draw")]
