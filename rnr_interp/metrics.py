@@ -675,6 +675,21 @@ def _prefix_votes(codes: np.ndarray, weights: np.ndarray, n_answers: int) -> np.
     return np.where(top[..., 0] > 0, winner, -1)
 
 
+#: bytes `_prefix_votes` holds at its peak per (ordering, candidate, distinct answer):
+#: the weighted one-hot and its running tally (float64), the tie positions (int64) and
+#: three boolean masks (measured: 26-27)
+VOTE_CELL_BYTES = 27
+
+
+def vote_table_bytes(n_candidates: int, n_answers: int | None = None, n_orderings: int = 200) -> int:
+    """Peak memory of `vote_curve` (one question at a time, as `vote_matrix` runs it) over
+    `n_candidates` with at most `n_answers` distinct answers (None: every candidate's
+    own, the worst case for free-form answers)."""
+    answers = n_candidates if n_answers is None else max(1, min(n_answers, n_candidates))
+    rows = n_orderings + 1
+    return rows * n_candidates * (answers * VOTE_CELL_BYTES + 64)
+
+
 def vote_matrix(candidates: Sequence[pd.DataFrame], ks: ArrayLike, weighted: bool = False, fixed_first: int = 0,
                 seed: int = 0) -> np.ndarray:
     """(questions, len(ks)): `vote_curve` for each question's candidate table (columns

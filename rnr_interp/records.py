@@ -266,13 +266,20 @@ class Journal:
     long batch (a routing chunk: hours on a CPU) resumes without redoing what it had
     done. The kill can tear the last line only: `read` leaves that torn tail out, and
     the next `append` (by the writer, who holds the run's lock) cuts it first. The
-    writer clears the journal once the part it was building is written."""
+    writer clears the journal once the part it was building is written.
 
-    def __init__(self, path: Path):
+    With a `run_id` (a run's journal always has one), every line appended carries it
+    and `read` refuses a line that names another run, so a journal copied from another
+    run is never replayed into this one. Lines without one were written before lines
+    carried it: the reader decides whether they are the run's (`unowned`)."""
+
+    def __init__(self, path: Path, run_id: str | None = None):
         self.path = Path(path)
+        self.run_id = run_id
 
     def append(self, entries: Iterable[dict[str, Any]]) -> None:
-        data = "".join(json.dumps(e, default=_json_default) + "\n" for e in entries).encode()
+        stamp = {"run_id": self.run_id} if self.run_id is not None else {}
+        data = "".join(json.dumps({**e, **stamp}, default=_json_default) + "\n" for e in entries).encode()
         if not data:
             return
         self._cut_torn_tail()
@@ -291,17 +298,34 @@ class Journal:
                 raw = f.read()
                 f.truncate(raw.rfind(b"\n") + 1)
 
+    def error(self, line: int, problem: str) -> RunFolderError:
+        """The one-line refusal of a journal line (lines count from 1)."""
+        return RunFolderError(f"{self.path}, line {line}: {problem}; move the file away to redo its work")
+
     def read(self) -> list[dict[str, Any]]:
+        """The complete lines, each a JSON object (line n is entry n-1); a line that is
+        not one, or names another run, raises RunFolderError naming file and line."""
         if not self.path.is_file():
             return []
         raw = self.path.read_bytes()
         entries = []
         for n, line in enumerate(raw[:raw.rfind(b"\n") + 1].splitlines(), 1):
             try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise RunFolderError(f"{self.path}, line {n}: not JSON ({err}); move the file away to redo its work") from err
+                entry = parse_json(line)
+            except (ValueError, UnicodeDecodeError) as err:
+                raise self.error(n, f"not JSON ({_first_line(err)})") from None
+            if not isinstance(entry, dict):
+                raise self.error(n, f"not a journal entry (a JSON {type(entry).__name__}, not an object)")
+            owner = entry.get("run_id")
+            if self.run_id is not None and owner is not None and owner != self.run_id:
+                raise self.error(n, f"written by another run (run_id {short_repr(owner, 20)}, this run's is {self.run_id[:12]}...)")
+            entries.append(entry)
         return entries
+
+    @staticmethod
+    def unowned(entry: dict[str, Any]) -> bool:
+        """Whether a line read back names no run (written before lines carried one)."""
+        return "run_id" not in entry
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -358,6 +382,21 @@ def config_hash(config: dict[str, Any]) -> str:
     UNHASHED_KEYS. The run's id; resuming compares `comparable` configs instead."""
     canonical = json.dumps(_without(config, UNHASHED_KEYS), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def comparable_hash(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of `comparable(config)`: what a manifest's config
+    must still hash to when it is read (the data file's path may change, nothing else)."""
+    canonical = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _hashes_of(config: dict[str, Any]) -> tuple[str, ...]:
+    """The config hashes a manifest holding `config` may carry: `config_hash`, and the
+    hash with UNHASHED_KEYS in (how manifests of a few days in November 2026 were
+    hashed), so those folders still open."""
+    whole = json.dumps(_normalise(config), sort_keys=True, separators=(",", ":"))
+    return config_hash(config), hashlib.sha256(whole.encode()).hexdigest()
 
 
 def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -444,10 +483,39 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+#: the deepest nesting of arrays and objects a JSON file we read may have (run configs
+#: nest 4 deep, data rows 3): deeper is not data of ours, and Python's parser would
+#: fail on it with a RecursionError instead of a message
+MAX_JSON_DEPTH = 100
+
+
+class JSONTooDeepError(ValueError):
+    """JSON nested deeper than MAX_JSON_DEPTH."""
+
+
+def parse_json(text: str | bytes) -> Any:
+    """json.loads, refusing nesting deeper than MAX_JSON_DEPTH with JSONTooDeepError
+    (json.JSONDecodeError for what is not JSON), whatever the depth."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JSONTooDeepError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    # Measured without recursion, so a value Python could parse but not walk is refused too.
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+        if not level:
+            return value
+    raise JSONTooDeepError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+
+
 def read_json_file(path: Path) -> Any:
     """A JSON file's content, or RunFolderError naming the file and what is wrong."""
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return parse_json(path.read_bytes().decode("utf-8"))
+    except JSONTooDeepError as exc:
+        raise RunFolderError(f"{path}: {exc}") from None
     except FileNotFoundError:
         raise RunFolderError(f"{path}: missing") from None
     except OSError as exc:
@@ -584,11 +652,26 @@ def _writer_lock(folder: Path) -> _WriterLock:
     return lock
 
 
-def check_out_folder(path: str | os.PathLike[str], option: str = "--out") -> None:
+#: files a run folder's writer makes (a foreign one of these names would be overwritten)
+WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR)
+#: how deep `check_out_folder` looks for this tool's folders inside an output folder
+_OUT_DEPTH = 6
+
+
+def check_out_folder(path: str | os.PathLike[str], option: str = "--out", marks: tuple[str, ...] | None = None) -> None:
     """Refuse, with one line naming the problem, a folder that cannot be a run folder:
     an existing file, a path under a file, a folder that cannot be created or written.
-    Creates nothing, so commands call it before they start."""
+    Creates nothing, so commands call it before they start.
+
+    With `marks` (the files that mark a folder as this tool's output: a run folder's
+    manifest, a sweep's index, ...), an existing folder must also be this tool's: one
+    holding a mark, or holding nothing but such folders and what a killed writer leaves
+    (its lock, temp files, empty folders). Anything else is a user's folder, refused
+    naming a file in it (first one the run would overwrite), so nothing of theirs is
+    overwritten or mixed into a run."""
     root = Path(path)
+    if str(path) == "":
+        raise RunFolderError(f"{option} must name a folder, got the empty string")
     if root.exists() and not root.is_dir():
         raise RunFolderError(f"{option} {root} is a file, not a folder")
     existing = root
@@ -600,6 +683,33 @@ def check_out_folder(path: str | os.PathLike[str], option: str = "--out") -> Non
         raise RunFolderError(f"{option} {root} is under a file ({existing})")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunFolderError(f"{option} {root}: {existing} is not writable")
+    if marks is not None and root.is_dir() and (foreign := _not_ours(root, marks, _OUT_DEPTH)) is not None:
+        held = foreign.relative_to(root)
+        overwritten = f" ({held} would be overwritten)" if foreign.parent == root and foreign.name in WRITTEN else ""
+        raise RunFolderError(
+            f"{option} {root} holds {held} but no {' or '.join(marks)}: not a folder of this tool{overwritten}; "
+            "use a new or empty folder, or a run folder of this tool to resume it")
+
+
+def _not_ours(folder: Path, marks: tuple[str, ...], depth: int) -> Path | None:
+    """The first entry of `folder` that makes it not this tool's (None: it is); names
+    a run would write come first, so the message names what would be overwritten."""
+    if any((folder / mark).is_file() for mark in marks):
+        return None
+    try:
+        entries = sorted(folder.iterdir(), key=lambda p: (p.name not in WRITTEN, p.name))
+    except OSError:
+        return folder
+    for entry in entries:
+        if entry.name == LOCK or entry.name.endswith(".tmp"):
+            continue  # what a killed writer leaves
+        if entry.is_dir() and not entry.is_symlink() and depth > 0:
+            found = _not_ours(entry, marks, depth - 1)
+            if found is None:
+                continue
+            return found
+        return entry
+    return None
 
 
 def _make_folder(root: Path) -> list[Path]:
@@ -654,6 +764,14 @@ class RunDir:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
                 or not isinstance(manifest.get("config_hash"), str):
             raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
+        # A config edited after the run started (a K, a probe, a seed, the questions)
+        # describes records made under another one. Where the data file lives may be
+        # edited (PROVENANCE_KEYS): manifests that carry `comparable_hash` allow that.
+        key, allowed = ("comparable_hash", (comparable_hash(manifest["config"]),)) if "comparable_hash" in manifest \
+            else ("config_hash", _hashes_of(manifest["config"]))
+        if manifest[key] not in allowed:
+            raise RunFolderError(f"{path}: its config does not match its {key} (edited after the run started?); "
+                                 "the records were made under another config, so the folder is refused")
         return manifest
 
     def __repr__(self) -> str:
@@ -686,6 +804,7 @@ class RunDir:
                     raise ConfigMismatchError(root, differ, run.config, config)
                 if not resume:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
+                run.stored_groups()  # every part must be the run's own before anything is added
                 run._lock = lock
                 _remove_temp_files(root, run.records_dir, run.artefacts_dir)
                 return run
@@ -698,6 +817,7 @@ class RunDir:
             manifest = {
                 "config": config,
                 "config_hash": digest,
+                "comparable_hash": comparable_hash(config),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "versions": _versions(),
                 "environment": _environment(),
@@ -759,7 +879,7 @@ class RunDir:
     @property
     def journal(self) -> Journal:
         """The run's work in progress (`Journal`); empty between batches."""
-        return Journal(self.path / JOURNAL)
+        return Journal(self.path / JOURNAL, self.run_id)
 
     # -- records ---------------------------------------------------------------------
     def parts(self) -> list[Path]:
@@ -774,12 +894,29 @@ class RunDir:
         numbers = [int(m.group(1)) for p in self.parts() if (m := _PART_RE.match(p.name))]
         return self.records_dir / f"part-{max(numbers, default=-1) + 1:05d}.parquet"
 
+    def _read_part(self, part: Path, **kw: Any) -> pa.Table:
+        """A records part of this run: every row's run_id must be the run's, filtered
+        out or not (rows copied from another run, or a part made under a config since
+        edited, are refused naming the part). `kw` goes to pyarrow (columns, filters)."""
+        ids = _read_parquet(part, RECORD_SCHEMA, columns=["run_id"])["run_id"]
+        foreign = set(ids.unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
+        if foreign:
+            raise RunFolderError(
+                f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
+                f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
+        return _read_parquet(part, RECORD_SCHEMA, **kw)
+
+    def _legacy_run_ids(self) -> tuple[str, ...]:
+        """run_id values this run's own parts held before every writer stamped the run's
+        id: a checkpoint comparison's budget controls were written as "budget_control"."""
+        return ("budget_control",) if self.config.get("kind") == "compare" else ()
+
     def stored_groups(self) -> set[tuple[str, str]]:
         """The (question_id, probe) groups already written (cached after the first read)."""
         if self._stored is None:
             self._stored = set()
             for part in self.parts():
-                t = _read_parquet(part, RECORD_SCHEMA, columns=["question_id", "probe"])
+                t = self._read_part(part, columns=["question_id", "probe"])
                 self._stored.update(zip(t["question_id"].to_pylist(), t["probe"].to_pylist()))
         return self._stored
 
@@ -789,7 +926,9 @@ class RunDir:
         The rows must hold every row of each (question, probe) group they touch: a group
         already stored raises ValueError (a resumed run must skip `done_question_ids()`),
         as do missing or unknown columns, values that do not fit RECORD_SCHEMA, and a
-        key (question_id, probe, candidate, intervention) repeated in the batch.
+        key (question_id, probe, candidate, intervention) repeated in the batch. Every
+        row is written with this run's `run_id`, whatever it held: that is what marks
+        a part as the run's own when it is read back.
         """
         if not rows:
             return None
@@ -801,6 +940,7 @@ class RunDir:
                     f"row {i} (question {row.get('question_id')!r}): missing columns {missing}, "
                     f"unknown columns {extra}"
                 )
+        rows = [{**row, "run_id": self.run_id} for row in rows]
         try:
             table = pa.Table.from_pylist(list(rows), schema=RECORD_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
@@ -843,7 +983,7 @@ class RunDir:
         the first (earliest part) with a warning; they should not occur, but a crash
         during `compact` can leave them.
         """
-        tables = [_read_parquet(p, RECORD_SCHEMA, filters=filters) for p in self.parts()]
+        tables = [self._read_part(p, filters=filters) for p in self.parts()]
         table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
         df = table.to_pandas()
         dup = df.duplicated(list(RECORD_KEY))

@@ -471,3 +471,355 @@ def test_compare_uses_content_not_paths(jsonl_run, tmp_path):
 def test_debug_shows_the_traceback():
     res = invoke("--debug", "model-info", "tiny-llama:abc")
     assert res.exit_code != 0 and "ModelSpecError" in repr(res.exception)
+
+
+# -- checkpoints never run code of their own ----------------------------------------------------
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    from rnr_interp.models import build_tiny
+
+    model, tok = build_tiny("tiny-llama", n_layers=2)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("config_file", ["config.json", "tokenizer_config.json"])
+def test_checkpoint_that_needs_its_own_code_is_refused_without_a_prompt(tmp_path, config_file):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "code-ran"
+    (ckpt / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((ckpt / config_file).read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel", "AutoConfig": "evil.EvilConfig"}
+    (ckpt / config_file).write_text(json.dumps(config))
+    out = tmp_path / "out"
+    before = tree(ckpt)
+    # whatever answer a prompt would get, none is asked and nothing runs
+    res = CliRunner().invoke(app, ["model-info", str(ckpt)], input="y\ny\n")
+    assert res.exit_code == 2 and res.stdout == "" and "[y/N]" not in res.output, res.output
+    assert "code of its own" in res.stderr and config_file in res.stderr and len(res.stderr.splitlines()) == 1
+    refused("audit", "--model", ckpt, "--quiet", "--task", "arithmetic", "--n", "1", "--k", "1", "--out", out,
+            absent=(out,), says=("code of its own",))
+    assert not marker.exists() and tree(ckpt) == before
+
+
+def test_weights_pickle_that_holds_code_is_one_line(tmp_path):
+    import torch
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "code-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (ckpt / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": Payload()}, ckpt / "pytorch_model.bin")
+    refused("model-info", ckpt, says=("more than tensors",))
+    assert not marker.exists()
+
+
+def test_every_transformers_load_refuses_remote_code():
+    """Each from_pretrained (and vLLM's engine) is told trust_remote_code=False, so the
+    library can never ask whether to run a checkpoint's code."""
+    import re
+
+    package = Path(__file__).resolve().parents[1] / "rnr_interp"
+    calls = []
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        for m in re.finditer(r"\.from_pretrained\(|\bLLM\(", text):
+            depth, end = 0, m.end() - 1
+            for end in range(m.end() - 1, len(text)):
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            calls.append((path.name, text[m.start():end + 1]))
+    assert len(calls) >= 8
+    assert [c for c in calls if "trust_remote_code" not in c[1]] == []
+
+
+# -- every part and journal line belongs to its run ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seeds_run(tmp_path_factory) -> tuple[Path, Path]:
+    """Two finished tiny audits that differ only in their seed."""
+    root = tmp_path_factory.mktemp("seeds")
+    runs = root / "seed0", root / "seed1"
+    for seed, out in enumerate(runs):
+        res = invoke(*AUDIT, "--seed", str(seed), "--out", out)
+        assert res.exit_code == 0, res.output
+    return runs
+
+
+def test_a_part_copied_from_another_run_is_refused(seeds_run, tmp_path):
+    mine, other = (Path(shutil.copytree(run, tmp_path / run.name)) for run in seeds_run)
+    foreign = mine / "records" / "part-00007.parquet"
+    shutil.copy(other / "records" / "part-00000.parquet", foreign)
+    for command in (["pass-at-k", mine], ["report", mine], [*AUDIT, "--out", mine]):
+        refused(*command, intact=(mine,), absent=(mine / "report.html",), says=("part-00007.parquet", "another run"))
+
+
+def test_a_part_whose_rows_were_made_under_another_config(seeds_run, tmp_path):
+    """A part carried over with its run id rewritten to this run's is still caught when
+    the config itself was edited (the run id is the config's hash)."""
+    mine = Path(shutil.copytree(seeds_run[0], tmp_path / "mine"))
+    manifest = json.loads((mine / "manifest.json").read_text())
+    manifest["config"]["probe"]["k"] = 3  # hand-edited: 2 -> 3
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    for command in (["pass-at-k", mine], ["report", mine], [*AUDIT, "--k", "3", "--out", mine], [*AUDIT, "--out", mine]):
+        refused(*command, intact=(mine,), says=("manifest.json", "edited after the run started"))
+    # the hashes recomputed to match: the records now carry another run's id
+    from rnr_interp.records import comparable_hash, config_hash
+
+    manifest["config_hash"] = config_hash(manifest["config"])
+    manifest["comparable_hash"] = comparable_hash(manifest["config"])
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    for command in (["pass-at-k", mine], [*AUDIT, "--k", "3", "--out", mine]):
+        refused(*command, intact=(mine,), says=("part-00000.parquet", "another run"))
+
+
+def test_where_the_data_lives_may_be_edited_in_the_manifest(seeds_run, tmp_path):
+    mine = Path(shutil.copytree(seeds_run[0], tmp_path / "mine"))
+    manifest = json.loads((mine / "manifest.json").read_text())
+    manifest["config"]["task"]["source"] = "/data/moved/elsewhere.jsonl"  # provenance, not content
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    res = invoke("pass-at-k", mine)
+    assert res.exit_code == 0, res.output
+
+
+def test_a_run_made_before_these_checks_still_reads():
+    """The committed GSM8K routing folder: parts written before any of this, as they are."""
+    run = Path(__file__).resolve().parents[1] / "experiments" / "runs" / "gsm8k40"
+    if not run.is_dir():
+        pytest.skip("no committed run folder here")
+    before = tree(run)
+    res = invoke("pass-at-k", run)
+    assert res.exit_code == 0 and res.stdout.startswith("D (deployed)"), res.output
+    assert len(RunDir(run).read_records()) == 28200 and tree(run) == before
+
+
+def test_report_does_not_show_the_questions_of_an_edited_data_file(jsonl_run, tmp_path):
+    data, out = jsonl_run
+    write_jsonl(data, [{**row, "prompt": f"EDITED {row['prompt']}"} for row in JSONL_ROWS])
+    res = invoke("report", out, "--out", tmp_path / "page")
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "page" / "report.html").read_text()
+    assert "EDITED" not in page and "no longer holds the run" in page
+
+
+ROUTE_RUN = ["route", *TINY, "--task", "arithmetic", "--n", "2", "--k", "2", "--methods", "random"]
+
+
+def killed_route_run(out: Path, seed: int) -> Path:
+    """A route run (the CLI's ROUTE_RUN config) stopped inside its only chunk: its
+    journal holds the chunk's samples and some route evaluations, no part is written."""
+    import rnr_interp.analyses.routing.audit as audit
+    from rnr_interp.models import load_model
+    from rnr_interp.tasks import load_task
+
+    original, calls = audit.generate, []
+
+    def dies_on_the_second_batch(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return original(*a, **kw)
+
+    cfg = audit.RouteConfig(samples=2, budget=2, methods=("random",), seed=seed)
+    audit.generate = dies_on_the_second_batch
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            audit.run_route_audit(load_model("tiny-llama"), load_task("arithmetic", n=2), out, cfg, progress=False)
+    finally:
+        audit.generate = original
+    assert RunDir(out).parts() == [] and (out / "journal.jsonl").is_file()
+    return out
+
+
+@pytest.fixture(scope="module")
+def route_runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("route")
+    clean = root / "clean"
+    res = invoke(*ROUTE_RUN, "--out", clean)
+    assert res.exit_code == 0, res.output
+    return {"clean": clean, "killed0": killed_route_run(root / "killed0", 0), "killed1": killed_route_run(root / "killed1", 1)}
+
+
+def same_records(a: Path, b: Path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    x, y = RunDir(a).read_records(), RunDir(b).read_records()
+    exact = [c for c in x.columns if c != "logprob"]
+    pd.testing.assert_frame_equal(x[exact], y[exact])
+    assert np.allclose(x["logprob"], y["logprob"], atol=1e-5)
+
+
+def test_a_killed_route_run_resumes_to_the_uninterrupted_records(route_runs, tmp_path):
+    run = Path(shutil.copytree(route_runs["killed0"], tmp_path / "run"))
+    assert all(json.loads(line)["run_id"] == RunDir(run).run_id for line in (run / "journal.jsonl").read_text().splitlines())
+    res = invoke(*ROUTE_RUN, "--out", run)
+    assert res.exit_code == 0, res.output
+    same_records(run, route_runs["clean"])
+    assert not (run / "journal.jsonl").exists()
+
+
+def test_a_journal_written_before_lines_carried_the_run_id_still_resumes(route_runs, tmp_path):
+    run = Path(shutil.copytree(route_runs["killed0"], tmp_path / "run"))
+    lines = [json.loads(line) for line in (run / "journal.jsonl").read_text().splitlines()]
+    (run / "journal.jsonl").write_text("".join(json.dumps({k: v for k, v in e.items() if k != "run_id"}) + "\n" for e in lines))
+    res = invoke(*ROUTE_RUN, "--out", run)
+    assert res.exit_code == 0, res.output
+    same_records(run, route_runs["clean"])
+
+
+def strip_run_ids(journal: Path) -> None:
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    journal.write_text("".join(json.dumps({k: v for k, v in e.items() if k != "run_id"}) + "\n" for e in lines))
+
+
+@pytest.mark.parametrize("case", ["another run's", "another run's, old format", "null line", "list line",
+                                  "entry without fields", "route entry without its row", "route lines only",
+                                  "nested too deep"])
+def test_a_journal_that_is_not_this_runs_is_refused(route_runs, tmp_path, case):
+    run = Path(shutil.copytree(route_runs["killed0"], tmp_path / "run"))
+    journal = run / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    if case.startswith("another run's"):
+        shutil.copy(route_runs["killed1"] / "journal.jsonl", journal)
+        if "old format" in case:
+            strip_run_ids(journal)
+    elif case == "route lines only":
+        strip_run_ids(journal)
+        journal.write_text("".join(line + "\n" for line in journal.read_text().splitlines() if '"samples"' not in line))
+    else:
+        extra = {"null line": "null", "list line": "[1, 2]", "entry without fields": '{"question_id": "arith-0"}',
+                 "route entry without its row": '{"question_id": "arith-0", "route": [0, 1, 2]}',
+                 "nested too deep": "[" * 100_000 + "]" * 100_000}[case]
+        journal.write_text("\n".join([*lines, extra]) + "\n")
+    refused(*ROUTE_RUN, "--out", run, intact=(run,), says=("journal.jsonl", "line"))
+
+
+# -- output folders that would lose data ----------------------------------------------------------
+
+
+def test_the_empty_out_is_refused(finished, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("keep")
+    before = tree(tmp_path)
+    grid = tmp_path / "grid.json"
+    for command in (AUDIT, ROUTE_RUN, ["compare", finished, finished], ["report", finished], ["route-summary", finished],
+                    ["route-cells", tmp_path], ["sweep", grid], ["temperature-sweep", *TINY, "--n", "1", "--k", "1"]):
+        refused(*command, "--out", "", intact=(finished,), says=("empty string",))
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("held", ["summary.json", "manifest-notes.txt", "records/mine.csv"])
+def test_an_out_folder_of_the_users_own_files_is_refused(finished, tmp_path, held):
+    out = tmp_path / "mine"
+    (out / held).parent.mkdir(parents=True, exist_ok=True)
+    (out / held).write_text("the user's own")
+    for command in (AUDIT, ROUTE_RUN, ["compare", finished, finished], ["report", finished]):
+        refused(*command, "--out", out, intact=(out, finished), says=(held,))
+    if held == "summary.json":
+        assert "would be overwritten" in refused(*AUDIT, "--out", out)
+
+
+def test_an_empty_out_folder_or_one_a_killed_start_left_is_used(tmp_path):
+    empty, stale = tmp_path / "empty", tmp_path / "stale"
+    empty.mkdir()
+    (stale / "records").mkdir(parents=True)
+    (stale / LOCK).write_text('{"pid": 1}')  # a writer killed before its manifest
+    (stale / "records" / "part-00000.parquet.99.tmp").write_bytes(b"torn")
+    for out in (empty, stale):
+        res = invoke(*AUDIT, "--out", out)
+        assert res.exit_code == 0, res.output
+        assert len(RunDir(out).read_records()) == 3 * (1 + 2)
+
+
+# -- bounds before work ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", ["99999999999999999999999", "100001"])
+def test_more_generated_questions_than_can_be_held(tmp_path, n):
+    out = tmp_path / "out"
+    refused("audit", *TINY, "--task", "arithmetic", "--n", n, "--k", "1", "--out", out, absent=(out,), says=("100000",))
+
+
+def test_a_k_whose_vote_tables_cannot_fit_is_refused_with_the_largest_that_does(tmp_path):
+    import re
+
+    from rnr_interp.engine.sampling import RunSize, check_run_size
+
+    out = tmp_path / "out"
+    err = refused("audit", *TINY, "--task", "arithmetic", "--n", "2", "--k", "100000", "--out", out, absent=(out,),
+                  says=("vote tables", "largest --k"))
+    largest = int(re.search(r"largest --k that fits is (\d+)", err).group(1))
+    size = lambda k: RunSize(2, votes=k, fixed_rows=1, rows_per_vote=1, max_new_tokens=24)  # noqa: E731
+    check_run_size(size(largest), "--k")  # the value offered fits
+    with pytest.raises(ValueError, match=f"largest --k that fits is {largest}"):
+        check_run_size(size(largest + 1), "--k")
+    # multiple choice: four answers at most, so the tables stay small and far more fits
+    check_run_size(RunSize(2, votes=largest * 4, fixed_rows=1, rows_per_vote=1, max_new_tokens=24, n_answers=4), "--k")
+
+
+def test_too_many_questions_for_the_records_names_the_largest_n():
+    from rnr_interp.engine.sampling import RunSize, check_run_size
+
+    gib = 2 ** 30
+    with pytest.raises(ValueError, match=r"largest --n at this --k is (\d+)") as refusal:
+        check_run_size(RunSize(10_000_000, votes=32, fixed_rows=1, rows_per_vote=1, max_new_tokens=256), "--k",
+                       memory=16 * gib)
+    most = int(refusal.value.args[0].rsplit(" ", 1)[1])
+    check_run_size(RunSize(most, votes=32, fixed_rows=1, rows_per_vote=1, max_new_tokens=256), "--k", memory=16 * gib)
+
+
+@pytest.mark.parametrize("space, budget, largest", [("skiponly", "8", "1"), ("native", "20", "19")])
+def test_a_route_budget_beyond_the_spaces_routes(tmp_path, space, budget, largest):
+    out = tmp_path / "out"
+    layers = "tiny-llama:2" if space == "skiponly" else "tiny-llama"
+    refused("route", "--model", layers, "--quiet", "--task", "arithmetic", "--n", "1", "--k", budget, "--space", space,
+            "--methods", "random", "--out", out, absent=(out,), says=(f"largest budget that works is {largest}",))
+
+
+def test_route_space_sizes_count_what_enumeration_yields():
+    from rnr_interp.analyses.routing.spaces import SPACES, make_space, space_size
+
+    for name in SPACES:
+        for layers in range(1, 7):
+            space = make_space(name, layers)
+            assert space_size(space) == sum(1 for _ in space.iter_routes()), (name, layers)
+    assert space_size(make_space("polar", 30)) > 10 ** 15  # counted, not enumerated
+
+
+def test_deeply_nested_json(tmp_path, run_copy):
+    deep = "[" * 100_000 + "]" * 100_000
+    data = tmp_path / "deep.jsonl"
+    data.write_text(json.dumps(JSONL_ROWS[0]) + "\n" + deep + "\n")
+    out = tmp_path / "out"
+    refused("audit", *TINY, "--task", "jsonl", "--data", data, "--k", "1", "--out", out, absent=(out,),
+            says=("deep.jsonl:2", "nested deeper"))
+    manifest = (run_copy / "manifest.json").read_text()
+    (run_copy / "manifest.json").write_text('{"config": ' + "[" * 150 + "]" * 150 + ', "config_hash": "x"}')
+    refused("pass-at-k", run_copy, intact=(run_copy,), says=("manifest.json", "nested deeper"))
+    (run_copy / "manifest.json").write_text(manifest)
+    (run_copy / "summary.json").write_text(deep)
+    refused("report", run_copy, intact=(run_copy,), says=("nested deeper",))
+
+
+def test_batched_generation_is_held_against_the_models_device():
+    from rnr_interp.engine.sampling import RunSize, check_run_size
+
+    gib = 2 ** 30
+    # 8 questions x (1 + 1000) rows of 20 MB: 157 GiB at once
+    big = dict(n_questions=8, votes=1000, fixed_rows=1, rows_per_vote=1, max_new_tokens=256, n_answers=4,
+               batch_rows=(8, 8), row_bytes=20 * 2 ** 20)
+    with pytest.raises(ValueError, match="batched generation 156.4 GiB.*largest --k that fits is 654"):
+        check_run_size(RunSize(**big), "--k", memory=128 * gib)
+    # on a GPU of 200 GiB the rows are the GPU's to hold, the machine keeps the rest
+    check_run_size(RunSize(**big, device_bytes=200 * gib), "--k", memory=16 * gib)
+    with pytest.raises(ValueError, match="on the model's device"):
+        check_run_size(RunSize(**big, device_bytes=100 * gib), "--k", memory=16 * gib)

@@ -82,7 +82,8 @@ def load_policy(spec: str, seed: int = 0):
         path = smollm2_dir()
     else:
         path = Path(spec)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False),
+            AutoTokenizer.from_pretrained(path, trust_remote_code=False))
 
 
 def sampler_for(policy, tokenizer, spec: str) -> LoadedModel:

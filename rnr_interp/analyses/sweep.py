@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from rnr_interp.interventions import dumps, loads, set_id
-from rnr_interp.records import SUMMARY, RunDir, write_json_atomic
+from rnr_interp.records import SUMMARY, JSONTooDeepError, RunDir, parse_json, read_json_file, write_json_atomic
 from rnr_interp.engine.decoding import BACKENDS, check_hooks
 from rnr_interp.engine.sampling import Probe
 
@@ -147,9 +147,11 @@ class Grid:
     @classmethod
     def load(cls, path: str | Path) -> "Grid":
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
+            return cls.from_dict(parse_json(Path(path).read_text()))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not JSON ({exc})") from exc
+        except JSONTooDeepError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def cells(self, backend: str = "tl") -> list[Cell]:
         """Every combination, in grid order. Cells with interventions stay on "tl"
@@ -264,7 +266,7 @@ def status_counts(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def read_index(out: str | Path) -> dict[str, Any]:
-    return json.loads((Path(out) / INDEX).read_text())
+    return read_json_file(Path(out) / INDEX)
 
 
 def _unique(cells: Iterable[Cell]) -> list[Cell]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt,
     TaskConfigOpt, TaskOpt, TempOpt,
-    at_least, built, execute, fail, fmt_ci, load_inputs, print_multiple_choice, run_folder,
+    at_least, built, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 
@@ -62,13 +62,26 @@ def audit(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type,
-                            task_config=task_config, on_invalid=on_invalid)
+                            task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size))
         lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
 
     print_audit_table(execute(body))
     run_folder(out)
+
+
+def audit_size(k: int, batch_size: int) -> Callable[..., tuple[Any, str]]:
+    """An audit's size (`sampling.RunSize`) for `load_inputs`: the deployed answer and K
+    samples per question, voted over K, generated for `batch_size` questions at once."""
+    from rnr_interp.engine.sampling import run_size
+
+    def size(t, max_new_tokens, generating):
+        batch = min(batch_size, len(t))
+        return run_size(t, k, fixed_rows=1, rows_per_vote=1, max_new_tokens=max_new_tokens, batch_rows=(batch, batch),
+                        generating=generating), "--k"
+
+    return size
 
 
 def prompt_format_of(run: Path):
@@ -163,16 +176,34 @@ def route(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
-                            on_invalid=on_invalid)
+                            on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"))
         return run_route_audit(lm, t, out, cfg, progress=not quiet)
 
     print_route_summary(execute(body))
     run_folder(out)
 
 
+def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:
+    """A route audit's size (`sampling.RunSize`) for `load_inputs`: the deployed answer,
+    the temperature samples and every search's budget of routes per question, voted over
+    the budget; a chunk's samples (or a route batch, if larger) generated at once."""
+    from rnr_interp.analyses.routing.audit import audit_searches_count, route_rows
+    from rnr_interp.engine.sampling import run_size
+
+    def size(t, max_new_tokens, generating):
+        batch = min(cfg.batch_size, len(t))
+        routes = max(cfg.batch_size, route_rows(generating[0])) if generating else 0
+        # with --k alone the samples grow with the budget; the route rows of a batch do not
+        rows = (max(batch, routes), batch) if option == "--k" else (max(batch * (1 + cfg.samples), routes), 0)
+        return run_size(t, cfg.budget, fixed_rows=1 + cfg.samples, rows_per_vote=audit_searches_count(cfg),
+                        max_new_tokens=t.max_new_tokens, batch_rows=rows, generating=generating), option
+
+    return size
+
+
 def route_summary(
     run: Annotated[Path, typer.Argument(help="a route run folder, finished or not (it is only read)")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=out_folder, help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
     data: Annotated[Optional[Path], typer.Option("--data", help="the run's data file, where it is not at the path the manifest names")] = None,
     quiet: QuietOpt = False,
 ):
@@ -187,6 +218,7 @@ def route_summary(
         route_config_of(folder)  # a route run, before the model loads
         done = len(folder.done_question_ids())
         target = out if out is not None else run.resolve().with_name(f"{run.resolve().name}-{done}q")
+        check_out(target)
         described = folder.config["task"]
         task = reload_task({**described, "source": str(data)} if data is not None else described)
         facts = folder.config.get("model_facts") or {}
@@ -241,7 +273,8 @@ def temperature_sweep(
         fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
 
     def body():
-        lm, t = load_inputs(model, task, data, n, task_config=task_config, on_invalid=on_invalid)
+        lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
+                            size=audit_size(k, batch_size))
         return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet)
 
     table = execute(body)
@@ -254,13 +287,15 @@ def temperature_sweep(
 
 def route_cells(
     folder: Annotated[Path, typer.Argument(help="a folder of route runs (models x tasks x spaces)")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="where to write the tables (default: FOLDER/route_cells)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", parser=out_folder, help="where to write the tables (default: FOLDER/route_cells)")] = None,
 ):
     """The cross-cell table: random - structured per clean cell, counts, medians, selector gap recovery."""
     from rnr_interp.analyses.routing.cells import write_route_cells
 
     if not folder.is_dir():
         fail(f"{folder} is not a folder")
+    if out is not None:
+        check_out(out)
     run, tables = execute(lambda: write_route_cells(folder, out))
     adv, counts = tables["advantage"], tables["counts"]
     typer.echo(f"{adv.cell.nunique()} clean cells, {len(tables['collapsed'])} collapsed (listed apart)")

@@ -10,9 +10,21 @@ import typer
 
 if TYPE_CHECKING:  # torch and pandas load on first use, so `rnr --help` stays quick
     from rnr_interp.models import LoadedModel
+    from rnr_interp.engine.sampling import RunSize
     from rnr_interp.tasks.base import Task
 
 T = TypeVar("T")
+
+
+def out_folder(value: str | Path) -> Path:
+    """The parser of every --out: the empty string names no folder (as a Path it would
+    be the working directory)."""
+    if isinstance(value, Path):
+        return value
+    if value == "":
+        raise typer.BadParameter("must name a folder, got the empty string")
+    return Path(value)
+
 
 # Options every analysis command shares (same names, same defaults).
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
@@ -24,7 +36,8 @@ OnInvalidOpt = Annotated[str, typer.Option(
     "--on-invalid", help="a data row that does not parse: refuse (the file) | skip (the row, listed in the manifest and summary)")]
 NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
 KOpt = Annotated[int, typer.Option("--k", help="probe budget K per question")]
-OutOpt = Annotated[Path, typer.Option("--out", "-o", help="run folder (resumed if it exists with the same config)")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", parser=out_folder,
+                                      help="run folder: new, empty, or a run of the same config to resume")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="base seed of every random draw")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="questions per batched forward")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling temperature")]
@@ -89,11 +102,14 @@ def built(factory: Callable[..., T], options: dict[str, str], **values: Any) -> 
     raise AssertionError("unreachable")  # fail() always exits
 
 
-def check_out(out: Path, option: str = "--out") -> None:
-    """Refuse an output folder that is a file, under a file or not writable; creates nothing."""
-    from rnr_interp.records import check_out_folder
+def check_out(out: Path, option: str = "--out", marks: tuple[str, ...] | None = None) -> None:
+    """Refuse an output folder that is a file, under a file or not writable, or an
+    existing folder that is not this tool's: one without any of `marks` (default: a run
+    folder's manifest) that holds anything but such folders (`records.check_out_folder`).
+    Creates nothing."""
+    from rnr_interp.records import MANIFEST, check_out_folder
 
-    check_out_folder(out, option)
+    check_out_folder(out, option, marks if marks is not None else (MANIFEST,))
 
 
 def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN_ERRORS, context: str = "") -> T:
@@ -115,16 +131,21 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
 
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
                 max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None,
-                task_config: Optional[Path] = None, on_invalid: str = "refuse") -> tuple[LoadedModel, Task]:
+                task_config: Optional[Path] = None, on_invalid: str = "refuse",
+                size: Optional[Callable[..., tuple[RunSize, str]]] = None) -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
-    the model), the model, and whether every prompt the run will ask plus the tokens to
-    generate fits the model's context. Nothing is created. `answer_type` (jsonl only)
-    chooses how free-form answers are graded; `task_config` is an lm-eval YAML that
-    replaces `task`; `on_invalid` says what an invalid data row does (skipped rows are
-    counted on stderr)."""
+    the model), the run's size, the model, and whether every prompt the run will ask plus
+    the tokens to generate fits the model's context. Nothing is created. `answer_type`
+    (jsonl only) chooses how free-form answers are graded; `task_config` is an lm-eval
+    YAML that replaces `task`; `on_invalid` says what an invalid data row does (skipped
+    rows are counted on stderr). `size(task, max_new_tokens, generating)` gives the run's
+    `RunSize` and the option that sets its budget, checked against the machine's memory
+    (`sampling.check_run_size`): before the model loads (generating None), and once it
+    has, with its batched generations (generating: the model and the longest prompt's
+    token count)."""
     from rnr_interp.models import load_model
-    from rnr_interp.engine.sampling import check_prompts_fit
+    from rnr_interp.engine.sampling import check_prompts_fit, check_run_size
     from rnr_interp.tasks import HFLoadError, load_task
 
     at_least("--n", n)
@@ -141,8 +162,13 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     if len(t) == 0:
         raise ValueError(f"task {task!r} has no questions")
     say_skipped(t)
+    new_tokens = max_new_tokens or t.max_new_tokens
+    if size is not None:
+        check_run_size(*size(t, new_tokens, None))
     lm = load_model(model)
-    check_prompts_fit(lm, t, max_new_tokens or t.max_new_tokens)
+    longest = check_prompts_fit(lm, t, new_tokens)
+    if size is not None:
+        check_run_size(*size(t, new_tokens, (lm, longest)))
     return lm, t
 
 

@@ -7,13 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import at_least, check_out, execute, fail, print_multiple_choice
+from rnr_interp.commands.common import at_least, check_out, execute, fail, out_folder, print_multiple_choice
 
 
 def compare(
     base_run: Annotated[Path, typer.Argument(help="audit run folder of the base model")],
     trained_run: Annotated[Path, typer.Argument(help="audit run folder of the trained checkpoint")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="compare run folder")] = Path("runs/compare"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="compare run folder")] = Path("runs/compare"),
     bins: Annotated[Optional[str], typer.Option("--bins", help="propensity bin edges on the base hit rate c/n; bins (lo, hi], the first closed (default: the paper's 0,0.1,0.35,1: top bin > 0.35)")] = None,
     budget_control: Annotated[bool, typer.Option(
         "--budget-control", help="re-probe every question with both runs' models at K and factor x K, fresh seeds")] = False,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import QuietOpt, check_out, execute, fail
+from rnr_interp.commands.common import QuietOpt, check_out, execute, fail, out_folder
 
 
 def _checkpoints(specs: list[str]) -> dict[str, Path]:
@@ -24,7 +24,7 @@ def _checkpoints(specs: list[str]) -> dict[str, Path]:
 
 def reproduce(
     profile: Annotated[str, typer.Option("--profile", help="smoke (tiny models) | demo (SmolLM2, this CPU) | full (paper sizes, GPU)")] = "demo",
-    out: Annotated[Path, typer.Option("--out", "-o", help="root folder: one folder of run folders per part (resumed)")] = Path("runs/reproduce"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="root folder: one folder of run folders per part (resumed)")] = Path("runs/reproduce"),
     parts: Annotated[Optional[str], typer.Option("--parts", help="comma-separated parts to run (default: all), e.g. 1_audit,2_routing")] = None,
     checkpoint: Annotated[list[str], typer.Option("--checkpoint", help="RECIPE=DIR: a trained checkpoint to audit instead of training one (repeatable)")] = [],
     quiet: QuietOpt = False,
@@ -33,9 +33,10 @@ def reproduce(
     screen + localisation, checkpoint audit; findings table and one index report."""
     from rnr_interp.reproduce import get_profile, reproduce as run_reproduction
     from rnr_interp.report.reproduction import where_spent
+    from rnr_interp.reproduce.driver import STATE
 
     chosen = execute(lambda: get_profile(profile))
-    check_out(out)
+    check_out(out, marks=(STATE,))
     ckpts = _checkpoints(checkpoint)
     wanted = [p.strip() for p in parts.split(",") if p.strip()] if parts else None
     typer.echo(f"profile {chosen.name}: {chosen.model} -> {out}")

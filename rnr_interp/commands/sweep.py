@@ -7,12 +7,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rnr_interp.commands.common import check_out, execute, fail
+from rnr_interp.commands.common import check_out, execute, fail, out_folder
 
 
 def sweep(
     grid: Annotated[Path, typer.Argument(help="grid spec (JSON): models, tasks, probes, interventions lists")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="sweep folder: one run folder per cell, plus sweep.json")] = Path("runs/sweep"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="sweep folder: one run folder per cell, plus sweep.json")] = Path("runs/sweep"),
     use_ray: Annotated[bool, typer.Option("--ray", help="run the cells on a Ray cluster (one GPU per worker when there are GPUs)")] = False,
     address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: local instance or $RAY_ADDRESS)")] = None,
     backend: Annotated[str, typer.Option("--backend", help="sampling backend: tl (TransformerLens) | vllm (no hooks)")] = "tl",
@@ -26,7 +26,7 @@ def sweep(
         fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if address and not use_ray:
         fail("--address needs --ray")
-    check_out(out)
+    check_out(out, marks=(INDEX,))
     g = execute(lambda: Grid.load(grid), known=(OSError, ValueError, TypeError), context=f"grid {grid}: ")
     cells = execute(lambda: g.cells(backend), known=(OSError, ValueError, TypeError), context=f"grid {grid}: ")
     fallback = g.fallbacks(backend)

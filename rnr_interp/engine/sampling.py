@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tqdm.auto import tqdm
@@ -24,7 +26,7 @@ from rnr_interp.engine.decoding import BACKENDS, SAMPLING_TEMPERATURE, Decoding,
 
 from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import Intervention, set_id
-from rnr_interp.metrics import DEPLOYED, chance_baselines
+from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
 
@@ -182,13 +184,146 @@ def sample_task(
     return produced
 
 
-def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> None:
+def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> int:
     """Refuse, before anything runs, a task with a question whose prompt plus
     `max_new_tokens` would not fit in the model's context (the engine checks again
-    before every model call; this names the question up front)."""
+    before every model call; this names the question up front). Returns the longest
+    prompt's token count."""
+    longest = 0
     for q in task.questions:
         n = len(prompt_ids(lm, task, q))
         lm.check_fits(n + max_new_tokens, f"question {q.id!r} ({n} prompt tokens + {max_new_tokens} new)")
+        longest = max(longest, n)
+    return longest
+
+
+#: what one record row costs in memory once read back (`RunDir.read_records`: an Arrow
+#: table and its DataFrame), besides its text: about four characters a token
+RECORD_ROW_BYTES = 1000
+#: the share of the machine's memory a run may plan to use (the model and Python need the rest)
+MEMORY_SHARE = 0.8
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit when lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
+def generation_row_bytes(lm: LoadedModel, positions: int) -> int:
+    """Memory of one row being generated on `lm` up to `positions` tokens: its keys and
+    values in every layer (`generate`'s cache buffers) and a few copies of its logits."""
+    import torch
+
+    facts = lm.facts()
+    itemsize = torch.empty((), dtype=getattr(torch, facts["dtype"])).element_size()
+    kv = 2 * facts["n_layers"] * facts["n_kv_heads"] * facts["d_head"] * itemsize
+    return kv * positions + 3 * 4 * facts["d_vocab"]
+
+
+def device_memory(lm: LoadedModel) -> int:
+    """Memory of the device `lm` runs on (a GPU's own, else the machine's)."""
+    import torch
+
+    if lm.device.type == "cuda":
+        return torch.cuda.get_device_properties(lm.device).total_memory
+    return machine_memory()
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """What a run will hold in memory, as a function of its budget `votes` (K, or a
+    route budget): the records of `n_questions` questions, `fixed_rows + rows_per_vote *
+    votes` rows each, read back to summarise; the answer-blind vote tables over `votes`
+    candidates per question (`metrics.vote_table_bytes`); and, once the model is known
+    (`row_bytes` > 0), the `batch_rows[0] + batch_rows[1] * votes` rows one batched
+    generation holds, `row_bytes` each, on the model's device (`device_bytes`)."""
+
+    n_questions: int
+    votes: int
+    fixed_rows: int
+    rows_per_vote: int
+    max_new_tokens: int
+    #: distinct answers a question can have (None: free-form, up to one per candidate)
+    n_answers: int | None = None
+    batch_rows: tuple[int, int] = (0, 0)
+    row_bytes: int = 0
+    #: the model's device memory, when it is not the machine's (a GPU)
+    device_bytes: int | None = None
+
+    def parts(self, votes: int | None = None, n_questions: int | None = None) -> tuple[int, int, int]:
+        """(vote table bytes, records bytes, generation bytes), at other `votes` or
+        `n_questions` when given."""
+        v = self.votes if votes is None else votes
+        q = self.n_questions if n_questions is None else n_questions
+        row = RECORD_ROW_BYTES + 4 * self.max_new_tokens
+        generation = (self.batch_rows[0] + self.batch_rows[1] * v) * self.row_bytes
+        return vote_table_bytes(v, self.n_answers), q * (self.fixed_rows + self.rows_per_vote * v) * row, generation
+
+    def fits(self, usable: int, usable_device: int, votes: int | None = None) -> bool:
+        votes_bytes, records, generation = self.parts(votes)
+        if self.device_bytes is None:
+            return votes_bytes + records + generation <= usable
+        return votes_bytes + records <= usable and generation <= usable_device
+
+
+def check_run_size(size: RunSize, option: str, memory: int | None = None) -> None:
+    """Refuse (ValueError) a run whose vote tables, records and batched generations will
+    not fit in MEMORY_SHARE of `memory` (default: `machine_memory()`), before anything
+    runs: such a run would sample for hours and then fail, on every rerun. The message
+    says how much it needs and the largest `option` (the budget: --k, or --budget) and
+    the largest --n that fit."""
+    usable = int(MEMORY_SHARE * (machine_memory() if memory is None else memory))
+    usable_device = int(MEMORY_SHARE * size.device_bytes) if size.device_bytes is not None else usable
+    if size.fits(usable, usable_device):
+        return
+    low, high = 0, size.votes  # the largest budget that fits, by bisection (need grows with it)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if size.fits(usable, usable_device, mid) else (low, mid - 1)
+    votes, records, generation = size.parts()
+    # only the records grow with the questions
+    fixed = votes + (generation if size.device_bytes is None else 0)
+    device_fits = size.device_bytes is None or generation <= usable_device
+    most_questions = (usable - fixed) // size.parts(n_questions=1)[1] if fixed < usable and device_fits else 0
+    gib = 2 ** 30
+    ways = [f"the largest {option} that fits is {low}" if low else f"no {option} fits"]
+    if 0 < most_questions < size.n_questions:
+        ways.append(f"the largest --n at this {option} is {most_questions}")
+    if generation and low < size.votes:
+        ways.append("a smaller --batch-size")
+    where = f"{usable / gib:.1f} GiB this run may use ({MEMORY_SHARE:.0%} of the machine's)"
+    if size.device_bytes is not None:
+        where += f", {usable_device / gib:.1f} GiB on the model's device"
+    raise ValueError(
+        f"{size.n_questions} questions at {option} {size.votes} need about {(votes + records + generation) / gib:.1f} GiB "
+        f"(answer-blind vote tables {votes / gib:.1f} GiB, records {records / gib:.1f} GiB"
+        + (f", batched generation {generation / gib:.1f} GiB" if generation else "")
+        + f"), more than the {where}; {', or '.join(ways)}")
+
+
+def run_size(task: Task, votes: int, *, fixed_rows: int, rows_per_vote: int, max_new_tokens: int, batch_rows: tuple[int, int],
+             generating: tuple[LoadedModel, int] | None = None) -> RunSize:
+    """A run's `RunSize` over `task`; with `generating` (the loaded model and the longest
+    prompt's token count), its batched generations too."""
+    if generating is None:
+        return RunSize(len(task), votes, fixed_rows, rows_per_vote, max_new_tokens, answer_count(task))
+    lm, longest = generating
+    return RunSize(len(task), votes, fixed_rows, rows_per_vote, max_new_tokens, answer_count(task), batch_rows,
+                   generation_row_bytes(lm, longest + max_new_tokens), None if lm.device.type == "cpu" else device_memory(lm))
+
+
+def answer_count(task: Task) -> int | None:
+    """The most distinct answers a question of `task` can get (its options), or None
+    when answers are free-form."""
+    options = [task.options(q) for q in task.questions]
+    return None if not options or any(o is None for o in options) else max(len(o) for o in options)
 
 
 def deployed_decoding(task: Task, max_new_tokens: int | None = None, temperature: float = 0.0) -> Decoding:

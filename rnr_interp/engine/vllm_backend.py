@@ -38,7 +38,10 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from rnr_interp.engine.decoding import Decoding, Generation, check_hooks, cut_at_stop, plan_columns
-from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, smollm2_dir, stop_token_ids_of, build_tiny, cache_dir
+from rnr_interp.models import (
+    TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, smollm2_dir, stop_token_ids_of, build_tiny, cache_dir,
+    refuse_remote_code,
+)
 
 
 def vllm_available() -> bool:
@@ -111,6 +114,7 @@ def checkpoint_for(spec: str) -> tuple[str, bool | None]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelSpecError(f"model spec {spec!r}: folder has no config.json (not a Hugging Face checkpoint)")
+        refuse_remote_code(path)
         return str(path), None
     if "/" in spec and not spec.startswith((".", "/", "~")):
         return spec, None
@@ -123,10 +127,11 @@ def front_end(spec: str) -> VLLMModel:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     source, prepend_bos = checkpoint_for(spec)
-    tok = AutoTokenizer.from_pretrained(source)
-    config = AutoConfig.from_pretrained(source)
+    # never the checkpoint's own code (models.refuse_remote_code says why a folder needing it is refused)
+    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     try:
-        gen_config = GenerationConfig.from_pretrained(source)
+        gen_config = GenerationConfig.from_pretrained(source, trust_remote_code=False)
     except OSError:
         gen_config = None
     stops = stop_token_ids_of(SimpleNamespace(generation_config=gen_config, config=config), tok)
@@ -178,7 +183,7 @@ def load_vllm(spec: str, *, dtype: str = "auto", seed: int = 0, **engine_kwargs:
     vm = front_end(spec)
     source = vm.meta["source"]
     settings = {**platform_defaults(vm.hf_config), **engine_kwargs}
-    vm.engine = LLM(model=source, tokenizer=source, dtype=dtype, seed=seed, **settings)
+    vm.engine = LLM(model=source, tokenizer=source, dtype=dtype, seed=seed, **{**settings, "trust_remote_code": False})
     served = getattr(getattr(getattr(vm.engine, "llm_engine", None), "model_config", None), "dtype", dtype)
     vm.meta["dtype"] = str(served).removeprefix("torch.")
     return vm

@@ -255,6 +255,7 @@ def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype | str
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelSpecError(f"model spec {spec!r}: folder has no config.json (not a Hugging Face checkpoint)")
+        refuse_remote_code(path)
         model, tok = _load_hf_dir(path, dtype)
         return wrap(spec, model.to(device), tok)
     if "/" in spec and not spec.startswith((".", "/", "~")):
@@ -340,14 +341,66 @@ def stop_token_ids_of(model: nn.Module, tokenizer: Any) -> tuple[int, ...]:
 # -- real weights ------------------------------------------------------------
 
 
+#: files of a checkpoint folder whose `auto_map` points the loader at Python code the
+#: checkpoint ships (config, tokenizer, processor)
+CODE_MAP_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def refuse_remote_code(folder: Path) -> None:
+    """Refuse a checkpoint folder that needs code of its own to load (an `auto_map` in
+    its config files): loading it would run that code. Every loader also passes
+    trust_remote_code=False, so the library never asks; this says why in one line."""
+    import json
+
+    for name in CODE_MAP_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ModelSpecError(f"checkpoint {str(folder)!r}: {name} is not readable JSON ({_first_line(exc)})") from None
+        if isinstance(config, dict) and config.get("auto_map"):
+            raise ModelSpecError(
+                f"checkpoint {str(folder)!r} needs code of its own to load ({name} has an auto_map naming "
+                f"{short_names(config['auto_map'])}); rnr never runs a checkpoint's code, use a checkpoint of a "
+                "built-in architecture")
+
+
+def short_names(auto_map: Any) -> str:
+    names = sorted({str(v) for v in auto_map.values()}) if isinstance(auto_map, dict) else [str(auto_map)]
+    text = ", ".join(names)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _load_failed(what: str, exc: Exception) -> ModelSpecError:
+    """A load failure as one line. Whatever the loader raised (a damaged file, a weights
+    pickle torch's safe loader refuses, a checkpoint that asks for remote code) is bad
+    input, not a bug of ours."""
+    import pickle
+
+    text = _first_line(exc)
+    if isinstance(exc, pickle.UnpicklingError):
+        return ModelSpecError(f"{what} did not load: its weights file holds more than tensors, which torch's safe "
+                              "loader refuses; rnr never unpickles anything else (convert it to safetensors, or use another)")
+    if "trust_remote_code" in text:
+        return ModelSpecError(f"{what} needs code of its own to load; rnr never runs a checkpoint's code ({text})")
+    return ModelSpecError(f"{what} did not load: {type(exc).__name__}: {text}")
+
+
 def _load_hf_dir(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelSpecError(f"checkpoint {str(path)!r} did not load: {str(exc).splitlines()[0]}") from exc
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - any loader failure: see _load_failed
+        raise _load_failed(f"checkpoint {str(path)!r}", exc) from exc
     return model, tok
 
 
@@ -355,10 +408,10 @@ def _load_gguf(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelSpecError(f"GGUF {str(path)!r} did not load: {str(exc).splitlines()[0]}") from exc
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - any loader failure: see _load_failed
+        raise _load_failed(f"GGUF {str(path)!r}", exc) from exc
     return model, tok
 
 
@@ -366,10 +419,10 @@ def _load_hub(name: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    except (OSError, ValueError) as exc:
-        raise ModelSpecError(f"hub model {name!r} did not load (no cached weights and no network?): {str(exc).splitlines()[0]}") from exc
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - any loader failure: see _load_failed
+        raise _load_failed(f"hub model {name!r} (no cached weights and no network?)", exc) from exc
     return model, tok
 
 

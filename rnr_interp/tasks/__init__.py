@@ -46,6 +46,9 @@ _FILE_TASKS: dict[str, tuple[Callable[..., Task], str | None]] = {
     "jsonl": (load_jsonl, None),
 }
 _SYNTHETIC: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "arithmetic_mc": arithmetic_mc}
+#: the most questions a synthetic task generates: ten times the largest benchmark read
+#: here (HellaSwag, 10,042), about 100 MB of questions; more would only fill memory
+MAX_GENERATED = 100_000
 TASKS: tuple[str, ...] = tuple(_FILE_TASKS) + tuple(_SYNTHETIC)
 
 
@@ -92,6 +95,9 @@ def _load_task(name: str, data: str | Path | None, n: int | None, task_config: s
     if name in _SYNTHETIC:
         if data is not None:
             raise ValueError(f"task {name!r} is generated, it reads no data file (got {data})")
+        if n is not None and n > MAX_GENERATED:
+            raise ValueError(f"task {name!r} generates at most {MAX_GENERATED} questions, asked for {n} "
+                             f"(--n {MAX_GENERATED} is the largest that works)")
         return _SYNTHETIC[name](**kw) if n is None else _SYNTHETIC[name](n=n, **kw)
     if name not in _FILE_TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
@@ -118,13 +124,25 @@ def reload_task(described: dict[str, Any]) -> Task:
         return load_task(name, data=lm_eval.get("data"), n=described.get("n_questions"), on_invalid=on_invalid,
                          task_config=lm_eval.get("yaml"))
     if (synthetic := parse_source(source)) is not None:
-        return load_task(name, **synthetic[1])
+        return _same_questions(load_task(name, **synthetic[1]), described)
     if source and Path(source).is_file():
         # A JSONL task is graded as the kind it was run as, whatever detection says now.
         kind = described.get("answer_kind")
         graded_as = {"answer_type": kind} if name == "jsonl" and kind in ("number", "text") else {}
-        return load_task(name, data=source, n=described.get("n_questions"), on_invalid=on_invalid, **graded_as)
+        return _same_questions(load_task(name, data=source, n=described.get("n_questions"), on_invalid=on_invalid, **graded_as),
+                               described)
     raise FileNotFoundError(f"task source {source or '?'} is not a file here")
+
+
+def _same_questions(task: Task, described: dict[str, Any]) -> Task:
+    """`task`, when its questions are the ones `described` was run on (its
+    `questions_hash`, where the description has one): a file edited since, or another
+    file at the path, is refused rather than shown or graded as the run's."""
+    stored = described.get("questions_hash")
+    if stored is not None and task.content_hash() != stored:
+        raise ValueError(f"task source {described.get('source')} no longer holds the run's questions "
+                         f"(task.questions_hash {task.content_hash()} here, {stored} in the run)")
+    return task
 
 
 __all__ = [

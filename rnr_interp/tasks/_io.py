@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from rnr_interp.records import JSONTooDeepError, parse_json
+
 from .base import LETTERS, DataFormatError, Question
 
 RowParser = Callable[[dict[str, Any], int], Question]
@@ -63,9 +65,11 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = parse_json(line)
         except json.JSONDecodeError as e:
             raise DataFormatError(path, line_no, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except JSONTooDeepError as e:
+            raise DataFormatError(path, line_no, str(e)) from None
         if not isinstance(obj, dict):
             raise DataFormatError(path, line_no, f"expected a JSON object, got {type(obj).__name__}")
         yield line_no, obj

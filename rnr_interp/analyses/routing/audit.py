@@ -45,7 +45,7 @@ from rnr_interp.records import Journal, ProbeLabel, RunDir, RunFolderError, comp
 from rnr_interp.analyses.routing.batching import Lockstep
 from rnr_interp.analyses.routing.search import SEARCHES
 from rnr_interp.analyses.routing.selectors import search_reward, select
-from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space
+from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space, space_size
 from rnr_interp.engine.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
@@ -284,6 +284,11 @@ def audit_searches(spaces: dict[str, RouteSpace], methods: Sequence[str]) -> dic
     return searches
 
 
+def audit_searches_count(cfg: RouteConfig) -> int:
+    """How many searches `audit_searches` runs on every question (each writes `budget` rows)."""
+    return len(cfg.spaces) * (len(dict.fromkeys(("random", *cfg.methods))) + len(SEARCH_SELECTORS))
+
+
 def blind_reward(q: Question, row: dict[str, Any]) -> float:
     """The search selectors' reward: no gold answer, only the model's own confidence."""
     return search_reward(row["extracted"], row["logprob"], row["n_tokens"])
@@ -301,6 +306,7 @@ def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str,
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
     decoding = route_decoding(task)
+    spaces = route_spaces(cfg, lm.n_layers)  # refused before the run folder is made
     run = RunDir.create(out, route_run_config(lm, task, cfg))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
@@ -308,11 +314,10 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     questions = [q for q in task.questions if q.id not in done]
     # A chunk stopped part way left its temperature samples and route evaluations in the
     # run's journal: they are taken back, and the chunk redoes only what is missing.
-    saved = run.journal.read()
+    saved = read_route_journal(run)
     evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal)
     evaluator.restore(saved)
     saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
-    spaces = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len) for name in cfg.spaces}
     searches = audit_searches(spaces, cfg.methods)
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
@@ -339,6 +344,62 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     summary = summarize_routes(run, lm, task, cfg)
     run.write_summary(summary)
     return summary
+
+
+def route_spaces(cfg: RouteConfig, n_layers: int) -> dict[str, RouteSpace]:
+    """The route spaces of `cfg` on a model of `n_layers` blocks. Refused (ValueError)
+    when a space holds fewer distinct routes than the budget: every search evaluates
+    `budget` distinct routes per question, and the oracle and vote curves are drawn to
+    the budget, so such a run could write its records but never its summary."""
+    spaces = {name: make_space(name, n_layers, min_len=cfg.min_len, max_len=cfg.max_len) for name in cfg.spaces}
+    sizes = {name: space_size(space) for name, space in spaces.items()}
+    small = [name for name, size in sizes.items() if size < cfg.budget]
+    if small:
+        space = spaces[small[0]]
+        raise ValueError(
+            f"route budget {cfg.budget} (--budget, else --k) is more than the {sizes[small[0]]} distinct routes of space "
+            f"{space.name!r} on this {n_layers}-layer model (route lengths {space.min_len}..{space.max_len}); "
+            f"the largest budget that works is {min(sizes.values())}")
+    return spaces
+
+
+#: the fields of a route evaluation's row in the journal (`candidate_row`'s)
+_ROUTE_ROW_FIELDS = ("question_id", "intervention", "text", "extracted", "gold", "correct", "logprob", "n_tokens", "finish")
+
+
+def read_route_journal(run: RunDir) -> list[dict[str, Any]]:
+    """The run's journal, checked before anything of it is used: each line is a chunk's
+    samples (question_ids, samples: record rows) or one route evaluation (question_id,
+    route, row), and belongs to this run. Lines written before lines carried the run's
+    id are the run's when the samples they came with carry its id in their rows (a
+    chunk's journal starts with its samples). Anything else: RunFolderError naming the
+    file and line, before anything is appended."""
+    journal = run.journal
+    entries = journal.read()
+    vouched = any(not Journal.unowned(e) for e in entries)
+    for n, e in enumerate(entries, 1):
+        if "samples" in e:
+            ids, rows = e.get("question_ids"), e.get("samples")
+            if not (isinstance(ids, list) and all(isinstance(q, str) for q in ids) and isinstance(rows, list)
+                    and all(isinstance(r, dict) and r.get("question_id") in ids for r in rows)):
+                raise journal.error(n, "a samples entry needs question_ids (strings) and samples (rows of those questions)")
+            owners = {r.get("run_id") for r in rows}
+            if owners - {run.run_id}:
+                raise journal.error(n, f"samples of another run (run_id {sorted(map(str, owners - {run.run_id}))[0][:20]!r})")
+            vouched = vouched or bool(rows)
+        elif "route" in e:
+            route, row = e.get("route"), e.get("row")
+            if not (isinstance(e.get("question_id"), str) and isinstance(route, list)
+                    and all(isinstance(b, int) and not isinstance(b, bool) for b in route)
+                    and isinstance(row, dict) and all(f in row for f in _ROUTE_ROW_FIELDS)
+                    and row["question_id"] == e["question_id"]):
+                raise journal.error(n, "a route entry needs question_id, route (block numbers) and row "
+                                       f"(with {', '.join(_ROUTE_ROW_FIELDS)})")
+        else:
+            raise journal.error(n, "not a route run's journal entry (needs samples or route)")
+    if entries and not vouched:
+        raise journal.error(1, "names no run (neither its lines nor its samples carry a run id)")
+    return entries
 
 
 def route_config_of(run: RunDir) -> RouteConfig:

@@ -447,30 +447,51 @@ class RouteSpace:
         return route if self.min_len <= len(route) <= self.max_len else tuple(a)
 
     # -- enumeration -----------------------------------------------------------
+    def _next_codes(self, position: int, length: int, block: int) -> Iterator[tuple[int, int, int]]:
+        """The plan codes layer `position` may take after a plan of route length
+        `length` whose repeated block so far is `block` layers long, in enumeration
+        order, each with the length and open block after it: the one rule `iter_routes`
+        walks and `space_size` counts."""
+        codes = self._kind.codes
+        most = max(_RUNS[c] for c in codes)
+        left = self.n_layers - position - 1
+        for code in codes:
+            if code == TWICE_CONT and not 0 < block < MAX_SEGMENT:
+                continue
+            new = length + _RUNS[code]
+            if new > self.max_len or new + most * left < self.min_len:
+                continue
+            yield code, new, block + 1 if code == TWICE_CONT else int(code == TWICE)
+
     def iter_routes(self) -> Iterator[LayerPath]:
         """Every route of the space, depth first with run-once layers first (so routes
         near the full path come early). Exponential in L: exhaust it only for small L;
         taking the first few items is cheap for any L."""
-        L, codes = self.n_layers, self._kind.codes
-        most = max(_RUNS[c] for c in codes)
         plan: list[int] = []
 
         def extend(length: int, block: int) -> Iterator[LayerPath]:
-            if len(plan) == L:
+            if len(plan) == self.n_layers:
                 yield _route(tuple(plan))
                 return
-            left = L - len(plan) - 1
-            for code in codes:
-                if code == TWICE_CONT and not 0 < block < MAX_SEGMENT:
-                    continue
-                new = length + _RUNS[code]
-                if new > self.max_len or new + most * left < self.min_len:
-                    continue
+            for code, new, open_block in self._next_codes(len(plan), length, block):
                 plan.append(code)
-                yield from extend(new, block + 1 if code == TWICE_CONT else int(code == TWICE))
+                yield from extend(new, open_block)
                 plan.pop()
 
         yield from extend(0, 0)
+
+
+def space_size(space: RouteSpace) -> int:
+    """How many routes `space` holds: `iter_routes` counted without enumerating it (by
+    position, length so far and open block), so it is quick for any L."""
+
+    @lru_cache(maxsize=None)
+    def count(position: int, length: int, block: int) -> int:
+        if position == space.n_layers:
+            return 1
+        return sum(count(position + 1, new, open_block) for _, new, open_block in space._next_codes(position, length, block))
+
+    return count(0, 0, 0)
 
 
 def make_space(name: str, n_layers: int, *, min_len: int | None = None, max_len: int | None = None) -> RouteSpace:
