@@ -446,6 +446,39 @@ class RouteSpace:
         route = _route(child)
         return route if self.min_len <= len(route) <= self.max_len else tuple(a)
 
+    # -- distance from the full path --------------------------------------------
+    def edits(self, route: Sequence[int]) -> int:
+        """How far `route` is from the full path: the number of layers not run exactly
+        once (skipped or run twice). A skip of 3 layers counts 3, a repeated block of 2
+        counts 2; the full path counts 0. It is the Hamming distance between the route's
+        plan and the full path's, and equals the Levenshtein distance between the two
+        block sequences when no skip sits beside a repeat."""
+        return sum(code != ONCE for code in self._plan_of(route))
+
+    def sample_at(self, edits: int, rng: np.random.Generator, tries: int = 64) -> LayerPath | None:
+        """A route `edits` layers away from the full path (`edits`), or None when a few
+        walks find none: a random walk from the full path, each step an edit that only
+        changes layers still run once (the space's own kinds: native skips of 1-4 layers
+        or a repeat of one; polar skips or block repeats of 1-4; skiponly one skip),
+        uniform among those that keep the route in bounds and do not pass `edits`,
+        stopped when the route is exactly `edits` away. Which route of that distance
+        comes out follows the walk, not a uniform draw over the routes at that distance."""
+        if edits == 0:
+            return self.full_path
+        grow = {"native": _native_grow, "polar": _grow_edits, "skiponly": _skip_local}[self.name]
+        for _ in range(tries):
+            plan, changed = self.full_plan, 0
+            while changed < edits:
+                moves = [e for e in self._fitting(plan, grow(plan))
+                         if plan[e.start] == ONCE and changed + (e.stop - e.start) <= edits]
+                if not moves:
+                    break
+                edit = moves[int(rng.integers(len(moves)))]
+                plan, changed = _apply(plan, edit), changed + edit.stop - edit.start
+            if changed == edits:
+                return _route(plan)
+        return None
+
     # -- enumeration -----------------------------------------------------------
     def iter_routes(self) -> Iterator[LayerPath]:
         """Every route of the space, depth first with run-once layers first (so routes
