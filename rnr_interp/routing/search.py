@@ -421,7 +421,7 @@ def genetic(
     batch_size: int | None = None,
 ) -> SearchResult:
     """Elitist (mu + lambda) genetic search. Generation 0: the full path and
-    population - 1 samples. Each round breeds `batch_size` new routes (default
+    population - 1 samples (evaluated in rounds of `batch_size`). Each round breeds `batch_size` new routes (default
     `population`: one generation a round; 1: the sequential, steady-state variant) by
     tournament selection, `space.crossover` and mutation by `space.neighbors`, evaluates
     them as one batch, and keeps the best `population` of parents and children (parents
@@ -430,7 +430,9 @@ def genetic(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ev, _ = _begin(space, evaluate, budget)
     pop = [space.full_path, *_fresh_batch(space, ev, rng, min(population - 1, ev.remaining))]
-    ev(pop)
+    step = batch_size or population
+    for i in range(1, len(pop), step):  # generation 0, in rounds of batch_size too
+        ev(pop[i : i + step])
     while ev.remaining:
         children: list[LayerPath] = []
         while len(children) < min(batch_size or population, ev.remaining):
