@@ -104,6 +104,86 @@ def test_deployable_vote_starts_at_greedy_and_ends_at_the_majority_pick(routed_r
         assert oracle.accuracy.iloc[0] == pytest.approx(line.accuracy.iloc[0])  # the same K=1 point
 
 
+def test_every_selector_recomputes_from_the_records_alone(routed_run):
+    """Each selector's pick per question, rebuilt from the stored records only (random
+    candidates, the blind searches' candidates, the verify:LABEL rows of
+    self-verification), gives the accuracy the summary reports, for every selector
+    and both candidate sources."""
+    _, task, cfg, summary, records = routed_run
+    verify = records[records.probe.str.startswith("verify:")]
+
+    def picks_correct(cands: pd.DataFrame, selector: str, verify_probe: str) -> bool:
+        table = cands.sort_values("candidate").reset_index(drop=True)
+        if selector == "self_verification":
+            scores = verify[(verify.probe == verify_probe) & (verify.question_id == table.question_id.iloc[0])]
+            by_answer = dict(zip(scores.extracted, scores.logprob))
+            assert set(by_answer) == {a for a in table.extracted if isinstance(a, str)}  # every distinct answer scored
+            table = table.assign(verify_yes_logprob=[by_answer.get(a, -np.inf) for a in table.extracted])
+        i = select(table, selector)
+        return bool(table.loc[i, "correct"]) if i is not None else False
+
+    by_q = lambda probe: [g for _, g in records[records.probe == probe].groupby("question_id")]  # noqa: E731
+    temperature = summary["temperature"]["selectors"]
+    for name in ("majority", "weighted_majority", "confidence", "self_verification"):
+        hits = [picks_correct(g, name, "verify:temperature") for g in by_q("temperature")]
+        assert temperature[name]["accuracy"] == pytest.approx(np.mean(hits)), name
+    for cell in summary["cells"].values():
+        space = cell["space"]
+        assert set(cell["selectors"]) == {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS}
+        for name, value in cell["selectors"].items():
+            if name in SEARCH_SELECTORS:
+                probe, selector = SEARCH_SELECTORS[name]
+                hits = [picks_correct(g, selector, "") for g in by_q(f"{space}:{probe}")]
+            else:
+                hits = [picks_correct(g, name, f"verify:{space}:random") for g in by_q(f"{space}:random")]
+            assert value["accuracy"] == pytest.approx(np.mean(hits)), (space, name)
+
+
+def test_random_matched_draws_at_the_searches_distances(routed_run):
+    """random_matched's routes come from the gold searches' distance profile of the
+    chunk: every one of its distances is one the searches evaluated, and the cell's
+    route_cells row reports each method's mean distance."""
+    lm, _, cfg, summary, records = routed_run
+    cells = RunDir(records.attrs["run"]).read_table("route_cells")
+    for space_name in cfg.spaces:
+        space = make_space(space_name, lm.n_layers)
+        edits = {m: [space.edits(route_of(i)) for i in records[records.probe == f"{space_name}:{m}"].intervention]
+                 for m in cfg.methods}
+        searched = set(edits["mcts"] + edits["hill_climb"] + edits["genetic"])
+        assert set(edits["random_matched"]) <= searched
+        row = cells[cells.space == space_name].set_index("method")
+        for m in cfg.methods:
+            assert row.loc[m, "edits_mean"] == pytest.approx(np.mean(edits[m]))
+
+
+def test_every_method_spends_exactly_k_distinct_routes_batched_and_sequential():
+    """Through the audit's own search list and lockstep: per method (random_matched
+    included) and question, exactly K distinct route evaluations, whatever the round
+    size; the evaluator generates each (question, route) pair once."""
+    from types import SimpleNamespace
+
+    from rnr_interp.routing.audit import audit_searches, matched_searches
+
+    spaces = {"native": make_space("native", 8)}
+    questions = [SimpleNamespace(id="q"), SimpleNamespace(id="p")]
+    methods = ("random", "random_matched", "mcts", "hill_climb", "genetic")
+    k = 12
+    for proposals in (None, 1, 4):
+        fake = FakeRoutes()
+        searches = audit_searches(spaces, methods, proposals)
+        searches = {label: Search(s.space, s.method, blind_reward, s.options) for label, s in searches.items()}
+        found = run_searches(fake, questions, searches, k, 0)
+        found |= run_searches(fake, questions, matched_searches(spaces, methods, found), k, 0)
+        assert set(found) == {f"native:{m}" for m in (*methods, *BLIND_SEARCHES)}
+        for label, per_q in found.items():
+            for q in questions:
+                routes = [r for r, _ in per_q[q.id]]
+                assert len(routes) == len(set(routes)) == k, (proposals, label)
+        assert fake.n_evaluated == len({(q, r) for per_q in found.values() for q, pairs in per_q.items() for r, _ in pairs})
+        sizes = {s.options.get("batch_size") for s in searches.values() if s.method in ("mcts", "hill_climb", "genetic")}
+        assert sizes == ({1, 8} if proposals is None else {proposals})
+
+
 class FakeRoutes:
     """A route evaluator without a model: question "q" answers "B" with per-token
     probability 0.9 on any route that repeats one of layers 0-3, and "A" with
