@@ -370,7 +370,8 @@ def route_decoding(task: Task) -> Decoding:
 
 def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
     """The run config of a route audit: what a run folder stores and a resume checks."""
-    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)))
+    samplers = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len).sampler for name in cfg.spaces}
+    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)), random_samplers=samplers)
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:

@@ -263,8 +263,10 @@ def _skip_local(plan: Plan) -> Iterator[Edit]:
 
 
 def _sample_native(space: RouteSpace, rng: np.random.Generator) -> Plan:
-    """Uniform over edit sequences: k ~ U{1..max(1, L // 4)} edits, each uniform among
-    the tree actions that keep the route in bounds (fewer if none is left)."""
+    """Uniform over edit sequences: k ~ U{1..max(1, L // 4)} edits from the full path,
+    each uniform among the native edits that keep the route in bounds (skip 1-4
+    contiguous layers still run once, or repeat one such layer in place; fewer edits if
+    none is left)."""
     plan = space.full_plan
     for _ in range(int(rng.integers(1, max(1, space.n_layers // 4) + 1))):
         moves = [_apply(plan, e) for e in space._fitting(plan, _native_grow(plan))]
@@ -276,8 +278,9 @@ def _sample_native(space: RouteSpace, rng: np.random.Generator) -> Plan:
 
 def _sample_polar(space: RouteSpace, rng: np.random.Generator) -> Plan:
     """Uniform over action vectors: segment lengths drawn left to right uniformly from
-    1..min(4, layers left), one action per segment uniform in {0, 1, 2}; draws out of
-    bounds are rejected (the all-1 vector is always in bounds, so this ends)."""
+    1..min(4, layers left), one action per segment uniform in {0 skip, 1 run once, 2 run
+    twice as a block}; draws out of bounds are rejected (the all-1 vector is always in
+    bounds, so this ends)."""
     L = space.n_layers
     for _ in range(100_000):
         plan: list[int] = []
@@ -290,7 +293,8 @@ def _sample_polar(space: RouteSpace, rng: np.random.Generator) -> Plan:
 
 
 def _sample_skiponly(space: RouteSpace, rng: np.random.Generator) -> Plan:
-    """Uniform over the number of skipped layers (1..L - min_len), then over which."""
+    """Uniform over the number of skipped layers (1..L - min_len), then uniform over
+    which layers."""
     most = space.n_layers - space.min_len
     if most == 0:
         return space.full_plan
@@ -399,6 +403,12 @@ class RouteSpace:
     # -- moves ---------------------------------------------------------------
     def sample(self, rng: np.random.Generator) -> LayerPath:
         return _route(self._kind.sample(self, rng))
+
+    @property
+    def sampler(self) -> str:
+        """What `sample` draws, in words (its docstring, with the bounds): the random
+        baseline's distribution, recorded in a route run's manifest."""
+        return f"lengths {self.min_len}..{self.max_len}; " + " ".join((self._kind.sample.__doc__ or "").split())
 
     def neighborhood(self, route: Sequence[int]) -> list[LayerPath]:
         """Every distinct route one local move away (never the route itself), in a
