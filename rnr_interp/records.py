@@ -103,9 +103,10 @@ class ProbeLabel:
     - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
     - ``units:top:K`` / ``units:random:K:DRAW``: the deployed decoding with K MLP units
       silenced (the top K, or random draw DRAW of K);
-    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random, mcts,
-      hill_climb, genetic (oracle reward) or mcts_blind, hill_climb_blind,
-      genetic_blind (the answer-blind confidence reward);
+    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random,
+      random_matched (random routes at the searches' distances), mcts, hill_climb,
+      genetic (oracle reward) or mcts_blind, hill_climb_blind, genetic_blind (the
+      answer-blind confidence reward);
     - ``rotated:SHIFT:LABEL``: probe LABEL (deployed, ablate, steer) asked with each
       question's options rotated by SHIFT positions (`tasks.rotate_options`), the
       letter-permutation control;

@@ -2,10 +2,14 @@
 
 ORACLE. These searches maximise whatever the caller's `evaluate` returns; in the audit
 that is correctness against the gold answer, so a route they find shows what the model
-can *reach*, not what it would answer. (The answer-blind search selectors
-"mcts_blind", "hill_climb_blind", "genetic_blind" are these same searches run with
-`selectors.search_reward`, the model's confidence in its own output, in place of the
-gold reward.)
+can *reach*, not what it would answer. (The answer-blind searches "mcts_blind",
+"hill_climb_blind", "genetic_blind", whose routes the vote and confidence selectors
+pick from, are these same searches run with `selectors.search_reward`, the model's
+confidence in its own output, in place of the gold reward.) `random` and
+`random_matched` draw their routes without looking at any reward.
+
+Rounds: the adaptive searches take `batch_size`, the routes they propose per round
+(one callback batch); 1 is the sequential search. The budget is the same whatever it is.
 
 Budget: one unit is one distinct route sent to `evaluate`. The full path is always the
 first evaluation, for every method; a route proposed again is answered from the cache
