@@ -535,6 +535,7 @@ def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
         space = make_space(space_name, n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
         rand_label = str(ProbeLabel.route(space_name, "random"))
         rand = _candidates(records, rand_label, qids)
+        rand_unparsed = unparsed_rate(pd.concat(rand))  # shown, not judged (see the exclusion rule)
         at_k: dict[str, np.ndarray] = {}
         edits: dict[str, np.ndarray] = {}
         for m in methods:
@@ -566,7 +567,7 @@ def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
                         f"{column}_hi": diff["ci"][1] if diff else np.nan}
             cells.append({**row, "deployed": greedy, "n_questions": len(qids), "k": cfg.budget, "excluded": excluded,
                           "informative": informative, "unparsed_rate": collapse_rate,
-                          "random_unparsed_rate": unparsed_rate(pd.concat(rand))})
+                          "random_unparsed_rate": rand_unparsed})
         cell_sel = {}
         for name, hit in picks.items():
             cell_sel[name] = selection_summary(d, oracle, hit)
