@@ -265,7 +265,8 @@ def route_cells(
         typer.echo(f"  {r.baseline:<14} {r.scope:<5} median {r.baseline} - {r.search:<10} {r.median_diff:+.3f}"
                    f" over {r.comparisons} comparisons")
     for r in tables["advantage"].itertuples():
-        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}")
+        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}"
+                   + ("" if r.informative else "  (untested)"))
     for r in tables["selector_distribution"].itertuples():
         typer.echo(f"  selector {r.selector:<18} gap recovery median {r.median:.3f} [q25 {r.q25:.3f}, q75 {r.q75:.3f}] over {r.cells} cells")
     for r in tables["collapsed"].itertuples():

@@ -182,12 +182,15 @@ def cell_difference_figure(cells: pd.DataFrame, label: str) -> go.Figure | None:
 
 def advantage_figure(advantage: pd.DataFrame, label: str) -> go.Figure:
     """The cross-cell view (table `advantage` of `rnr route-cells`): random − structured
-    oracle at matched K per clean cell, sorted within each search, with paired intervals."""
+    oracle at matched K per clean cell, sorted within each search, with paired intervals;
+    hollow markers for untested comparisons (no method of the cell beat greedy)."""
     fig = go.Figure()
     for search, rows in advantage.groupby("search", sort=False):
         rows = rows.sort_values("advantage")
+        tested = rows["informative"].astype(bool) if "informative" in rows else pd.Series(True, index=rows.index)
         fig.add_scatter(x=np.arange(1, len(rows) + 1), y=rows["advantage"], mode="markers", name=f"random − {search}",
-                        marker={"color": METHOD_COLOURS.get(str(search))}, customdata=rows["cell"],
+                        marker={"color": METHOD_COLOURS.get(str(search)),
+                                "symbol": ["circle" if t else "circle-open" for t in tested]}, customdata=rows["cell"],
                         error_y={"type": "data", "array": rows["hi"] - rows["advantage"], "arrayminus": rows["advantage"] - rows["lo"]},
                         hovertemplate="cell %{customdata}<br>difference %{y:.3f}<extra></extra>")
     bound = 1.05 * float(max(advantage[["lo", "hi"]].abs().max().max(), 0.05))

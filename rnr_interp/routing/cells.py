@@ -13,8 +13,8 @@ them:
   run has it), with `informative` false where no method of the route cell beat greedy
   (every oracle equals greedy: the comparison could not have gone either way, so it is
   counted apart and never enters a count or a median);
-- `advantage`: random - search per informative comparison of the clean cells, sorted
-  (the sorted-difference figure);
+- `advantage`: random - search per comparison of the clean cells, sorted, with its
+  `informative` flag (the sorted-difference figure draws untested ones hollow);
 - `counts`: per baseline, scope (`clean`: format-collapse cells left out; `all`: kept),
   space (and `all`) and search (and `all`): informative comparisons, those where the
   baseline >= the search, the untested ones, and the median baseline - search;
@@ -60,9 +60,10 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
     selectors = pd.concat([r.read_table("selectors").assign(run=str(r.path)) for r in runs], ignore_index=True)
     comparisons = _comparisons(cells)
     clean = cells[~cells.excluded.astype(bool)]
-    advantage = comparisons[(comparisons.baseline == "random") & ~comparisons.excluded & comparisons.informative]
+    advantage = comparisons[(comparisons.baseline == "random") & ~comparisons.excluded]
     advantage = advantage.rename(columns={"diff": "advantage"})
-    advantage = advantage[["cell", "model", "task", "space", "search", "k", "n_questions", "advantage", "lo", "hi", "run"]]
+    advantage = advantage[["cell", "model", "task", "space", "search", "k", "n_questions", "advantage", "lo", "hi",
+                           "informative", "run"]]
     advantage = advantage.sort_values("advantage", kind="stable").reset_index(drop=True)
     collapsed = (cells[cells.excluded.astype(bool)].drop_duplicates("cell")
                  [["cell", "model", "task", "space", "unparsed_rate", "run"]].reset_index(drop=True))
