@@ -121,12 +121,14 @@ def test_mcts_finds_a_planted_optimum_three_edits_deep_more_often_than_random():
 
 
 def test_mcts_tree_goes_below_depth_one_at_k32():
-    """With a flat reward the old tree spent all 31 evaluations on the root's children
-    (routes one edit away, plus rollouts); with widening it opens about sqrt(visits)."""
-    space = make_space("native", 30)
-    result = mcts(space, Recorder(lambda r: 0.0), 32, np.random.default_rng(0))
-    edits = [space.edits(r) for r, _ in result.evaluated]
-    assert sum(e == 1 for e in edits) <= 8 and max(edits) >= 3
+    """Skip-only, L = 30, no rollouts: every evaluated route is a tree node and its
+    number of skips is its depth. The tree without widening spent all 31 evaluations on
+    the root's 31 children; with widening (about sqrt(visits) children a node) about
+    half of them go to depth 2, even on a flat reward."""
+    space = make_space("skiponly", 30)
+    result = mcts(space, Recorder(lambda r: 0.0), 32, np.random.default_rng(0), p_stop=1.0)
+    depths = [space.edits(r) for r, _ in result.evaluated]
+    assert sum(d >= 2 for d in depths) >= 12
     assert widened(31, 1.0, 0.5) == 6 and widened(0, 1.0, 0.5) == 1
 
 
