@@ -103,15 +103,21 @@ class ProbeLabel:
     - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
     - ``units:top:K`` / ``units:random:K:DRAW``: the deployed decoding with K MLP units
       silenced (the top K, or random draw DRAW of K);
-    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random, mcts,
-      hill_climb, genetic (oracle reward) or mcts_blind, hill_climb_blind,
-      genetic_blind (the answer-blind confidence reward);
+    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random,
+      random_matched (random routes at the searches' distances), mcts, hill_climb,
+      genetic (oracle reward) or mcts_blind, hill_climb_blind, genetic_blind (the
+      answer-blind confidence reward);
     - ``rotated:SHIFT:LABEL``: probe LABEL (deployed, ablate, steer) asked with each
       question's options rotated by SHIFT positions (`tasks.rotate_options`), the
-      letter-permutation control.
+      letter-permutation control;
+    - ``verify:LABEL``: self-verification of the answers of probe LABEL (a sampling or
+      route probe): one row per distinct answer, `extracted` the answer, `logprob` the
+      model's log P(yes) - log P(no) when asked whether it is correct, `correct` its
+      grade, `text` "" and `n_tokens` 0 (nothing is generated). Stored so that the
+      self-verification selector recomputes from the records alone.
     """
 
-    kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route" | "rotated"
+    kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route" | "rotated" | "verify"
     parts: tuple[str, ...] = ()
 
     def __str__(self) -> str:
@@ -150,10 +156,16 @@ class ProbeLabel:
         return cls("rotated", (str(shift), *str(label).split(":")))
 
     @classmethod
+    def verify(cls, label: "ProbeLabel") -> "ProbeLabel":
+        return cls("verify", tuple(str(label).split(":")))
+
+    @classmethod
     def parse(cls, text: str) -> "ProbeLabel":
         if text == DEPLOYED:
             return cls.deployed()
         head, *rest = text.split(":")
+        if head == "verify" and rest and cls.parse(":".join(rest)).kind in ("sample", "route"):
+            return cls("verify", tuple(rest))
         if head == "rotated" and len(rest) >= 2 and rest[0].lstrip("-").isdigit() \
                 and cls.parse(":".join(rest[1:])).kind != "rotated":
             return cls("rotated", tuple(rest))

@@ -76,20 +76,28 @@ def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None
     assert other.exit_code == 2 and "is not a route run (its kind: 'audit')" in other.output
 
 
-def test_route_summary_finds_a_moved_data_file_with_data(tmp_path: Path) -> None:
+def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
+    """No model is loaded and the task's data file is not read: the summary, with every
+    selector's pick, comes from the records (self-verification's scores included)."""
     import json
 
+    import rnr_interp.models
     from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(2)))
     run = tmp_path / "route"
-    run_route_audit(load_model("tiny-llama:3"), load_task("jsonl", data=data), run,
-                    RouteConfig(samples=2, budget=2, batch_size=2), progress=False)
-    moved = data.rename(tmp_path / "moved.jsonl")
-    runner = CliRunner()
-    lost = runner.invoke(app, ["route-summary", str(run), "--quiet"])
-    assert lost.exit_code == 2 and f"task source {data} is not a file here" in lost.output
-    found = runner.invoke(app, ["route-summary", str(run), "--data", str(moved), "--quiet"])
-    assert found.exit_code == 0, found.output
-    assert "unfinished" not in found.output and "tiny-llama:3 on jsonl: 2 questions" in found.output
+    finished = run_route_audit(load_model("tiny-llama:3"), load_task("jsonl", data=data), run,
+                               RouteConfig(samples=2, budget=2, batch_size=2, collapse=1.0), progress=False)
+    data.unlink()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("route-summary loaded a model")
+
+    monkeypatch.setattr(rnr_interp.models, "load_model", no_model)
+    result = CliRunner().invoke(app, ["route-summary", str(run), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "unfinished" not in result.output and "tiny-llama:3 on jsonl: 2 questions" in result.output
+    snap = RunDir(tmp_path / "route-2q").read_summary()
+    for key in ("cells", "temperature", "selectors", "oracle_at_k"):
+        assert json.dumps(snap[key], sort_keys=True) == json.dumps(finished[key], sort_keys=True), key

@@ -109,6 +109,7 @@ ROUTE = ["route", *TINY, "--task", "arithmetic", "--n", "2", "--k", "2", "--meth
 ROUTE_BAD = [
     ("--k", "0"), ("--batch-size", "0"), ("--min-len", "-1"), ("--max-len", "0"), ("--min-len", "5", "--max-len", "3"),
     ("--space", "diagonal"), ("--methods", "beam"), ("--collapse", "nan"), ("--temperature", "nan"), ("--n", "-2"),
+    ("--proposals", "0"), ("--methods", "random,random_matched"),
 ]
 
 

@@ -120,8 +120,12 @@ def test_findings_are_read_from_the_run_folders(smoke):
     assert all(r["verdict"] in (REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE, REPORTED) and r["why"] for r in rows)
     # the routing row counts the clean cells of the routing part's aggregate
     routing = next(r for r in rows if r["claim"].startswith("random >= structured"))
-    clean = RunDir(root / "2_routing" / "route_cells").read_summary()["clean_cells"]
-    assert routing["scope"] == f"{clean} clean cells" and routing["n"] == clean
+    model_task = RunDir(root / "2_routing" / "route_cells").read_table("model_task")
+    tested = int(model_task[(model_task.baseline == "random") & (model_task.scope == "clean")].tested.iloc[0])
+    if tested:
+        assert routing["scope"] == f"{tested} clean model-task cells" and routing["n"] == tested
+    else:  # every oracle equals greedy in the smoke's cells: nothing to judge
+        assert routing["verdict"] == NOT_TESTABLE and "untested" in routing["why"]
     for r in rows:
         assert f"[{r['verdict']}]" in done.output
 
@@ -293,7 +297,7 @@ def _route_run(path: Path, oracle: dict[str, dict[str, float]], excluded=()) -> 
             diff = by["random"] - v
             rows.append({"cell": cell, "model": model, "task": task, "space": space, "method": m, "oracle": v,
                          "random_minus": diff if m != "random" else 0.0, "random_minus_lo": diff - 0.1,
-                         "random_minus_hi": diff + 0.1, "k": 32, "n_questions": 40, "excluded": cell in excluded,
+                         "random_minus_hi": diff + 0.1, "k": 32, "n_questions": 40, "deployed": 0.1, "excluded": cell in excluded,
                          "unparsed_rate": 0.9 if cell in excluded else 0.1})
     run.write_table("route_cells", pd.DataFrame(rows))
     run.write_table("selectors", pd.DataFrame(
@@ -316,13 +320,26 @@ def test_routing_verdict_follows_the_cells(tmp_path):
     assert rows[0].verdict == REPRODUCED and rows[1].verdict == REPRODUCED
     # one cell where hill climbing reaches more: not reproduced; a collapsed cell is left out
     bad = {**good, "a/y/native": {"random": 0.3, "mcts": 0.2, "hill_climb": 0.5, "genetic": 0.1},
-           "a/z/polar": {"random": 0.0, "mcts": 0.9, "hill_climb": 0.9, "genetic": 0.9}}
-    _route_run(tmp_path / "bad" / "x", bad, excluded=("a/z/polar",))
+           "b/z/polar": {"random": 0.0, "mcts": 0.9, "hill_climb": 0.9, "genetic": 0.9}}
+    _route_run(tmp_path / "bad" / "x", bad, excluded=("b/z/polar",))
     _aggregate(tmp_path / "bad")
     row = routing_findings(tmp_path / "bad")[0]
-    assert row.verdict == NOT_REPRODUCED and row.value == pytest.approx(-0.2) and "a/z/polar" in row.why
+    assert row.verdict == NOT_REPRODUCED and row.value == pytest.approx(-0.2) and "b/z/polar" in row.why
     assert row.ci == pytest.approx((-0.3, -0.1))
-    assert "1 of 2 clean cells" in row.measured
+    assert "random >= every search in 1 of 2 clean model-task cells" in row.measured
+    assert "native 5/6" in row.measured and "with format-collapse cells kept: 1 of 3" in row.measured
+    # an exclusion that decides the verdict gives none
+    flips = {**good, "b/z/polar": {"random": 0.0, "mcts": 0.9, "hill_climb": 0.9, "genetic": 0.9}}
+    _route_run(tmp_path / "flips" / "x", flips, excluded=("b/z/polar",))
+    _aggregate(tmp_path / "flips")
+    row = routing_findings(tmp_path / "flips")[0]
+    assert row.verdict == NOT_TESTABLE and "exclusion decides" in row.why
+    # cells where every oracle equals greedy test nothing: no verdict from them
+    flat = {"a/x/native": {"random": 0.1, "mcts": 0.1, "hill_climb": 0.1, "genetic": 0.1}}
+    _route_run(tmp_path / "flat" / "x", flat)
+    _aggregate(tmp_path / "flat")
+    row = routing_findings(tmp_path / "flat")[0]
+    assert row.verdict == NOT_TESTABLE and "1 untested" in row.why
 
 
 def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_change: float, ci,

@@ -7,18 +7,26 @@ from rnr_interp.records import RunDir
 from rnr_interp.analyses.routing.cells import aggregate_route_cells, route_runs, write_route_cells
 
 
-def fake_route_run(path, task, spaces: dict, collapsed=()):
+def fake_route_run(path, task, spaces: dict, collapsed=(), matched: dict | None = None, deployed=0.2):
     """A route run folder with route_cells/selectors tables: spaces maps a space to
-    (random, mcts, hill_climb, genetic) oracle@K and a majority gap recovery."""
+    (random, mcts, hill_climb, genetic) oracle@K and a majority gap recovery; matched
+    maps a space to random_matched's oracle@K (absent: a run without it)."""
     run = RunDir.create(path, {"kind": "route", "task": {"name": task}})
     cells, sel = [], []
     for space, (oracles, recovery) in spaces.items():
         cell = f"m/{task}/{space}"
-        for method, o in zip(("random", "mcts", "hill_climb", "genetic"), oracles):
+        methods = ("random", "mcts", "hill_climb", "genetic")
+        if matched and space in matched:
+            oracles, methods = (*oracles, matched[space]), (*methods, "random_matched")
+        for method, o in zip(methods, oracles):
             diff = oracles[0] - o
+            structured = method not in ("random", "random_matched")
+            m_diff = matched[space] - o if matched and space in matched and structured else float("nan")
             cells.append({"cell": cell, "model": "m", "task": task, "space": space, "method": method, "oracle": o,
-                          "oracle_lo": o - 0.1, "oracle_hi": o + 0.1, "random_minus": diff if method != "random" else 0.0,
-                          "random_minus_lo": diff - 0.05, "random_minus_hi": diff + 0.05, "deployed": 0.2,
+                          "oracle_lo": o - 0.1, "oracle_hi": o + 0.1, "random_minus": diff if structured else float("nan"),
+                          "random_minus_lo": diff - 0.05, "random_minus_hi": diff + 0.05,
+                          "matched_minus": m_diff, "matched_minus_lo": m_diff - 0.05, "matched_minus_hi": m_diff + 0.05,
+                          "deployed": deployed,
                           "n_questions": 40, "k": 32, "excluded": space in collapsed, "unparsed_rate": 0.9 if space in collapsed else 0.1})
         for source in ("routes", "temperature"):
             sel.append({"cell": cell, "space": space, "selector": "majority", "source": source,
@@ -41,12 +49,20 @@ def test_cross_cell_table_counts_medians_and_collapsed_cells(tmp_path):
     assert adv.advantage.tolist() == pytest.approx([-0.05, 0.0, 0.05, 0.1, 0.2, 0.2])
     assert "m/gsm8k/native" not in set(adv.cell)
     assert t["collapsed"].cell.tolist() == ["m/gsm8k/native"]
-    counts = t["counts"].set_index(["space", "search"])
-    assert counts.loc[("all", "all"), "random_ge_structured"] == 1  # arc loses to mcts
-    assert counts.loc[("all", "all"), "cells"] == 2
-    assert counts.loc[("all", "mcts"), "random_ge_structured"] == 1
-    assert counts.loc[("all", "hill_climb"), "median_advantage"] == pytest.approx(0.2)
-    assert counts.loc[("skiponly", "genetic"), "random_ge_structured"] == 2
+    counts = t["counts"].set_index(["baseline", "scope", "space", "search"]).sort_index()
+    clean = counts.loc["random", "clean"]
+    assert clean.loc[("all", "all"), "comparisons"] == 6  # the paper's unit: one search in one space of one cell
+    assert clean.loc[("all", "all"), "baseline_ge_search"] == 5  # arc loses to mcts
+    assert clean.loc[("all", "mcts"), "baseline_ge_search"] == 1
+    assert clean.loc[("all", "hill_climb"), "median_diff"] == pytest.approx(0.2)
+    assert clean.loc[("skiponly", "genetic"), "baseline_ge_search"] == 2
+    kept = counts.loc["random", "all"]  # the collapsed native cell kept: 3 more comparisons, all won by random
+    assert (kept.loc[("all", "all"), "comparisons"], kept.loc[("all", "all"), "baseline_ge_search"]) == (9, 8)
+    assert kept.loc[("native", "all"), "comparisons"] == 3
+    mt = t["model_task"].set_index(["baseline", "scope"])
+    assert mt.loc[("random", "clean"), ["model_task_cells", "tested", "holding", "untested"]].tolist() == [2, 2, 1, 0]
+    assert mt.loc[("random", "all"), ["tested", "holding"]].tolist() == [2, 1]
+    assert set(t["comparisons"].baseline) == {"random"}  # these runs have no random_matched
     dist = t["selector_distribution"].set_index("selector")
     assert dist.loc["majority", "cells"] == 2  # route candidates only, collapsed cell left out
     assert dist.loc["majority", "median"] == pytest.approx(-0.05)
@@ -71,3 +87,20 @@ def test_the_report_draws_the_cross_cell_figures(tmp_path):
     run, _ = write_route_cells(tmp_path)
     names = {p.stem for p in write_run_figures(run)}
     assert {"route_advantage", "selector_recovery"} <= names
+
+
+def test_cells_where_no_method_beats_greedy_are_counted_apart(tmp_path):
+    """A route cell whose every oracle equals greedy cannot show random losing: its
+    comparisons are untested, never counted for random, and a model-task cell made of
+    such cells is untested too. random_matched is counted beside random."""
+    fake_route_run(tmp_path / "a", "gsm8k", {"native": ((0.2, 0.2, 0.2, 0.2), 0.0)}, matched={"native": 0.2})
+    fake_route_run(tmp_path / "b", "arc", {"native": ((0.5, 0.3, 0.6, 0.4), 0.1)}, matched={"native": 0.7})
+    t = aggregate_route_cells(route_runs(tmp_path))
+    counts = t["counts"].set_index(["baseline", "scope", "space", "search"]).sort_index()
+    assert counts.loc[("random", "clean", "all", "all"), ["comparisons", "baseline_ge_search", "untested"]].tolist() == [3, 2, 3]
+    assert counts.loc[("random_matched", "clean", "all", "all"), ["comparisons", "baseline_ge_search"]].tolist() == [3, 3]
+    mt = t["model_task"].set_index(["baseline", "scope"])
+    assert mt.loc[("random", "clean"), ["model_task_cells", "tested", "holding", "untested"]].tolist() == [2, 1, 0, 1]
+    assert mt.loc[("random_matched", "clean"), ["tested", "holding"]].tolist() == [1, 1]
+    adv = t["advantage"].set_index("cell")
+    assert not adv.loc["m/gsm8k/native", "informative"].any() and adv.loc["m/arc/native", "informative"].all()

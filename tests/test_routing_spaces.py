@@ -208,3 +208,19 @@ def test_crossover_falls_back_to_a_parent():
     # Cutting inside keeps neither edit (the full path); cutting at 1 or 7 keeps both
     # repeats or both skips, out of bounds, so the first parent comes back.
     assert children == {a, space.full_path}
+
+
+@pytest.mark.parametrize("name", SPACES)
+def test_sample_at_draws_a_route_exactly_that_many_edits_away(name):
+    space = make_space(name, 12)
+    rng = np.random.default_rng(0)
+    assert space.sample_at(0, rng) == space.full_path and space.edits(space.full_path) == 0
+    most = 12 - space.min_len if name == "skiponly" else 8
+    for edits in range(1, most + 1):
+        for _ in range(5):
+            route = space.sample_at(edits, rng)
+            assert route in space and space.edits(route) == edits, (name, edits, route)
+    assert make_space("skiponly", 12).sample_at(5, rng) is None  # at most 4 layers may go
+    if name != "skiponly":  # repeat layer 1, skip layer 3
+        assert space.edits((0, 1, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11)) == 2
+    assert "lengths" in space.sampler and space.sampler.startswith(f"lengths {space.min_len}..{space.max_len}")

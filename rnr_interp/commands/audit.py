@@ -151,7 +151,9 @@ def route(
     budget: Annotated[Optional[int], typer.Option("--budget", help="route evaluations per search and question (default: K)")] = None,
     out: OutOpt = Path("runs/route"),
     space: Annotated[list[str], typer.Option("--space", help="native | polar | skiponly (repeatable)")] = ["native"],
-    methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,mcts,hill_climb,genetic")] = "random,mcts,hill_climb,genetic",
+    methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,random_matched,mcts,hill_climb,genetic")] = "random,random_matched,mcts,hill_climb,genetic",
+    proposals: Annotated[Optional[int], typer.Option("--proposals", help="routes each structured search proposes per round "
+                                                     "(default: MCTS 1, hill climbing 8, genetic 8; 1: all sequential)")] = None,
     temperature: TempOpt = SAMPLING_TEMPERATURE,
     collapse: Annotated[float, typer.Option("--collapse", help="unparsed-rate threshold for format collapse")] = 0.5,
     min_len: Annotated[Optional[int], typer.Option("--min-len", help="shortest route (default: L - L//3)")] = None,
@@ -169,9 +171,9 @@ def route(
 
     options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
                "temperature": "--temperature", "collapse": "--collapse", "batch_size": "--batch-size",
-               "min_len": "--min-len", "max_len": "--max-len"}
+               "min_len": "--min-len", "max_len": "--max-len", "proposals": "--proposals"}
     cfg = built(RouteConfig, options, samples=k, budget=k if budget is None else budget, spaces=tuple(space),
-                methods=tuple(m.strip() for m in methods.split(",") if m.strip()), temperature=temperature,
+                methods=tuple(m.strip() for m in methods.split(",") if m.strip()), proposals=proposals, temperature=temperature,
                 seed=seed, collapse=collapse, batch_size=batch_size, min_len=min_len, max_len=max_len)
 
     def body():
@@ -204,30 +206,23 @@ def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:
 def route_summary(
     run: Annotated[Path, typer.Argument(help="a route run folder, finished or not (it is only read)")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=out_folder, help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
-    data: Annotated[Optional[Path], typer.Option("--data", help="the run's data file, where it is not at the path the manifest names")] = None,
     quiet: QuietOpt = False,
 ):
-    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions."""
-    from rnr_interp.models import load_model
+    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions. Reads records only (no model)."""
     from rnr_interp.records import RunDir
     from rnr_interp.analyses.routing.audit import route_config_of, summarize_so_far
-    from rnr_interp.tasks import reload_task
 
     def body():
         folder = RunDir(run)
-        route_config_of(folder)  # a route run, before the model loads
+        route_config_of(folder)  # a route run
         done = len(folder.done_question_ids())
         target = out if out is not None else run.resolve().with_name(f"{run.resolve().name}-{done}q")
         check_out(target)
-        described = folder.config["task"]
-        task = reload_task({**described, "source": str(data)} if data is not None else described)
-        facts = folder.config.get("model_facts") or {}
-        lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
-        return target, summarize_so_far(folder, target, lm, task)
+        return target, summarize_so_far(folder, target)
 
     target, s = execute(body, context=f"{run}: ")
     snap = s["snapshot"]
-    if snap["questions_done"] < snap["questions_total"]:
+    if snap["questions_total"] is not None and snap["questions_done"] < snap["questions_total"]:
         typer.echo(f"unfinished run: {snap['questions_done']} of {snap['questions_total']} questions written; "
                    f"the summary below is over those {snap['questions_done']}", err=True)
     print_route_summary(s)
@@ -238,16 +233,22 @@ def print_route_summary(s: dict) -> None:
     typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget {s['budget']} route evaluations per method")
     typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}")
     for m, v in s["oracle_at_k"].items():
-        typer.echo(f"  oracle@K {m:<12}         {v:.3f}")
+        typer.echo(f"  oracle@K {m:<14}       {v:.3f}")
     for cell, c in s["cells"].items():
-        typer.echo(f"  {cell}{'  (excluded: format collapse)' if c['excluded'] else ''}")
-        for m, d in c["random_minus_structured"].items():
-            typer.echo(f"    random - {m:<12} {fmt_ci(d['value'], d['ci'])}")
+        flags = ("  (excluded: format collapse of the full path)" if c["excluded"] else "") + \
+                ("" if c.get("informative", True) else "  (no method beat greedy: tests nothing)")
+        typer.echo(f"  {cell}{flags}")
+        typer.echo("    mean edits from the full path: " + ", ".join(f"{m} {v:.2f}" for m, v in c.get("edits_mean", {}).items()))
+        for base, key in (("random", "random_minus_structured"), ("random_matched", "matched_minus_structured")):
+            for m, d in c.get(key, {}).items():
+                typer.echo(f"    {base} - {m:<12} {fmt_ci(d['value'], d['ci'])}")
         for name, v in c["selectors"].items():
             typer.echo(f"    selector {name:<18} acc {fmt_ci(v['accuracy'], v['accuracy_ci'])}"
                        f"  gap recovery {fmt_ci(v['gap_recovery'], v['gap_recovery_ci'])}")
     if s["excluded_cells"]:
-        typer.echo(f"  excluded (format collapse): {', '.join(s['excluded_cells'])}")
+        typer.echo(f"  excluded (format collapse of the full path): {', '.join(s['excluded_cells'])}")
+    for line in s.get("missing", []):
+        typer.echo(f"  not computed: {line}")
 
 
 def temperature_sweep(
@@ -289,7 +290,7 @@ def route_cells(
     folder: Annotated[Path, typer.Argument(help="a folder of route runs (models x tasks x spaces)")],
     out: Annotated[Optional[Path], typer.Option("--out", parser=out_folder, help="where to write the tables (default: FOLDER/route_cells)")] = None,
 ):
-    """The cross-cell table: random - structured per clean cell, counts, medians, selector gap recovery."""
+    """The cross-cell table in the paper's units: model-task cells, per-space comparisons where random (and random_matched) >= each search, medians, selector gap recovery."""
     from rnr_interp.analyses.routing.cells import write_route_cells
 
     if not folder.is_dir():
@@ -297,15 +298,22 @@ def route_cells(
     if out is not None:
         check_out(out)
     run, tables = execute(lambda: write_route_cells(folder, out))
-    adv, counts = tables["advantage"], tables["counts"]
-    typer.echo(f"{adv.cell.nunique()} clean cells, {len(tables['collapsed'])} collapsed (listed apart)")
-    for r in adv.itertuples():
-        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}")
-    for r in counts.itertuples():
-        typer.echo(f"  space {r.space:<9} vs {r.search:<10} random >= structured in {r.random_ge_structured}/{r.cells} cells,"
-                   f" median advantage {r.median_advantage:.3f}")
+    for r in tables["model_task"].itertuples():
+        scope = "format-collapse cells left out" if r.scope == "clean" else "format-collapse cells kept"
+        typer.echo(f"{r.baseline} >= every search in {r.holding}/{r.tested} model-task cells ({scope}; "
+                   f"{r.untested} of {r.model_task_cells} untested: no method beat greedy, counted apart)")
+    counts = tables["counts"]
+    for r in counts[(counts.search == "all") & (counts.space != "all")].itertuples():
+        typer.echo(f"  {r.baseline:<14} {r.scope:<5} space {r.space:<9} {r.baseline} >= search in "
+                   f"{r.baseline_ge_search}/{r.comparisons} comparisons ({r.untested} untested)")
+    for r in counts[(counts.search != "all") & (counts.space == "all")].itertuples():
+        typer.echo(f"  {r.baseline:<14} {r.scope:<5} median {r.baseline} - {r.search:<10} {r.median_diff:+.3f}"
+                   f" over {r.comparisons} comparisons")
+    for r in tables["advantage"].itertuples():
+        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}"
+                   + ("" if r.informative else "  (untested)"))
     for r in tables["selector_distribution"].itertuples():
         typer.echo(f"  selector {r.selector:<18} gap recovery median {r.median:.3f} [q25 {r.q25:.3f}, q75 {r.q75:.3f}] over {r.cells} cells")
     for r in tables["collapsed"].itertuples():
-        typer.echo(f"  collapsed: {r.cell} (unparsed {r.unparsed_rate:.2f})")
+        typer.echo(f"  collapsed: {r.cell} (full path unparsed {r.unparsed_rate:.2f})")
     run_folder(run.path)

@@ -19,7 +19,8 @@ from rnr_interp.records import RunDir
 
 TEMPLATE = "plotly_white"
 #: one colour per search method, stable across figures and runs
-METHOD_COLOURS = {"random": "#7f7f7f", "mcts": "#1f77b4", "hill_climb": "#2ca02c", "genetic": "#d62728"}
+METHOD_COLOURS = {"random": "#7f7f7f", "random_matched": "#bcbd22", "mcts": "#1f77b4", "hill_climb": "#2ca02c",
+                  "genetic": "#d62728"}
 FIGURE_SIZE = {"width": 820, "height": 460}
 Figures = list[tuple[str, go.Figure]]
 
@@ -151,7 +152,7 @@ def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["cell", "method", "diff"])
     diffs = [
         pd.DataFrame({"cell": wide.index, "method": method, "diff": (wide["random"] - wide[method]).to_numpy()})
-        for method in wide.columns if method != "random"
+        for method in wide.columns if method not in ("random", "random_matched")
     ]
     out = pd.concat(diffs, ignore_index=True) if diffs else pd.DataFrame(columns=["cell", "method", "diff"])
     return out.dropna(subset=["diff"])
@@ -181,12 +182,15 @@ def cell_difference_figure(cells: pd.DataFrame, label: str) -> go.Figure | None:
 
 def advantage_figure(advantage: pd.DataFrame, label: str) -> go.Figure:
     """The cross-cell view (table `advantage` of `rnr route-cells`): random − structured
-    oracle at matched K per clean cell, sorted within each search, with paired intervals."""
+    oracle at matched K per clean cell, sorted within each search, with paired intervals;
+    hollow markers for untested comparisons (no method of the cell beat greedy)."""
     fig = go.Figure()
     for search, rows in advantage.groupby("search", sort=False):
         rows = rows.sort_values("advantage")
+        tested = rows["informative"].astype(bool) if "informative" in rows else pd.Series(True, index=rows.index)
         fig.add_scatter(x=np.arange(1, len(rows) + 1), y=rows["advantage"], mode="markers", name=f"random − {search}",
-                        marker={"color": METHOD_COLOURS.get(str(search))}, customdata=rows["cell"],
+                        marker={"color": METHOD_COLOURS.get(str(search)),
+                                "symbol": ["circle" if t else "circle-open" for t in tested]}, customdata=rows["cell"],
                         error_y={"type": "data", "array": rows["hi"] - rows["advantage"], "arrayminus": rows["advantage"] - rows["lo"]},
                         hovertemplate="cell %{customdata}<br>difference %{y:.3f}<extra></extra>")
     bound = 1.05 * float(max(advantage[["lo", "hi"]].abs().max().max(), 0.05))
@@ -250,11 +254,36 @@ def routing_figures_of(curves: pd.DataFrame | None, cells: pd.DataFrame | None, 
     return figs
 
 
+def route_distance_figure(distances: pd.DataFrame, label: str) -> go.Figure:
+    """How far each method's evaluated routes lie from the full path (table
+    route_distances: cell, space, method, edits, routes): per space, the share of a
+    method's routes at each edit distance (layers skipped or run twice), pooled over the
+    space's cells. Random and the searches are comparable only where these agree."""
+    from plotly.subplots import make_subplots
+
+    spaces = list(dict.fromkeys(distances["space"]))
+    fig = make_subplots(rows=1, cols=len(spaces), shared_yaxes=True, subplot_titles=spaces)
+    for col, space in enumerate(spaces, start=1):
+        in_space = distances[distances["space"] == space]
+        for method, rows in in_space.groupby("method", sort=False):
+            counts = rows.groupby("edits")["routes"].sum().sort_index()
+            fig.add_scatter(x=counts.index, y=counts / counts.sum(), mode="lines+markers", name=str(method),
+                            legendgroup=str(method), showlegend=col == 1, line={"color": METHOD_COLOURS.get(str(method))},
+                            row=1, col=col)
+        fig.update_xaxes(title="edits from the full path (layers skipped or run twice)", row=1, col=col)
+    fig.update_yaxes(title="share of the method's evaluated routes", row=1, col=1)
+    return titled(fig, "Distance profile of the evaluated routes", label)
+
+
 def routing_figures(run: RunDir, label: str) -> Figures:
     """The routing figures of one run folder."""
     deployed = summary_of(run).get("deployed")
     deployed = float(deployed) if isinstance(deployed, (int, float)) else None
-    return routing_figures_of(*(read_table(run, name) for name in ROUTING_TABLES), deployed, label)
+    figs = routing_figures_of(*(read_table(run, name) for name in ROUTING_TABLES), deployed, label)
+    distances = read_table(run, "route_distances")
+    if distances is not None and len(distances):
+        figs.append(("route_distances", route_distance_figure(distances, label)))
+    return figs
 
 
 ROUTING_TABLES = ("route_curves", "route_cells", "selectors")

@@ -26,7 +26,14 @@ import pandas as pd
 
 from rnr_interp.records import MANIFEST, RunDir, load_runs
 from rnr_interp.report import compare_figures
-from rnr_interp.report.figures import ROUTING_TABLES, Figures, read_table, routing_figures_of, summary_of
+from rnr_interp.report.figures import (
+    ROUTING_TABLES,
+    Figures,
+    read_table,
+    route_distance_figure,
+    routing_figures_of,
+    summary_of,
+)
 from rnr_interp.report.html import INDEX_NAME, Page, document, escape_html, table_html, write_page, write_report
 from rnr_interp.report.registry import REGISTRY, present_tables
 from rnr_interp.report.reproduction_figures import task_curves_figure
@@ -140,6 +147,9 @@ def _routing_section(page: Page, folder: Path, label: str) -> None:
     tables = [[t for r in runs if (t := read_table(r, name)) is not None and len(t)] for name in ROUTING_TABLES]
     figs = routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None,
                               f"{label} · {len(runs)} routing runs")
+    if distances := [t for r in runs if (t := read_table(r, "route_distances")) is not None and len(t)]:
+        figs.append(("route_distances", route_distance_figure(pd.concat(distances, ignore_index=True),
+                                                              f"{label} · {len(runs)} routing runs")))
     if cells := _finished_at(folder / ROUTE_CELLS):
         figs += _registered(cells, f"{label} · clean cells")
     if figs:

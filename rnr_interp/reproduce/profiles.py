@@ -22,7 +22,7 @@ from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 PAPER_TASKS = ("arc_challenge", "piqa", "boolq", "logiqa", "hellaswag", "gsm8k")  # GSM8K last: 256 new tokens
 MC_TASKS = ("arc_challenge", "arc_easy", "piqa", "boolq", "logiqa", "hellaswag")
 SPACES = ("native", "polar", "skiponly")
-METHODS = ("random", "mcts", "hill_climb", "genetic")
+METHODS = ("random", "random_matched", "mcts", "hill_climb", "genetic")
 
 
 @dataclass(frozen=True)

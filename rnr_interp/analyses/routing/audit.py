@@ -3,32 +3,46 @@ answer-blind selectors, on one model and task.
 
 For every question and route space (a *cell* is model x task x space):
 - `deployed`: greedy on the full path; `temperature`: K temperature samples (same prefill);
-- `random`: the full path + K-1 distinct uniform routes (one shared seed, so every
-  question gets the same routes and each route is one batch over all questions);
+- `random`: the full path + K-1 distinct routes from the space's own sampler (one shared
+  seed, so every question gets the same routes and each route is one batch over all
+  questions);
 - `mcts`, `hill_climb`, `genetic`: oracle searches with the gold answer as reward, K
   distinct route evaluations each (the full path first, as for random);
+- `random_matched`: the full path + K-1 distinct random routes whose distances from the
+  full path (`RouteSpace.edits`) are drawn from those of the routes the oracle searches
+  evaluated on the chunk's questions in the same space (`search.random_matched`); run
+  after them, one shared seed like `random`;
 - `mcts_blind`, `hill_climb_blind`, `genetic_blind`: the same searches, K evaluations
   each, rewarded answer-blind by the model's per-token probability of its own output
-  (`selectors.search_reward`); each answers with the best route it found.
-Every evaluated route is a record (probe = "space:method", intervention = the route).
+  (`selectors.search_reward`).
+Every evaluated route is a record (probe = "space:method", intervention = the route);
+self-verification's score of every distinct answer of the temperature samples and of
+each space's random routes is a record too (probe "verify:LABEL", `ProbeLabel`), so the
+summary reads records only.
 
-Six answer-blind selectors, each spending K route evaluations: majority vote (ties to
-the answer seen first; the full path is seen first), confidence and self-verification
-over the K random-route candidates, and the three blind searches. The
+Answer-blind selectors, each spending K route evaluations: majority vote (ties to the
+answer seen first; the full path is seen first), confidence and self-verification over
+the K random-route candidates; for each blind search, its *vote* (majority over the
+answers of the routes it evaluated, ties as majority's; the paper's "MCTS vote") and its
+*confidence* pick (the route of best reward, i.e. `confidence` over those routes). The
 confidence-weighted vote is reported as a second line beside majority. Along the budget
 curve, the deployable vote at each k (majority, and weighted) is drawn beside each
 oracle curve (`metrics.vote_curve`: expectation over random (k-1)-subsets of the random
 routes with the full path always in).
-A cell whose random routes mostly fail to parse (``unparsed_rate > collapse``,
-default 0.5) is flagged as format collapse and excluded from comparisons.
+
+Format collapse is judged on what every method shares, the full path's greedy output:
+a model-task whose deployed answers mostly fail to parse (``unparsed_rate > collapse``,
+default 0.5) has every space's cell flagged and left out of the headline comparisons
+(`routing.cells` also shows them with the flagged cells kept). A rule on random's own
+routes would drop exactly the cells where random strays furthest, i.e. loses most.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -41,20 +55,26 @@ from rnr_interp.engine.generate import PromptStates, generate, last_logits, prom
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import Journal, ProbeLabel, RunDir, RunFolderError, comparable, config_diff
+from rnr_interp.records import DEPLOYED, Journal, ProbeLabel, RunDir, RunFolderError
 from rnr_interp.analyses.routing.batching import Lockstep
-from rnr_interp.analyses.routing.search import SEARCHES
+from rnr_interp.analyses.routing.search import ADAPTIVE, SEARCHES, round_size
 from rnr_interp.analyses.routing.selectors import search_reward, select
 from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space, space_size
 from rnr_interp.engine.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
-STRUCTURED = ("mcts", "hill_climb", "genetic")
+STRUCTURED = ADAPTIVE
+#: the random samplers the structured searches are compared with
+BASELINES = ("random", "random_matched")
 #: selectors over a probe's K candidates (weighted_majority is majority's second line)
 CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_verification")
-#: answer-blind search selectors: name -> the search run with `search_reward`
-SEARCH_SELECTORS = {f"{m}_blind": m for m in STRUCTURED}
-
+#: answer-blind searches: probe method -> the search run with `search_reward`
+BLIND_SEARCHES = {f"{m}_blind": m for m in STRUCTURED}
+#: selectors over a blind search's evaluated routes: name -> (blind probe method, selector)
+SEARCH_SELECTORS = {
+    **{f"{m}_vote": (f"{m}_blind", "majority") for m in STRUCTURED},
+    **{f"{m}_confidence": (f"{m}_blind", "confidence") for m in STRUCTURED},
+}
 VOTES = {"majority": False, "weighted_majority": True}  # deployable lines: confidence-weighted?
 #: rows (question, route) per batched generation in the audit, whatever its questions per
 #: chunk: a batch takes rows from every search of the chunk (`run_searches`), and on a CPU
@@ -81,7 +101,12 @@ class RouteConfig:
     #: route evaluations per search and question: the matched budget K of every method and selector
     budget: int = 32
     spaces: tuple[str, ...] = ("native",)
-    methods: tuple[str, ...] = ("random", "mcts", "hill_climb", "genetic")
+    methods: tuple[str, ...] = ("random", "random_matched", "mcts", "hill_climb", "genetic")
+    #: routes each structured search (gold-rewarded and blind) proposes per round: None
+    #: for each search's default (MCTS 1, hill climbing 8 neighbours, genetic one
+    #: generation of 8); 1 makes every search sequential. The budget stays K distinct
+    #: routes whatever this is; it changes which routes an adaptive search picks.
+    proposals: int | None = None
     temperature: float = SAMPLING_TEMPERATURE
     seed: int = 0
     collapse: float = 0.5
@@ -114,6 +139,11 @@ class RouteConfig:
         unknown = [m for m in self.methods if m not in SEARCHES]
         if unknown or not self.methods:
             raise ValueError(f"methods must be some of {', '.join(SEARCHES)}, got {list(self.methods)}")
+        if "random_matched" in self.methods and not set(self.methods) & set(STRUCTURED):
+            raise ValueError("random_matched matches the structured searches' routes: give one of "
+                             f"{', '.join(STRUCTURED)} with it")
+        if self.proposals is not None and self.proposals < 1:
+            raise ValueError(f"proposals must be >= 1, got {self.proposals}")
 
 
 
@@ -209,6 +239,8 @@ class Search:
     space: RouteSpace
     method: str
     reward: Callable[[Question, dict[str, Any]], float]
+    #: keyword arguments of the search function (its round size, random_matched's profile)
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searches: dict[str, Search], budget: int,
@@ -237,7 +269,7 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searc
 
         # Every search of a method shares one seed across questions (random search asks
         # every question for the same routes, which batch fully); runs are reproducible.
-        return SEARCHES[s.method](s.space, score, budget, np.random.default_rng(seed))
+        return SEARCHES[s.method](s.space, score, budget, np.random.default_rng(seed), **s.options)
 
     pairs = [(label, s, q) for label, s in searches.items() for q in questions]
     results = lockstep.run([lambda s=s, q=q: job(q, s) for _, s, q in pairs])
@@ -263,6 +295,26 @@ def verify_scores(lm: LoadedModel, task: Task, q: Question, answers: Sequence[st
     return [by_answer.get(a, float("-inf")) if a is not None else float("-inf") for a in answers]
 
 
+def verify_rows(lm: LoadedModel, task: Task, questions: Sequence[Question], rows: Sequence[dict[str, Any]],
+                probes: Sequence[str]) -> list[dict[str, Any]]:
+    """Self-verification records (`ProbeLabel.verify`) of each question's distinct
+    answers under each of `probes` among `rows`, in sorted order of the answers; each
+    row copies the first candidate with its answer (its grade, gold and run fields)."""
+    out = []
+    for q in questions:
+        for probe in probes:
+            first: dict[str, dict[str, Any]] = {}
+            for row in rows:
+                if row["question_id"] == q.id and row["probe"] == probe and row["extracted"] is not None:
+                    first.setdefault(row["extracted"], row)
+            answers = sorted(first)
+            label = str(ProbeLabel.verify(ProbeLabel.parse(probe)))
+            for i, (answer, score) in enumerate(zip(answers, verify_scores(lm, task, q, answers) if answers else [])):
+                out.append({**first[answer], "probe": label, "candidate": i, "intervention": "", "seed": 0, "text": "",
+                            "logprob": float(score), "n_tokens": 0, "finish": "stop"})
+    return out
+
+
 def _rows(pairs, probe: str, common: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**row, **common, "probe": probe, "candidate": i, "seed": 0} for i, (_, row) in enumerate(pairs)]
 
@@ -272,21 +324,45 @@ def gold_reward(q: Question, row: dict[str, Any]) -> float:
     return float(row["correct"])
 
 
-def audit_searches(spaces: dict[str, RouteSpace], methods: Sequence[str]) -> dict[str, Search]:
-    """The searches the audit runs on every question, by record probe label: per space,
-    random and `methods` rewarded by the gold answer, and the answer-blind searches."""
+def audit_searches(spaces: dict[str, RouteSpace], methods: Sequence[str], proposals: int | None = None) -> dict[str, Search]:
+    """The searches the audit runs first on every question, by record probe label: per
+    space, random and the gold-rewarded `methods`, and the answer-blind searches, each
+    adaptive one with its round size (`search.round_size`). `random_matched` is not
+    among them: it needs these searches' routes (`matched_searches`)."""
     searches = {}
     for name, space in spaces.items():
         for m in dict.fromkeys(("random", *methods)):
-            searches[str(ProbeLabel.route(name, m))] = Search(space, m, gold_reward)
-        for label, m in SEARCH_SELECTORS.items():
-            searches[str(ProbeLabel.route(name, label))] = Search(space, m, blind_reward)
+            if m != "random_matched":
+                searches[str(ProbeLabel.route(name, m))] = Search(space, m, gold_reward, _round(m, proposals))
+        for label, m in BLIND_SEARCHES.items():
+            searches[str(ProbeLabel.route(name, label))] = Search(space, m, blind_reward, _round(m, proposals))
     return searches
 
 
 def audit_searches_count(cfg: RouteConfig) -> int:
     """How many searches `audit_searches` runs on every question (each writes `budget` rows)."""
-    return len(cfg.spaces) * (len(dict.fromkeys(("random", *cfg.methods))) + len(SEARCH_SELECTORS))
+    return len(cfg.spaces) * (len(dict.fromkeys(("random", *cfg.methods))) + len(BLIND_SEARCHES))
+
+
+def _round(method: str, proposals: int | None) -> dict[str, Any]:
+    size = round_size(method, proposals)
+    return {} if size is None else {"batch_size": size}
+
+
+def matched_searches(spaces: dict[str, RouteSpace], methods: Sequence[str],
+                     found: dict[str, dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]]) -> dict[str, Search]:
+    """`random_matched` per space, its distance profile the edit distances
+    (`RouteSpace.edits`) of every route after the full path that the gold-rewarded
+    structured searches among `methods` evaluated on these questions in that space
+    (`found`, from `run_searches`); none when `methods` has no random_matched."""
+    if "random_matched" not in methods:
+        return {}
+    out = {}
+    for name, space in spaces.items():
+        profile = [space.edits(route) for m in methods if m in STRUCTURED
+                   for pairs in found[str(ProbeLabel.route(name, m))].values() for route, _ in pairs[1:]]
+        out[str(ProbeLabel.route(name, "random_matched"))] = Search(space, "random_matched", gold_reward, {"profile": profile})
+    return out
 
 
 def blind_reward(q: Question, row: dict[str, Any]) -> float:
@@ -301,7 +377,8 @@ def route_decoding(task: Task) -> Decoding:
 
 def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
     """The run config of a route audit: what a run folder stores and a resume checks."""
-    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)))
+    samplers = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len).sampler for name in cfg.spaces}
+    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)), random_samplers=samplers)
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
@@ -318,7 +395,9 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal)
     evaluator.restore(saved)
     saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
-    searches = audit_searches(spaces, cfg.methods)
+    searches = audit_searches(spaces, cfg.methods, cfg.proposals)
+    n_matched = len(spaces) if "random_matched" in cfg.methods else 0
+    verified = [str(ProbeLabel.sample("temperature")), *(str(ProbeLabel.route(name, "random")) for name in spaces)]
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
     for start in range(0, len(questions), cfg.batch_size):
@@ -330,18 +409,22 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
                                     deployed=decoding, run_id=run_id)
             run.journal.append([{"question_ids": ids, "samples": rows}])
         # Within a chunk (tens of minutes on a CPU for long answers), the searches' budget spent.
-        with tqdm(total=len(searches) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
+        with tqdm(total=(len(searches) + n_matched) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
                   leave=False, disable=not progress) as routes_bar:
             found = run_searches(evaluator, chunk, searches, cfg.budget, cfg.seed, on_evaluated=routes_bar.update)
+            # random_matched draws at the distances the searches just evaluated
+            found |= run_searches(evaluator, chunk, matched_searches(spaces, cfg.methods, found), cfg.budget, cfg.seed,
+                                  on_evaluated=routes_bar.update)
         for label, per_question in found.items():
             for pairs in per_question.values():
                 rows += _rows(pairs, label, common)
+        rows += verify_rows(lm, task, chunk, rows, verified)
         run.write_question_batch(rows)
         run.journal.clear()
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
     bar.close()
-    summary = summarize_routes(run, lm, task, cfg)
+    summary = summarize_routes(run, cfg)
     run.write_summary(summary)
     return summary
 
@@ -413,22 +496,19 @@ def route_config_of(run: RunDir) -> RouteConfig:
         raise RunFolderError(f"{run.path}: route settings this version does not know ({err})") from None
 
 
-def summarize_so_far(run: RunDir, out: str | Path, lm: LoadedModel, task: Task) -> dict[str, Any]:
+def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
     """A route run's summary over the chunks it has written so far, without touching the
     run (it may still be going): its records are copied into a new run folder `out`
     (`RunDir.snapshot`), which gets the summary and tables a finished run gets, over
-    those questions. For runs that take hours (GSM8K answers on a CPU). `lm` and `task`
-    must be the run's: the config they make is checked against the stored one."""
+    those questions. For runs that take hours (GSM8K answers on a CPU). Records only:
+    no model, no task file."""
     cfg = route_config_of(run)
-    differ = config_diff(comparable(run.config), comparable(route_run_config(lm, task, cfg)))
-    if differ:
-        raise RunFolderError(f"{run.path} was not run with this model and task: they differ in {', '.join(differ)}")
     if not run.done_question_ids():
         raise RunFolderError(f"{run.path}: no chunk written yet, nothing to summarise")
     snap = run.snapshot(out)  # counted from the copy: the run may write a chunk meanwhile
-    summary = summarize_routes(snap, lm, task, cfg)
+    summary = summarize_routes(snap, cfg)
     summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
-                           "questions_total": len(task)}
+                           "questions_total": (run.config.get("task") or {}).get("n_questions")}
     snap.write_summary(summary)
     return summary
 
@@ -465,53 +545,92 @@ def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int
             for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
 
 
-def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+def route_of(intervention: str) -> tuple[int, ...]:
+    """The route in a route record's intervention id ("route:0-1-1-2", `Route.label`)."""
+    return tuple(int(i) for i in intervention.removeprefix("route:").split("-"))
+
+
+def _verify_tables(records: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
+    """Stored self-verification scores: per verified probe label, per question, answer -> score."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for probe, g in records[records.probe.str.startswith("verify:")].groupby("probe", sort=False):
+        source = str(probe).removeprefix("verify:")
+        out[source] = {qid: dict(zip(h.extracted, h.logprob)) for qid, h in g.groupby("question_id", sort=False)}
+    return out
+
+
+def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
     """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
-    per method, random - structured at K (Newcombe paired), and each selector's
-    accuracy, selection gap and gap recovery (paired). Tables: route_curves,
-    route_cells, selectors."""
+    and mean edit distance per method, random - structured and random_matched -
+    structured at K (Newcombe paired), and each selector's accuracy, selection gap and
+    gap recovery (paired). Tables: route_curves, route_cells, route_distances,
+    selectors. Reads the run's records only (no model)."""
     records = run.read_records()
+    model, task_name = run.config["model"], run.config["task"]["name"]
+    n_layers = int(run.config["model_facts"]["n_layers"])
     scores = question_scores(records, "temperature")
     qids = list(scores.index)
     d = scores["d"].to_numpy()
     greedy = float(d.mean())
-    curves, cells, selectors = [], [], []
-    summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.samples, "budget": cfg.budget,
+    # Format collapse, judged on the one output every method shares: the full path's.
+    deployed = records[records.probe == DEPLOYED]
+    collapse_rate = unparsed_rate(deployed[deployed.question_id.isin(qids)])
+    excluded = bool(collapse_rate > cfg.collapse)
+    verify = _verify_tables(records)
+    curves, cells, distances, selectors = [], [], [], []
+    summary: dict[str, Any] = {"kind": "route", "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy,
-                               "deployed_ci": list(wilson_interval(d.sum(), len(d))), "cells": {}}
-    # Plain sampling's selection gap, the same for every cell: computed (with one
-    # self-verification forward per question) once.
-    temperature = _selector_picks(lm, task, _candidates(records, "temperature", qids), {})
+                               "deployed_ci": list(wilson_interval(d.sum(), len(d))),
+                               "proposals": {m: round_size(m, cfg.proposals) for m in STRUCTURED},
+                               "exclusion": {"rule": "full path's unparsed rate > collapse", "collapse": cfg.collapse,
+                                             "full_path_unparsed_rate": collapse_rate},
+                               "cells": {}}
+    if "temperature" not in verify:  # a run from before the scores were stored
+        summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
+    # Plain sampling's selection gap, the same for every cell.
+    temperature = _selector_picks(_candidates(records, "temperature", qids), {}, verify.get("temperature"))
     t_oracle = scores["o"].to_numpy()
     summary["temperature"] = {"oracle": float(t_oracle.mean()),
                               "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
+    methods = list(dict.fromkeys(("random", *cfg.methods)))
     for space_name in cfg.spaces:
-        cell = f"{lm.spec}/{task.name}/{space_name}"
-        rand = _candidates(records, str(ProbeLabel.route(space_name, "random")), qids)
-        unparsed = unparsed_rate(pd.concat(rand))
-        excluded = bool(unparsed > cfg.collapse)
+        cell = f"{model}/{task_name}/{space_name}"
+        space = make_space(space_name, n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
+        rand_label = str(ProbeLabel.route(space_name, "random"))
+        rand = _candidates(records, rand_label, qids)
+        rand_unparsed = unparsed_rate(pd.concat(rand))  # shown, not judged (see the exclusion rule)
         at_k: dict[str, np.ndarray] = {}
-        for m in dict.fromkeys(("random", *cfg.methods)):
-            curve = _prefix_oracle(rand if m == "random" else _candidates(records, str(ProbeLabel.route(space_name, m)), qids), cfg.budget, m == "random")
+        edits: dict[str, np.ndarray] = {}
+        for m in methods:
+            cands = _candidates(records, str(ProbeLabel.route(space_name, m)), qids)
+            curve = _prefix_oracle(cands, cfg.budget, m in BASELINES)
             curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
             at_k[m] = curve[:, -1].astype(bool)
+            edits[m] = np.concatenate([[space.edits(route_of(i)) for i in g["intervention"]] for g in cands])
+            values, counts = np.unique(edits[m], return_counts=True)
+            distances += [{"cell": cell, "space": space_name, "method": m, "edits": int(v), "routes": int(c)}
+                          for v, c in zip(values, counts)]
         for vote, weighted in VOTES.items():
             curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.budget + 1), weighted, 1, cfg.seed), cfg.seed)
-        blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in SEARCH_SELECTORS}
-        picks = _selector_picks(lm, task, rand, blind)
+        blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in BLIND_SEARCHES}
+        picks = _selector_picks(rand, blind, verify.get(rand_label))
         oracle = at_k["random"]
         oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
-        diffs = {m: {"value": oracle_at_k["random"] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], oracle)]}
-                 for m in STRUCTURED if m in at_k}
+        #: no method beat greedy anywhere: the comparison could not have gone either way
+        informative = any(v.mean() > greedy for v in at_k.values())
+        diffs = {base: {m: {"value": oracle_at_k[base] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], at_k[base])]}
+                        for m in STRUCTURED if m in at_k} for base in BASELINES if base in at_k}
         for m, v in at_k.items():
-            cells.append({"cell": cell, "model": lm.spec, "task": task.name, "space": space_name, "method": m,
-                          "oracle": float(v.mean()), "oracle_lo": wilson_interval(v.sum(), len(v))[0],
-                          "oracle_hi": wilson_interval(v.sum(), len(v))[1],
-                          "random_minus": diffs.get(m, {}).get("value", 0.0),
-                          "random_minus_lo": diffs.get(m, {}).get("ci", [0.0, 0.0])[0],
-                          "random_minus_hi": diffs.get(m, {}).get("ci", [0.0, 0.0])[1],
-                          "deployed": greedy, "n_questions": len(qids), "k": cfg.budget,
-                          "excluded": excluded, "unparsed_rate": unparsed})
+            lo, hi = wilson_interval(v.sum(), len(v))
+            row = {"cell": cell, "model": model, "task": task_name, "space": space_name, "method": m,
+                   "oracle": float(v.mean()), "oracle_lo": lo, "oracle_hi": hi, "edits_mean": float(edits[m].mean())}
+            for base, column in (("random", "random_minus"), ("random_matched", "matched_minus")):
+                diff = diffs.get(base, {}).get(m)
+                row |= {column: diff["value"] if diff else np.nan, f"{column}_lo": diff["ci"][0] if diff else np.nan,
+                        f"{column}_hi": diff["ci"][1] if diff else np.nan}
+            cells.append({**row, "deployed": greedy, "n_questions": len(qids), "k": cfg.budget, "excluded": excluded,
+                          "informative": informative, "unparsed_rate": collapse_rate,
+                          "random_unparsed_rate": rand_unparsed})
         cell_sel = {}
         for name, hit in picks.items():
             cell_sel[name] = selection_summary(d, oracle, hit)
@@ -519,16 +638,18 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
         for name, sel in summary["temperature"]["selectors"].items():
             selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "temperature", **_flat(sel)})
         summary["cells"][cell] = {
-            "space": space_name, "oracle_at_k": oracle_at_k, "excluded": excluded, "unparsed_rate": unparsed,
-            "random_minus_structured": diffs, "selectors": cell_sel,
+            "space": space_name, "oracle_at_k": oracle_at_k, "edits_mean": {m: float(v.mean()) for m, v in edits.items()},
+            "excluded": excluded, "informative": informative, "unparsed_rate": collapse_rate,
+            "random_minus_structured": diffs.get("random", {}), "matched_minus_structured": diffs.get("random_matched", {}),
+            "selectors": cell_sel,
         }
     run.write_table("route_curves", pd.DataFrame(curves))
     run.write_table("route_cells", pd.DataFrame(cells))
+    run.write_table("route_distances", pd.DataFrame(distances))
     sel = pd.DataFrame(selectors)
     run.write_table("selectors", sel)
     kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
     summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
-    methods = dict.fromkeys(("random", *cfg.methods))
     summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in methods}
     routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
     summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
@@ -547,18 +668,23 @@ def _flat(sel: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _selector_picks(lm: LoadedModel, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+def _selector_picks(cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]],
+                    verify: dict[str, dict[str, float]] | None) -> dict[str, np.ndarray]:
     """Per selector, whether its pick is correct for each question (an abstention is
-    wrong): the candidate selectors over `cands`, each search selector over its own
-    search's candidates (its best-rewarded route)."""
-    by_id = {q.id: q for q in task.questions}
-    picks: dict[str, list[bool]] = {name: [] for name in CANDIDATE_SELECTORS}
+    wrong): the candidate selectors over `cands` (self-verification from the stored
+    per-answer scores `verify`, question -> answer -> score; left out when None), and
+    each search selector over its blind search's candidates in `blind`."""
+    names = [n for n in CANDIDATE_SELECTORS if verify is not None or n != "self_verification"]
+    picks: dict[str, list[bool]] = {name: [] for name in names}
     for g in cands:
-        answers = [a if isinstance(a, str) else None for a in g["extracted"]]
-        table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[g["question_id"].iloc[0]], answers))
-        for name in CANDIDATE_SELECTORS:
-            i = select(table, name)
+        if verify is not None:
+            by_answer = verify.get(g["question_id"].iloc[0], {})
+            g = g.assign(verify_yes_logprob=[by_answer.get(a, -math.inf) if isinstance(a, str) else -math.inf
+                                             for a in g["extracted"]])
+        for name in names:
+            i = select(g, name)
             picks[name].append(bool(g.loc[i, "correct"]) if i is not None else False)
-    for name, per_q in blind.items():
-        picks[name] = [bool(g.loc[i, "correct"]) if (i := select(g, "confidence")) is not None else False for g in per_q]
+    for name, (probe, selector) in SEARCH_SELECTORS.items():
+        if probe in blind:
+            picks[name] = [bool(g.loc[i, "correct"]) if (i := select(g, selector)) is not None else False for g in blind[probe]]
     return {name: np.asarray(v, dtype=bool) for name, v in picks.items()}

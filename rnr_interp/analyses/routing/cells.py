@@ -1,18 +1,33 @@
 """Across routing cells: the paper's Experiment 1 table from a folder of route runs.
 
-A *cell* is model x task x route space (one `rnr route` run holds one cell per space).
-Every run already stores, per cell, oracle@K per method with random - structured at the
-same K and its paired (Newcombe) interval (`route_cells`), and each selector's gap
-recovery with a paired bootstrap interval (`selectors`). This module gathers them:
+Units, as the paper's: a *model-task cell* is one model on one task (a run holds one,
+with one route cell per space); a *comparison* is one baseline against one structured
+search in one space of one model-task cell (the paper's per-space counts, "Native
+46/46", count these). Every run already stores, per route cell, oracle@K per method
+with baseline - search at the same K and its paired (Newcombe) interval
+(`route_cells`), and each selector's gap recovery (`selectors`). This module gathers
+them:
 
-- `advantage`: one row per clean cell and structured search: random - structured at
-  matched K with its paired interval, sorted (the sorted-difference figure);
-- `counts`: per search and per space, in how many clean cells random >= structured
-  (and, per space, random >= every search), and the median advantage;
+- `comparisons`: one row per comparison, for both baselines (`random`, the space's own
+  sampler, and `random_matched`, random routes at the searches' distances where the
+  run has it), with `informative` false where no method of the route cell beat greedy
+  (every oracle equals greedy: the comparison could not have gone either way, so it is
+  counted apart and never enters a count or a median);
+- `advantage`: random - search per comparison of the clean cells, sorted, with its
+  `informative` flag (the sorted-difference figure draws untested ones hollow);
+- `counts`: per baseline, scope (`clean`: format-collapse cells left out; `all`: kept),
+  space (and `all`) and search (and `all`): informative comparisons, those where the
+  baseline >= the search, the untested ones, and the median baseline - search;
+- `model_task`: per baseline and scope, model-task cells tested (one informative
+  comparison or more), holding (baseline >= every search in every informative
+  comparison) and untested;
 - `selector_distribution`: per selector, the distribution of gap recovery over clean
   cells (median, quartiles, range, cells with no gap to recover);
 - `selectors`: the per-cell rows behind that distribution (the report's box plot);
-- `collapsed`: the format-collapse cells, listed apart and left out of all the above.
+- `collapsed`: the format-collapse cells, listed apart.
+
+Results are given with and without the collapsed cells, so an exclusion never decides
+a verdict unseen.
 """
 
 from __future__ import annotations
@@ -26,6 +41,9 @@ import pandas as pd
 from rnr_interp.records import RunDir, load_runs
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
+#: baseline -> its columns in a run's route_cells table (baseline - search)
+BASELINES = {"random": "random_minus", "random_matched": "matched_minus"}
+SCOPES = ("clean", "all")
 
 
 def route_runs(folder: str | Path) -> list[RunDir]:
@@ -40,42 +58,85 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
         raise ValueError("no finished route runs (no route_cells table) to aggregate")
     cells = pd.concat([r.read_table("route_cells").assign(run=str(r.path)) for r in runs], ignore_index=True)
     selectors = pd.concat([r.read_table("selectors").assign(run=str(r.path)) for r in runs], ignore_index=True)
+    comparisons = _comparisons(cells)
     clean = cells[~cells.excluded.astype(bool)]
-    advantage = clean[clean.method.isin(STRUCTURED)].rename(
-        columns={"method": "search", "random_minus": "advantage", "random_minus_lo": "lo", "random_minus_hi": "hi"})
-    advantage = advantage[["cell", "model", "task", "space", "search", "k", "n_questions", "advantage", "lo", "hi", "run"]]
+    advantage = comparisons[(comparisons.baseline == "random") & ~comparisons.excluded]
+    advantage = advantage.rename(columns={"diff": "advantage"})
+    advantage = advantage[["cell", "model", "task", "space", "search", "k", "n_questions", "advantage", "lo", "hi",
+                           "informative", "run"]]
     advantage = advantage.sort_values("advantage", kind="stable").reset_index(drop=True)
     collapsed = (cells[cells.excluded.astype(bool)].drop_duplicates("cell")
                  [["cell", "model", "task", "space", "unparsed_rate", "run"]].reset_index(drop=True))
     kept = selectors[(selectors.source == "routes") & selectors.cell.isin(set(clean.cell))]
     return {
+        "comparisons": comparisons,
         "advantage": advantage,
-        "counts": _counts(advantage),
+        "counts": _counts(comparisons),
+        "model_task": _model_task(comparisons),
         "selector_distribution": _distribution(kept),
         "selectors": kept.reset_index(drop=True),  # per clean cell: the distribution figure's points
         "collapsed": collapsed,
     }
 
 
-def _counts(advantage: pd.DataFrame) -> pd.DataFrame:
-    """Per (space, search), 'all' pooling spaces or searches: clean cells, cells with
-    random >= structured, median advantage."""
+def _comparisons(cells: pd.DataFrame) -> pd.DataFrame:
+    """One row per (route cell, baseline, structured search) the runs measured."""
+    # Whether any method beat greedy, from the oracles themselves (older tables have no column).
+    informative = cells.groupby("cell").apply(lambda g: bool((g.oracle > g.deployed + 1e-12).any()), include_groups=False)
     rows: list[dict[str, Any]] = []
-    for space in ["all", *sorted(advantage.space.unique())]:
-        in_space = advantage if space == "all" else advantage[advantage.space == space]
-        for search in ["all", *STRUCTURED]:
-            if search == "all":
-                # random >= every search in the cell (the paper's per-space count)
-                per_cell = in_space.groupby("cell").advantage.min()
-                rows.append({"space": space, "search": "all", "cells": len(per_cell),
-                             "random_ge_structured": int((per_cell >= 0).sum()),
-                             "median_advantage": float(in_space.advantage.median()) if len(in_space) else np.nan})
-                continue
-            sub = in_space[in_space.search == search]
-            rows.append({"space": space, "search": search, "cells": len(sub),
-                         "random_ge_structured": int((sub.advantage >= 0).sum()),
-                         "median_advantage": float(sub.advantage.median()) if len(sub) else np.nan})
-    return pd.DataFrame(rows)
+    for r in cells[cells.method.isin(STRUCTURED)].itertuples():
+        for baseline, column in BASELINES.items():
+            diff = getattr(r, column, np.nan)
+            if diff is None or pd.isna(diff):
+                continue  # a run without this baseline
+            rows.append({"cell": r.cell, "model": r.model, "task": r.task, "space": r.space, "baseline": baseline,
+                         "search": r.method, "diff": float(diff), "lo": float(getattr(r, f"{column}_lo")),
+                         "hi": float(getattr(r, f"{column}_hi")), "k": r.k, "n_questions": r.n_questions,
+                         "excluded": bool(r.excluded), "informative": bool(informative[r.cell]), "run": r.run})
+    columns = ["cell", "model", "task", "space", "baseline", "search", "diff", "lo", "hi", "k", "n_questions",
+               "excluded", "informative", "run"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _scoped(comparisons: pd.DataFrame, scope: str) -> pd.DataFrame:
+    return comparisons if scope == "all" else comparisons[~comparisons.excluded]
+
+
+def _counts(comparisons: pd.DataFrame) -> pd.DataFrame:
+    """Per baseline, scope, space and search ('all' pooling spaces or searches):
+    informative comparisons, those with baseline >= search, untested ones, and the
+    median baseline - search over the informative ones."""
+    rows: list[dict[str, Any]] = []
+    for baseline in comparisons.baseline.unique():
+        for scope in SCOPES:
+            within = _scoped(comparisons[comparisons.baseline == baseline], scope)
+            for space in ["all", *sorted(within.space.unique())]:
+                in_space = within if space == "all" else within[within.space == space]
+                for search in ["all", *STRUCTURED]:
+                    sub = in_space if search == "all" else in_space[in_space.search == search]
+                    tested = sub[sub.informative]
+                    rows.append({"baseline": baseline, "scope": scope, "space": space, "search": search,
+                                 "comparisons": len(tested), "baseline_ge_search": int((tested["diff"] >= 0).sum()),
+                                 "untested": int((~sub.informative).sum()),
+                                 "median_diff": float(tested["diff"].median()) if len(tested) else np.nan})
+    return pd.DataFrame(rows, columns=["baseline", "scope", "space", "search", "comparisons", "baseline_ge_search",
+                                       "untested", "median_diff"])
+
+
+def _model_task(comparisons: pd.DataFrame) -> pd.DataFrame:
+    """Per baseline and scope: model-task cells with an informative comparison (tested),
+    those where the baseline >= every search in every informative comparison (holding),
+    and those with none (untested)."""
+    rows: list[dict[str, Any]] = []
+    for baseline in comparisons.baseline.unique():
+        for scope in SCOPES:
+            within = _scoped(comparisons[comparisons.baseline == baseline], scope)
+            per_cell = [(g.informative.any(), bool((g[g.informative]["diff"] >= 0).all()))
+                        for _, g in within.groupby(["model", "task"])]
+            tested = [holds for any_informative, holds in per_cell if any_informative]
+            rows.append({"baseline": baseline, "scope": scope, "model_task_cells": len(per_cell), "tested": len(tested),
+                         "holding": int(sum(tested)), "untested": len(per_cell) - len(tested)})
+    return pd.DataFrame(rows, columns=["baseline", "scope", "model_task_cells", "tested", "holding", "untested"])
 
 
 def _distribution(selectors: pd.DataFrame) -> pd.DataFrame:
@@ -98,10 +159,10 @@ def write_route_cells(folder: str | Path, out: str | Path | None = None) -> tupl
                         {"kind": "route_cells", "source": str(Path(folder).resolve())})
     for name, df in tables.items():
         run.write_table(name, df)
-    counts = tables["counts"]
     run.write_summary({"kind": "route_cells", "runs": [str(r.path) for r in runs],
-                       "clean_cells": int(tables["advantage"].cell.nunique()),
+                       "clean_cells": int(tables["comparisons"].loc[~tables["comparisons"].excluded, "cell"].nunique()),
                        "collapsed_cells": tables["collapsed"].cell.tolist(),
-                       "counts": counts.to_dict("records"),
+                       "model_task": tables["model_task"].to_dict("records"),
+                       "counts": tables["counts"].to_dict("records"),
                        "selectors": tables["selector_distribution"].to_dict("records")})
     return run, tables

@@ -263,8 +263,10 @@ def _skip_local(plan: Plan) -> Iterator[Edit]:
 
 
 def _sample_native(space: RouteSpace, rng: np.random.Generator) -> Plan:
-    """Uniform over edit sequences: k ~ U{1..max(1, L // 4)} edits, each uniform among
-    the tree actions that keep the route in bounds (fewer if none is left)."""
+    """Uniform over edit sequences: k ~ U{1..max(1, L // 4)} edits from the full path,
+    each uniform among the native edits that keep the route in bounds (skip 1-4
+    contiguous layers still run once, or repeat one such layer in place; fewer edits if
+    none is left)."""
     plan = space.full_plan
     for _ in range(int(rng.integers(1, max(1, space.n_layers // 4) + 1))):
         moves = [_apply(plan, e) for e in space._fitting(plan, _native_grow(plan))]
@@ -276,8 +278,9 @@ def _sample_native(space: RouteSpace, rng: np.random.Generator) -> Plan:
 
 def _sample_polar(space: RouteSpace, rng: np.random.Generator) -> Plan:
     """Uniform over action vectors: segment lengths drawn left to right uniformly from
-    1..min(4, layers left), one action per segment uniform in {0, 1, 2}; draws out of
-    bounds are rejected (the all-1 vector is always in bounds, so this ends)."""
+    1..min(4, layers left), one action per segment uniform in {0 skip, 1 run once, 2 run
+    twice as a block}; draws out of bounds are rejected (the all-1 vector is always in
+    bounds, so this ends)."""
     L = space.n_layers
     for _ in range(100_000):
         plan: list[int] = []
@@ -290,7 +293,8 @@ def _sample_polar(space: RouteSpace, rng: np.random.Generator) -> Plan:
 
 
 def _sample_skiponly(space: RouteSpace, rng: np.random.Generator) -> Plan:
-    """Uniform over the number of skipped layers (1..L - min_len), then over which."""
+    """Uniform over the number of skipped layers (1..L - min_len), then uniform over
+    which layers."""
     most = space.n_layers - space.min_len
     if most == 0:
         return space.full_plan
@@ -400,6 +404,12 @@ class RouteSpace:
     def sample(self, rng: np.random.Generator) -> LayerPath:
         return _route(self._kind.sample(self, rng))
 
+    @property
+    def sampler(self) -> str:
+        """What `sample` draws, in words (its docstring, with the bounds): the random
+        baseline's distribution, recorded in a route run's manifest."""
+        return f"lengths {self.min_len}..{self.max_len}; " + " ".join((self._kind.sample.__doc__ or "").split())
+
     def neighborhood(self, route: Sequence[int]) -> list[LayerPath]:
         """Every distinct route one local move away (never the route itself), in a
         fixed order."""
@@ -445,6 +455,39 @@ class RouteSpace:
             child = child[:cut] + (TWICE,) + child[cut + 1 :]
         route = _route(child)
         return route if self.min_len <= len(route) <= self.max_len else tuple(a)
+
+    # -- distance from the full path --------------------------------------------
+    def edits(self, route: Sequence[int]) -> int:
+        """How far `route` is from the full path: the number of layers not run exactly
+        once (skipped or run twice). A skip of 3 layers counts 3, a repeated block of 2
+        counts 2; the full path counts 0. It is the Hamming distance between the route's
+        plan and the full path's, and equals the Levenshtein distance between the two
+        block sequences when no skip sits beside a repeat."""
+        return sum(code != ONCE for code in self._plan_of(route))
+
+    def sample_at(self, edits: int, rng: np.random.Generator, tries: int = 64) -> LayerPath | None:
+        """A route `edits` layers away from the full path (`edits`), or None when a few
+        walks find none: a random walk from the full path, each step an edit that only
+        changes layers still run once (the space's own kinds: native skips of 1-4 layers
+        or a repeat of one; polar skips or block repeats of 1-4; skiponly one skip),
+        uniform among those that keep the route in bounds and do not pass `edits`,
+        stopped when the route is exactly `edits` away. Which route of that distance
+        comes out follows the walk, not a uniform draw over the routes at that distance."""
+        if edits == 0:
+            return self.full_path
+        grow = {"native": _native_grow, "polar": _grow_edits, "skiponly": _skip_local}[self.name]
+        for _ in range(tries):
+            plan, changed = self.full_plan, 0
+            while changed < edits:
+                moves = [e for e in self._fitting(plan, grow(plan))
+                         if plan[e.start] == ONCE and changed + (e.stop - e.start) <= edits]
+                if not moves:
+                    break
+                edit = moves[int(rng.integers(len(moves)))]
+                plan, changed = _apply(plan, edit), changed + edit.stop - edit.start
+            if changed == edits:
+                return _route(plan)
+        return None
 
     # -- enumeration -----------------------------------------------------------
     def _next_codes(self, position: int, length: int, block: int) -> Iterator[tuple[int, int, int]]:
