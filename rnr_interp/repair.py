@@ -178,11 +178,12 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
     for label, e in entries:
         rows.append({"block": label, "layer": e["layer"], "component": e["component"],
                      "repair_heldout": e["repair"]["rate"], "repair_lo": e["repair"]["ci"][0], "repair_hi": e["repair"]["ci"][1],
-                     "n_failure_heldout": e["repair"]["n"],
+                     "n_failure_heldout": e["repair"]["n"], "repair_power": e["repair"].get("power", float("nan")),
                      "damage_heldout": e["damage"]["rate"], "damage_lo": e["damage"]["ci"][0], "damage_hi": e["damage"]["ci"][1],
-                     "n_panel_heldout": e["damage"]["n"]})
+                     "n_panel_heldout": e["damage"]["n"], "damage_power": e["damage"].get("power", float("nan"))})
     return pd.DataFrame(rows, columns=["block", "layer", "component", "repair_heldout", "repair_lo", "repair_hi",
-                                       "n_failure_heldout", "damage_heldout", "damage_lo", "damage_hi", "n_panel_heldout"])
+                                       "n_failure_heldout", "repair_power", "damage_heldout", "damage_lo", "damage_hi",
+                                       "n_panel_heldout", "damage_power"])
 
 
 # -- run folders ---------------------------------------------------------------------
