@@ -169,10 +169,13 @@ class FailureCriterion:
 
     margin: float = 0.10
     level: float = 0.95
+    #: off only to exercise the machinery on random-weight models (recognition at chance)
+    above_chance: bool = True
 
     def describe(self) -> str:
-        return (f"recognition's excess over chance (1 / number of options) has its {self.level:.0%} Wilson interval "
-                f"above 0, recognition score - generation score >= {self.margin:g}, and the {self.level:.0%} paired "
+        chance = (f"recognition's excess over chance (1 / number of options) has its {self.level:.0%} Wilson interval "
+                  f"above 0, " if self.above_chance else "recognition NOT required above chance, ")
+        return (f"{chance}recognition score - generation score >= {self.margin:g}, and the {self.level:.0%} paired "
                 f"(Newcombe) interval of that difference lies above 0")
 
 
@@ -211,5 +214,5 @@ def screen_cell(recognised: Sequence[bool], generated: Sequence[bool], chance: S
         "lucky_share_of_recognised": (1 - known) * chance_rate / float(rec.mean()) if rec.any() else float("nan"),
         "difference": diff, "difference_ci": [float(lo), float(hi)],
         "n_recognised_not_generated": int((rec & ~gen).sum()),
-        "failure": bool(r_lo - chance_rate > 0 and diff >= criterion.margin and lo > 0),
+        "failure": bool((r_lo - chance_rate > 0 or not criterion.above_chance) and diff >= criterion.margin and lo > 0),
     }
