@@ -283,3 +283,62 @@ def test_recognition_without_a_chat_template_scores_exactly_the_option_after_a_s
     chat = load_model("tiny-llama:2")
     seq = option_sequences(chat, task, task.questions[0], "option")[0]
     assert chat.tokenizer.decode(list(seq.continuation)) == task.questions[0].choices[0].strip()  # a chat turn: no space
+
+
+# -- circular rows through the analyses, and the units' permutation control ---------------------
+
+
+def test_outcome_counts_under_circular_need_every_shift():
+    from rnr_interp.cohort import outcome_counts
+
+    qs = load_task("arithmetic_mc", n=2).questions
+    rows = circular_rows([Row(q, (), "ablate:mlp:0") for q in qs])
+    # q0 right under every shift; q1 wrong under shift 2 only
+    wrong = {(qs[1].id, "rotated:2:ablate:mlp:0")}
+    records = pd.DataFrame([{"question_id": r.question.id, "probe": r.probe, "extracted": r.question.answer,
+                             "correct": (r.question.id, r.probe) not in wrong} for r in rows])
+    assert outcome_counts(records, qs, "ablate:mlp:0") == (2, 2)  # unshifted: both right
+    assert outcome_counts(records, qs, "ablate:mlp:0", circular=True) == (1, 2)
+
+
+def test_a_circular_repair_asks_every_row_under_every_shift(tmp_path):
+    from test_repair import letter_hash_task
+
+    lm = load_model("tiny-llama:2")
+    task = letter_hash_task(12)
+    s = run_repair(lm, task, tmp_path / "r", layers=[0], sweep="mlp", decoding=deployed_decoding(task, 3), circular=True,
+                   progress=False)
+    from rnr_interp.records import RunDir
+
+    run = RunDir(tmp_path / "r")
+    records = run.read_records()
+    n_shifts = len(task.questions[0].choices)
+    counts = records.groupby("probe").size()
+    assert counts["deployed"] == counts["rotated:3:deployed"] == len(task.questions)
+    asked = {*run.read_json("failure_set")["question_ids"], *run.read_json("healthy_panel")["question_ids"]}
+    assert n_shifts == 4 and len(asked) > 0
+    assert counts.get("ablate:mlp:0", 0) == counts.get("rotated:3:ablate:mlp:0", 0) == len(asked)
+    generation = run.read_table("generation").set_index("question_id")
+    for q in task.questions:  # the cohort's reading is the records' all-shifts reading
+        mine = records[records["question_id"] == q.id]
+        right = mine[mine["probe"].isin(["deployed", "rotated:1:deployed", "rotated:2:deployed", "rotated:3:deployed"])]
+        assert generation.loc[q.id, "correct"] == bool(right["correct"].all())
+    assert s["circular"]["on"] and s["screen"]["circular"] and run.config["circular"] is True
+
+
+def test_units_permutation_control_rescores_the_block_and_every_top_k(tmp_path):
+    from test_repair import letter_hash_task
+
+    from rnr_interp.steering import run_units
+
+    lm = load_model("tiny-llama:2")
+    task = letter_hash_task(40)
+    s = run_units(lm, task, tmp_path / "u", layer=1, ks=(1, 4), draws=2, panel=8, decoding=deployed_decoding(task, 3),
+                  permutation_control=True, progress=False)
+    assert "skipped" not in s, s.get("skipped")
+    control = s["permutation_control"]
+    assert set(control["probes"]) == {"ablate:mlp:1", "units:top:1", "units:top:4"}
+    from rnr_interp.records import RunDir
+
+    held = RunDir(tmp_path / "u").read_json("failure_set")["heldout_ids"]
+    assert control["n"] == len(held) > 0
