@@ -22,6 +22,7 @@ Run configs come from `sampling.run_config`, like every other analysis's.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -241,8 +242,10 @@ def circular_rows(rows: Sequence[Row]) -> list[Row]:
 def answer_from_records(records: pd.DataFrame, probe: str) -> AnswerFn:
     """An `AnswerFn` that reads `probe`'s rows (and its ``rotated:SHIFT:`` rows) from
     stored records."""
-    stored = {(qid, p): (a, c) for qid, p, a, c in zip(records["question_id"], records["probe"], records["extracted"],
-                                                      records["correct"])}
+    # only this probe's rows: a sweep asks this once per block and part, of one records table
+    probe_rows = records["probe"].str.fullmatch(rf"(rotated:\d+:)?{re.escape(probe)}")
+    mine = records[probe_rows]
+    stored = {(qid, p): (a, c) for qid, p, a, c in zip(mine["question_id"], mine["probe"], mine["extracted"], mine["correct"])}
 
     def answer(asked: Sequence[Question]) -> list[tuple[str | None, bool]]:
         out = []

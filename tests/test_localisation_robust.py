@@ -342,3 +342,14 @@ def test_units_permutation_control_rescores_the_block_and_every_top_k(tmp_path):
 
     held = RunDir(tmp_path / "u").read_json("failure_set")["heldout_ids"]
     assert control["n"] == len(held) > 0
+
+
+def test_the_report_page_carries_the_letter_warning_and_chance(tmp_path):
+    from rnr_interp.records import RunDir
+    from rnr_interp.report.html import build_page
+
+    task = load_task("arithmetic_mc", n=12)
+    run_failures(always_a_model(), task, tmp_path / "f", decoding=deployed_decoding(task, 1), progress=False, circular=True)
+    page, _ = build_page(RunDir(tmp_path / "f"))
+    assert "warning: the failure set is explained by the deployed letter distribution" in page
+    assert "recognition over chance (1 / options)" in page and "split stratified by" in page
