@@ -14,10 +14,15 @@ answer right, and what does silencing it break?
   selection part (`cohort.Split`), and at that SAME layer the held-out repair and damage
   of silencing the MLP, the attention and the whole layer, each with a Wilson interval
   on its own denominator; each component's own best layer is reported apart, labelled.
-- Screen: the run's recognition score against its generation score under a stated
-  `recognition.FailureCriterion` (one point of the paper's Figure 4a).
+- Screen: the run's recognition score against chance and against its generation score
+  under a stated `recognition.FailureCriterion` (one point of the paper's Figure 4a).
 - Permutation control (opt-in): the chosen block re-scored on the held-out failures
   with each question's options rotated by one (`cohort.run_permutation_control`).
+- Circular (opt-in, `cohort.circular_outcomes`): the cohort and every sweep row asked
+  under every cyclic shift of the options; right, and a repair, only under all of them.
+- Power: each chosen block's held-out rates carry the probability of detecting the
+  paper's effect at their n (`metrics.wilson_power`), beside the selection-part and
+  all-question rates.
 
 Each generation is a standard record (probe "deployed" for the baseline,
 ``ablate:{component}:{layer}`` for sweep rows, see `records.ProbeLabel`), written per
