@@ -18,6 +18,7 @@ Interval choices (documented here once):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
@@ -52,6 +53,14 @@ __all__ = [
     "selection_summary",
     "vote_curve",
     "vote_matrix",
+    "PaperEffect",
+    "REPAIR_EFFECT",
+    "DAMAGE_EFFECT",
+    "RESCUE_EFFECT",
+    "INDUCTION_EFFECT",
+    "MIN_POWER",
+    "wilson_power",
+    "power_entry",
 ]
 
 
@@ -262,6 +271,54 @@ def proportion(successes: int, n: int, level: float = 0.95) -> dict[str, Any]:
     {"rate", "ci", "k" (successes), "n"}; rate and interval NaN when n == 0."""
     lo, hi = wilson_interval(successes, n, level)
     return {"rate": successes / n if n else math.nan, "ci": [lo, hi], "k": int(successes), "n": int(n)}
+
+
+@dataclass(frozen=True)
+class PaperEffect:
+    """A rate the paper reports and the threshold a finding judges it against:
+    "at_least" claims (repair, steering) are reproduced when the whole Wilson interval
+    is at or above `threshold`, "at_most" claims (damage) when it is at or below."""
+
+    name: str
+    paper_rate: float
+    threshold: float
+    side: Literal["at_least", "at_most"]
+    paper: str  # where the paper's rate comes from, in words
+
+
+#: the paper's weakest reported rate of each localisation claim (repair 67.6-92.0%,
+#: damage 0-12%, steering -8v rescues 97.5%, +4v induces 95%) and the finding's threshold
+#: ("most" repaired / flipped, "little" damage)
+REPAIR_EFFECT = PaperEffect("repair", 0.676, 0.5, "at_least", "the paper's lowest repair rate, 67.6%")
+DAMAGE_EFFECT = PaperEffect("damage", 0.12, 0.15, "at_most", "the paper's highest damage rate, 12%")
+RESCUE_EFFECT = PaperEffect("rescue", 0.975, 0.5, "at_least", "the paper's -8v rescue, 97.5%")
+INDUCTION_EFFECT = PaperEffect("induction", 0.95, 0.5, "at_least", "the paper's +4v induction, 95%")
+#: below this power a verdict cannot tell "no effect" from "too few questions"
+MIN_POWER = 0.8
+POWER_TEST = ("exact binomial probability, at the paper's rate and this n, that the finding's rule (the whole 95% "
+              "Wilson interval on the paper's side of the threshold) says 'reproduced'")
+
+
+def wilson_power(effect: PaperEffect, n: int, level: float = 0.95) -> float:
+    """Probability that `n` questions with true rate `effect.paper_rate` give a Wilson
+    interval wholly on the paper's side of `effect.threshold` (the findings' rule for
+    "reproduced"): the sum of the binomial probabilities of the counts that pass. NaN
+    for n == 0."""
+    if n <= 0:
+        return math.nan
+    passing = [k for k in range(n + 1)
+               if (wilson_interval(k, n, level)[0] >= effect.threshold if effect.side == "at_least"
+                   else wilson_interval(k, n, level)[1] <= effect.threshold)]
+    return float(stats.binom.pmf(passing, n, effect.paper_rate).sum()) if passing else 0.0
+
+
+def power_entry(effect: PaperEffect, n: int, level: float = 0.95) -> dict[str, Any]:
+    """What a held-out rate carries beside it: the power, the effect it is for, the
+    test, and whether a verdict at this n can be read at all."""
+    power = wilson_power(effect, n, level)
+    return {"power": power, "effect": effect.name, "paper_rate": effect.paper_rate, "threshold": effect.threshold,
+            "side": effect.side, "paper": effect.paper, "test": POWER_TEST, "n": int(n),
+            "testable": bool(power >= MIN_POWER)}
 
 
 def discordant_counts(before: ArrayLike, after: ArrayLike) -> tuple[int, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import pandas as pd
 import pytest
 
 from rnr_interp.analyses.audit import run_audit
@@ -238,6 +239,26 @@ def test_budget_control_samples_fresh_2k(tmp_path):
         reached(out, ids, 9)
     with pytest.raises(ValueError, match="not in task"):
         budget_control(lm, task, ["nope"], probe, Decoding(max_new_tokens=3))
+
+
+def test_source_of_gains_is_a_curve_over_the_budgets_the_control_sampled():
+    """The share of gained answers the base model reaches, read at 1, 2, 4, ... up to the
+    control's budget (K and the largest among them), each with its Wilson interval."""
+    from rnr_interp.analyses.checkpoints import control_budget, curve_budgets, gains_source_curve
+    from rnr_interp.metrics import wilson_interval
+
+    t = pd.DataFrame({"question_id": ["q0", "q1", "q2", "q3"], "realized": ["gained", "gained", "gained", "never"]})
+    hit_at = {"q0": 0, "q1": 5, "q2": None, "q3": 0}  # the candidate where the base model first hits, if any
+    rows = pd.DataFrame([{"question_id": q, "candidate": c, "correct": hit_at[q] is not None and c >= hit_at[q]}
+                         for q in hit_at for c in range(8)])
+    assert curve_budgets(2, 8) == [1, 2, 4, 8] and curve_budgets(3, 12) == [1, 2, 3, 4, 8, 12]
+    src = gains_source_curve(t, rows, curve_budgets(2, 8), k=2)
+    assert [(c["k"], c["base_reachable"], c["n_gained"]) for c in src["curve"]] == [(1, 1, 3), (2, 1, 3), (4, 1, 3), (8, 2, 3)]
+    assert src["curve"][-1]["ci"] == list(wilson_interval(2, 3))
+    assert src["trend"].startswith("rises from 0.33 at K=2 to 0.67") and src["trend"].endswith("at K=8")
+    cfg = config(k=4)
+    assert control_budget(cfg) == 8 and control_budget(cfg, budget_k=20) == 20 and control_budget(cfg, budget_k=5) == 8
+    assert budget_probe(cfg, "base", budget_k=20).k == 20
 
 
 def test_prompt_formats_stated_warned_and_shared_prompt_share(tmp_path):

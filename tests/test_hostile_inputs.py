@@ -126,7 +126,9 @@ LOCALISE_BAD = [
     ("repair", "--layers", "-1"), ("repair", "--layers", "abc"), ("repair", "--layers", "0-99"),
     ("repair", "--panel", "-2"), ("repair", "--batch-size", "0"),
     ("steer", "--layer", "-1"), ("steer", "--layer", "7"), ("steer", "--alphas", "x"), ("steer", "--alphas", "nan"),
-    ("steer", "--component", "head"), ("units", "--ks", "0"), ("units", "--ks", "abc"), ("units", "--layer", "-3"),
+    ("steer", "--component", "head"), ("steer", "--alpha-unit", "parsecs"),
+    ("units", "--ks", "0"), ("units", "--ks", "abc"), ("units", "--layer", "-3"),
+    ("failures", "--circular", "--readout", "letter"), ("repair", "--circular", "--readout", "letter"),
 ]
 
 
@@ -137,14 +139,18 @@ def test_localisation_refuses_bad_option_before_creating_anything(tmp_path, bad)
     refused(command, *TINY, *MC, *option, "--out", out, absent=(out,))
 
 
-@pytest.mark.parametrize("command", ["repair", "steer"])
-def test_permute_control_refuses_options_that_are_not_lettered(tmp_path, command):
+@pytest.mark.parametrize("command,option,says", [
+    ("repair", "--permute-control", "not option letters"), ("steer", "--permute-control", "not option letters"),
+    ("units", "--permute-control", "not option letters"), ("failures", "--circular", "shifts lettered options"),
+    ("repair", "--circular", "shifts lettered options"),
+])
+def test_letter_controls_refuse_options_that_are_not_lettered(tmp_path, command, option, says):
     # BoolQ's options are the words yes/no: rotating them moves nothing that is graded
     data = write_jsonl(tmp_path / "boolq.jsonl", [{"question": "is it", "passage": "It is.", "answer": True},
                                                   {"question": "is it not", "passage": "It is.", "answer": False}])
     out = tmp_path / "out"
-    refused(command, *TINY, "--task", "boolq", "--data", data, "--n", "2", "--permute-control", "--out", out,
-            absent=(out,), says=("not option letters",))
+    refused(command, *TINY, "--task", "boolq", "--data", data, "--n", "2", option, "--out", out,
+            absent=(out,), says=(says,))
 
 
 def test_failures_refuses_a_task_without_options(tmp_path):

@@ -20,7 +20,7 @@ from rnr_interp.records import RunDir
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, Row, Split, run_rows, permutation_summary, rotated_probe, select_cohort
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
-from rnr_interp.metrics import wilson_interval
+from rnr_interp.metrics import REPAIR_EFFECT, wilson_interval, wilson_power
 from rnr_interp.analyses.localise.repair import COMPONENTS, ablation_probe, controls_table, localisation_summary, run_repair, silencing_sweep
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.engine.sampling import prompt_ids
@@ -152,7 +152,8 @@ def hand_table(rows):
                     "repair_rate_heldout": rk / rn, "damage_rate_heldout": dk / dn,
                     "repair_rate_heldout_lo": rlo, "repair_rate_heldout_hi": rhi,
                     "damage_rate_heldout_lo": dlo, "damage_rate_heldout_hi": dhi,
-                    "n_failure_heldout": rn, "n_panel_heldout": dn})
+                    "n_failure_heldout": rn, "n_panel_heldout": dn,
+                    "n_failure_selection": rn, "n_panel_selection": dn, "n_failure": 2 * rn, "n_panel": 2 * dn})
     return pd.DataFrame(out)
 
 
@@ -168,7 +169,12 @@ def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
     assert s["chosen"]["layer"] == 1  # best selection selectivity (0.7), not best held-out repair (layer 2)
     at = s["at_chosen_layer"]
     assert {c: e["layer"] for c, e in at.items()} == {"mlp": 1, "attn": 1, "layer": 1}
-    assert at["attn"]["repair"] == {"rate": 0.2, "ci": list(wilson_interval(2, 10)), "k": 2, "n": 10}
+    assert {k: at["attn"]["repair"][k] for k in ("rate", "ci", "k", "n")} == {"rate": 0.2, "ci": list(wilson_interval(2, 10)), "k": 2, "n": 10}
+    # power of detecting the paper's 67.6% repair at n = 10, the selection and all-question rates beside it
+    assert at["attn"]["repair"]["power"] == pytest.approx(wilson_power(REPAIR_EFFECT, 10))
+    assert at["attn"]["repair"]["power"] < 0.8 and not at["attn"]["repair"]["power_test"]["testable"]
+    assert at["mlp"]["repair"]["selection"]["rate"] == 0.8 and at["mlp"]["repair"]["all"]["rate"] == 0.0
+    assert "Wilson" in at["mlp"]["damage"]["power_test"]["test"] and at["mlp"]["damage"]["power_test"]["effect"] == "damage"
     assert at["layer"]["damage"]["rate"] == pytest.approx(9 / 20) and at["layer"]["damage"]["n"] == 20
     assert s["own_best"]["attn"]["heldout"]["layer"] == 0 and s["own_best"]["layer"]["heldout"]["layer"] == 2
     controls = controls_table(s)
@@ -183,26 +189,37 @@ def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
 
 
 def test_cell_screen_applies_its_stated_criterion():
-    """A cell fails when recognition beats generation by the margin AND the paired
-    interval of the difference is above 0; either alone is not enough."""
+    """A cell fails when recognition is above chance (Wilson interval of the excess
+    above 0), beats generation by the margin AND the paired interval of the difference
+    is above 0; none alone is enough."""
     rng = np.random.default_rng(0)
     for _ in range(200):
         n = int(rng.integers(4, 80))
         rec, gen = rng.random(n) < rng.random(), rng.random(n) < rng.random()
+        chance = 1 / rng.integers(2, 6, n)
         crit = FailureCriterion(margin=float(rng.choice([0.0, 0.1, 0.2])))
-        cell = screen_cell(rec, gen, crit)
+        cell = screen_cell(rec, gen, chance, crit)
         diff = rec.mean() - gen.mean()
         lo, _ = paired_diff_ci(gen, rec)
+        r_lo, r_hi = wilson_interval(int(rec.sum()), n)
+        assert cell["recognition_chance"] == pytest.approx(chance.mean())
+        assert cell["recognition_excess_ci"] == pytest.approx([r_lo - chance.mean(), r_hi - chance.mean()])
         assert cell["difference"] == pytest.approx(diff) and cell["difference_ci"][0] == pytest.approx(lo)
         assert cell["n_recognised_not_generated"] == int((rec & ~gen).sum())
-        assert cell["failure"] == (diff >= crit.margin and lo > 0)
-    big_but_noisy = screen_cell([True, True, False], [False, False, False])  # +0.67, but 3 questions
+        assert cell["failure"] == (r_lo > chance.mean() and diff >= crit.margin and lo > 0)
+    big_but_noisy = screen_cell([True, True, False], [False, False, False], [0.25] * 3)  # +0.67, but 3 questions
     assert big_but_noisy["difference"] > 0.1 and not big_but_noisy["failure"]
-    sure_but_small = screen_cell([True] * 1000 + [False] * 9000, [True] * 500 + [False] * 9500, FailureCriterion(margin=0.1))
+    sure_but_small = screen_cell([True] * 1000 + [False] * 9000, [True] * 500 + [False] * 9500, [0.05] * 10000,
+                                 FailureCriterion(margin=0.1))
     assert sure_but_small["difference_ci"][0] > 0 and not sure_but_small["failure"]
-    assert "0.1" in FailureCriterion().describe() and "interval" in FailureCriterion().describe()
+    # recognition 0.40 beats generation 0.05 by far, but with 4 options chance is 0.25 and 20 questions
+    # cannot place 0.40 above it; a guessing mixture (known share k = 0.15 / 0.75) calls half of it lucky
+    at_chance = screen_cell([True] * 8 + [False] * 12, [True] + [False] * 19, [0.25] * 20)
+    assert at_chance["difference_ci"][0] > 0 and at_chance["recognition_excess_ci"][0] < 0 and not at_chance["failure"]
+    assert at_chance["lucky_share_of_recognised"] == pytest.approx(0.5)
+    assert "0.1" in FailureCriterion().describe() and "chance" in FailureCriterion().describe()
     with pytest.raises(ValueError, match="equally many"):
-        screen_cell([True], [True, False])
+        screen_cell([True], [True, False], [0.5])
 
 
 def test_failures_over_cells_writes_the_screen_and_its_scatter(tmp_path):
@@ -226,8 +243,9 @@ def test_failures_over_cells_writes_the_screen_and_its_scatter(tmp_path):
         rec = cell.read_table("recognition").query("readout == 'option:mean'").set_index("question_id")["gold_first"]
         dep = cell.read_records().query("probe == 'deployed'").set_index("question_id")["correct"]
         assert row.recognition_score == pytest.approx(rec.mean()) and row.generation_score == pytest.approx(dep.mean())
-        assert row.failure == (row.difference >= 0.05 and row.difference_lo > 0)
-    assert screen.read_summary()["criterion"].startswith("recognition score - generation score >= 0.05")
+        assert row.recognition_chance == pytest.approx(1 / 4)  # arithmetic_mc has 4 options
+        assert row.failure == (row.recognition_excess_lo > 0 and row.difference >= 0.05 and row.difference_lo > 0)
+    assert "recognition score - generation score >= 0.05" in screen.read_summary()["criterion"]
     assert (out / "figures" / "screen_scatter.html").is_file() and "cells are failure cells" in res.output
     task = parity_task(4)
     lm = load_model("tiny-llama:2")

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from rnr_interp.cli import app
 from rnr_interp.records import RunDir, load_runs
 from rnr_interp.reproduce.findings import (
-    NOT_REPRODUCED, NOT_TESTABLE, REPORTED, REPRODUCED, at_least, at_most, checkpoint_findings, findings, routing_findings,
+    NOT_REPRODUCED, NOT_TESTABLE, REPORTED, REPRODUCED, at_least, at_most, checkpoint_findings, findings,
+    localisation_findings, routing_findings,
 )
 from rnr_interp.reproduce.findings import _steering_finding
 from rnr_interp.reproduce.parts import PARTS
@@ -352,6 +353,19 @@ def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_c
                        **({"shared_prompt": shared_prompt} if shared_prompt else {})})
 
 
+def test_source_of_gains_is_judged_at_the_controls_largest_budget_with_its_trend(tmp_path):
+    _compare_run(tmp_path / "compare_grpo", 8, 23, -0.15, (-0.25, -0.05))
+    run = RunDir(tmp_path / "compare_grpo")
+    curve = [{"k": k, "base_reachable": hit, "n_gained": 31, "share": hit / 31, "ci": [hit / 31 - 0.1, min(hit / 31 + 0.1, 1.0)]}
+             for k, hit in ((16, 9), (32, 14), (256, 29))]
+    run.write_summary({**run.read_summary(), "budget_control": {"gained_source": {
+        "n_gained": 31, "curve": curve, "trend": "rises from 0.29 at K=16 to 0.94 [0.84, 1.00] at K=256"}}})
+    reach = checkpoint_findings(tmp_path)[0]
+    assert reach.n == 31 and reach.value == pytest.approx(29 / 31) and "at K=256" in reach.measured
+    assert "rises from 0.29" in reach.measured and "K=16 0.29, K=32 0.45, K=256 0.94" in reach.measured
+    assert "the audit at K=16: 8 of 31" in reach.measured and reach.verdict == REPRODUCED
+
+
 def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     _compare_run(tmp_path / "compare_grpo", 30, 0, -0.15, (-0.25, -0.05))
     _compare_run(tmp_path / "compare_sft", 5, 20, 0.2, (0.1, 0.3))
@@ -370,12 +384,12 @@ def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     assert prompt.verdict == REPORTED and prompt.value == pytest.approx(1 / 3) and "no interval of its own" in prompt.why
 
 
-def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10) -> None:
-    run = RunDir.create(path, {"kind": "steer"})
+def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10, unit: str | None = None) -> None:
+    run = RunDir.create(path, {"kind": "steer", **({"alpha_unit": unit} if unit else {})})
     rows = [{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.3, 0.0), "hi": min(r + 0.3, 1.0), "k": round(r * n),
              "n": n} for (d, a), r in rates.items()]
     run.write_table("steering", pd.DataFrame(rows))
-    run.write_summary({"kind": "steer", "layer": 3})
+    run.write_summary({"kind": "steer", "layer": 3, "v_norm": 2.5, "residual_rms": 10.0})
 
 
 def test_steering_is_judged_at_the_papers_alphas_not_the_best_of_the_grid(tmp_path):
@@ -391,6 +405,40 @@ def test_steering_is_judged_at_the_papers_alphas_not_the_best_of_the_grid(tmp_pa
     row = _steering_finding(tmp_path / "small", "m / t")
     assert "rescue 0.95 [0.65, 1.00] of 10 at -2v" in row.measured and row.verdict != NOT_REPRODUCED
     assert "judged at -2v and +2v" in row.why
+
+
+def test_steering_on_the_rms_scale_is_judged_at_alphas_fixed_in_advance_with_power(tmp_path):
+    rates = {("rescue", 0.5): 0.9, ("rescue", 1.0): 0.2, ("induction", 0.5): 0.1, ("induction", 2.0): 0.9}
+    _steer_run(tmp_path / "rms", rates, n=20, unit="rms")
+    row = _steering_finding(tmp_path / "rms", "m / t")
+    assert "rescue 0.20" in row.measured and "at -1 RMS" in row.measured and "induction 0.10" in row.measured
+    assert "at +0.5 RMS" in row.measured and "does not give the scale of v" in row.why and "power" in row.why
+    assert row.verdict == NOT_REPRODUCED
+    # 3 held-out questions: the paper's 97.5% rescue is detected with probability < 0.8, so a miss is no verdict
+    _steer_run(tmp_path / "few", rates, n=3, unit="rms")
+    row = _steering_finding(tmp_path / "few", "m / t")
+    assert row.verdict == NOT_TESTABLE and "not testable at this n" in row.why
+
+
+def _repair_run(path: Path, repair: tuple[int, int], damage: tuple[int, int]) -> None:
+    from rnr_interp.metrics import wilson_interval
+
+    run = RunDir.create(path, {"kind": "repair"})
+    entry = {"layer": 4, "component": "mlp"}
+    for what, (k, n) in (("repair", repair), ("damage", damage)):
+        entry[what] = {"rate": k / n, "ci": list(wilson_interval(k, n)), "k": k, "n": n,
+                       "selection": {"rate": 1.0, "n": n}, "all": {"rate": 0.5, "n": 2 * n}}
+    run.write_summary({"kind": "repair", "model": "m", "at_chosen_layer": {"mlp": entry}})
+
+
+def test_repair_verdicts_carry_power_and_the_selection_and_all_question_rates(tmp_path):
+    _repair_run(tmp_path / "few" / "cell" / "repair", (0, 6), (0, 6))
+    row = localisation_findings(tmp_path / "few")[0]
+    assert row.verdict == NOT_TESTABLE and "not testable at this n" in row.why
+    assert "selection part (chose the block): repair 1.00 of 6" in row.measured and "all questions: repair 0.50 of 12" in row.measured
+    _repair_run(tmp_path / "many" / "cell" / "repair", (10, 100), (1, 2000))
+    row = localisation_findings(tmp_path / "many")[0]
+    assert row.verdict == NOT_REPRODUCED and "power 0.96" in row.why
 
 
 # -- in a real browser ------------------------------------------------------------------

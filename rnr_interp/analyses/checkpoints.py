@@ -14,7 +14,11 @@ mostly promotes answers the base already sampled often (default bins the paper's
 [0, 0.1], (0.1, 0.35], (0.35, 1]). A budget control re-probes every question with both
 models at K and 2K with fresh seeds and reports the reachable change and each model's
 O - D gap at both budgets, so a shrinking reachable set is not mistaken for an effect
-of a fixed K. McNemar tests and paired intervals on the change in D and O_K come with
+of a fixed K; it also reads, for the trained model's newly realized (gained) answers,
+the share the base model reaches at each budget it sampled (1, 2, 4, ... up to the
+control's largest, K and factor x K or `--budget-control-k` among them): the source of
+gains as a curve over K with Wilson intervals, since "already base-reachable" grows
+with the budget it is read at (the paper probes at K >= 200). McNemar tests and paired intervals on the change in D and O_K come with
 the counts. Both runs' prompt formats are stated (a warning when they differ), and an
 audit of the trained model in the base prompt format (`--shared-prompt`) gives the
 share of the gain that survives the change of format. Runs decoded differently (the
@@ -184,14 +188,21 @@ def counts(t: pd.DataFrame) -> dict[str, Any]:
 ROLES = ("base", "trained")
 
 
-def budget_probe(config: dict[str, Any], role: str, factor: int = 2, seed_offset: int = 1) -> Probe:
-    """The run's probe with `factor` times the budget and a fresh seed, under its own
+def control_budget(config: dict[str, Any], factor: int = 2, budget_k: int | None = None) -> int:
+    """How many fresh samples the budget control draws per question: factor x K, or
+    `budget_k` when that is larger."""
+    return max(int(config["probe"]["k"]) * factor, budget_k or 0)
+
+
+def budget_probe(config: dict[str, Any], role: str, factor: int = 2, seed_offset: int = 1,
+                 budget_k: int | None = None) -> Probe:
+    """The run's probe with `control_budget` samples and a fresh seed, under its own
     records name per model (`role`: base or trained), so control rows never mix with
     the runs' K-sample ones or with each other."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     p = config["probe"]
-    k = int(p["k"]) * factor
+    k = control_budget(config, factor, budget_k)
     return Probe(k=k, temperature=p["temperature"], top_p=p["top_p"], seed=int(p["seed"]) + seed_offset,
                  name=f"{p['name']}_{role}_k{k}")
 
@@ -237,6 +248,36 @@ def reached(rows: pd.DataFrame, question_ids: Sequence[str], k: int) -> np.ndarr
     return first.groupby("question_id")["correct"].any().reindex(list(question_ids)).to_numpy(bool)
 
 
+def curve_budgets(k: int, k_big: int) -> list[int]:
+    """The budgets the source-of-gains curve is read at: 1, 2, 4, ... up to k_big, and
+    K and k_big themselves."""
+    doublings = [2 ** i for i in range(k_big.bit_length()) if 2 ** i <= k_big]
+    return sorted({*doublings, k, k_big})
+
+
+def gains_source_curve(t: pd.DataFrame, base_control: pd.DataFrame, ks: Sequence[int], k: int,
+                       level: float = 0.95) -> dict[str, Any]:
+    """For the trained model's newly realized answers (realized "gained"), the share the
+    base model reaches within its first k' fresh control samples, at each k' of `ks`,
+    with Wilson intervals; `trend` says how the share moves from the audit's budget `k`
+    to the largest k'."""
+    gained = t.loc[t["realized"] == "gained", "question_id"].tolist()
+    curve = []
+    for budget in ks:
+        hit = int(reached(base_control, gained, budget).sum()) if gained else 0
+        lo, hi = wilson_interval(hit, len(gained), level)
+        curve.append({"k": int(budget), "base_reachable": hit, "n_gained": len(gained),
+                      "share": hit / len(gained) if gained else float("nan"), "ci": [lo, hi]})
+    out: dict[str, Any] = {"n_gained": len(gained), "curve": curve, "level": level,
+                           "samples": "the base model's fresh budget-control samples (not the audit run's): the first k"}
+    if gained and len(curve) > 1:
+        first, last = next(c for c in curve if c["k"] == k), curve[-1]
+        word = "rises" if last["share"] > first["share"] else "falls" if last["share"] < first["share"] else "stays"
+        out["trend"] = (f"{word} from {first['share']:.2f} at K={first['k']} to {last['share']:.2f} "
+                        f"[{last['ci'][0]:.2f}, {last['ci'][1]:.2f}] at K={last['k']}")
+    return out
+
+
 def budget_summary(t: pd.DataFrame, controls: dict[str, pd.DataFrame], k: int, k_big: int,
                    level: float = 0.95) -> dict[str, Any]:
     """Both models re-probed with fresh seeds, read at K (the first K fresh samples) and
@@ -268,13 +309,16 @@ def budget_summary(t: pd.DataFrame, controls: dict[str, pd.DataFrame], k: int, k
         "samples": "fresh seed for both models; K = the first K of the k_control fresh samples",
         "budgets": budgets,
         "audit_left": {"n_left": int(left.sum()), "n_back_at_k_control": int(back.sum())},
+        "gained_source": gains_source_curve(t, controls["base"], curve_budgets(k, k_big), k, level),
     }
 
 
 def run_budget_control(base: RunDir, trained: RunDir, t: pd.DataFrame, models: dict[str, LoadedModel], task: Task, run: RunDir,
-                       *, factor: int = 2, batch_size: int = 8, level: float = 0.95) -> dict[str, Any]:
+                       *, factor: int = 2, budget_k: int | None = None, batch_size: int = 8,
+                       level: float = 0.95) -> dict[str, Any]:
     """Re-probe every question with both models (`models`: role -> loaded model, each
-    the one its run audited) at factor x K with fresh seeds; the control's summary."""
+    the one its run audited) at `control_budget` samples (factor x K, or `budget_k`
+    when larger) with fresh seeds; the control's summary."""
     for role, source in zip(ROLES, (base, trained)):
         if role not in models:
             raise ValueError(f"the budget control needs the {role} model")
@@ -283,11 +327,11 @@ def run_budget_control(base: RunDir, trained: RunDir, t: pd.DataFrame, models: d
     ids = t["question_id"].tolist()
     controls = {}
     for role, source in zip(ROLES, (base, trained)):
-        probe = budget_probe(source.config, role, factor)
+        probe = budget_probe(source.config, role, factor, budget_k=budget_k)
         controls[role] = budget_control(models[role], task, ids, probe, Decoding(**source.config["deployed"]),
                                         batch_size=batch_size, run=run)
     k = int(base.config["probe"]["k"])
-    return budget_summary(t, controls, k, k * factor, level)
+    return budget_summary(t, controls, k, control_budget(base.config, factor, budget_k), level)
 
 
 # -- prompt formats -----------------------------------------------------------------------
@@ -352,7 +396,8 @@ def shared_prompt_retention(base: RunDir, trained: RunDir, shared: RunDir, t: pd
 
 def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Sequence[float] = DEFAULT_BIN_EDGES,
                  control_models: dict[str, LoadedModel] | None = None, control_task: Task | None = None, factor: int = 2,
-                 shared_prompt: RunDir | None = None, batch_size: int = 8, level: float = 0.95) -> dict[str, Any]:
+                 budget_k: int | None = None, shared_prompt: RunDir | None = None, batch_size: int = 8,
+                 level: float = 0.95) -> dict[str, Any]:
     """Align, classify, bin, test; state both runs' prompt formats (with a warning when
     they differ); with `shared_prompt` (the trained model audited in the base prompt
     format) the share of the gain retained; with `control_models` ({"base": lm,
@@ -360,8 +405,9 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
     budget control. Writes a compare run folder at `out` and returns its summary."""
     # every refusal before the compare folder exists
     edges = check_bin_edges(edges)
-    if control_models is not None and (factor < 1 or batch_size < 1):
-        raise ValueError(f"the budget control needs factor and batch_size >= 1, got {factor} and {batch_size}")
+    if control_models is not None and (factor < 1 or batch_size < 1 or (budget_k is not None and budget_k < 1)):
+        raise ValueError(f"the budget control needs factor, batch_size and budget_k >= 1, got {factor}, {batch_size} "
+                         f"and {budget_k}")
     check_aligned(base.config, trained.config)
     probe_name = base.config["probe"]["name"]
     t = transitions(base.read_records(), trained.read_records(), probe_name)
@@ -375,7 +421,8 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         "deployed": base.config.get("deployed"),
         "shared_prompt": None if shared_prompt is None else {"path": str(shared_prompt.path), "config_hash": shared_prompt.config_hash},
         "budget_control": None if control_models is None else {
-            "models": {role: lm.spec for role, lm in control_models.items()}, "factor": factor},
+            "models": {role: lm.spec for role, lm in control_models.items()}, "factor": factor,
+            **({"budget_k": budget_k} if budget_k is not None else {})},
     }
     run = RunDir.create(out, config)
     table = propensity(t, edges)
@@ -400,7 +447,8 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         summary["chance"] = chance
     if control_models is not None:
         summary["budget_control"] = run_budget_control(base, trained, t, control_models, control_task, run,
-                                                       factor=factor, batch_size=batch_size, level=level)
+                                                       factor=factor, budget_k=budget_k, batch_size=batch_size,
+                                                       level=level)
     run.write_table("transitions", t)
     run.write_table("propensity", table)
     run.write_summary(summary)

@@ -18,6 +18,9 @@ def compare(
     budget_control: Annotated[bool, typer.Option(
         "--budget-control", help="re-probe every question with both runs' models at K and factor x K, fresh seeds")] = False,
     factor: Annotated[int, typer.Option("--factor", help="budget multiplier of the control")] = 2,
+    budget_control_k: Annotated[Optional[int], typer.Option(
+        "--budget-control-k", help="sample this many per question in the budget control when larger than factor x K "
+        "(the source-of-gains curve is read up to it; the paper probes at K >= 200)")] = None,
     shared_prompt: Annotated[Optional[Path], typer.Option(
         "--shared-prompt", help="audit run of the trained model in the base prompt format (rnr audit --prompt-like BASE_RUN)")] = None,
     data: Annotated[Optional[Path], typer.Option("--data", help="data file of the runs' task (file tasks, for the control)")] = None,
@@ -30,6 +33,7 @@ def compare(
     from rnr_interp.records import RunDir
 
     at_least("--factor", factor)
+    at_least("--budget-control-k", budget_control_k)
     at_least("--batch-size", batch_size)
     try:
         edges = DEFAULT_BIN_EDGES if bins is None else check_bin_edges(float(x) for x in bins.split(","))
@@ -48,7 +52,7 @@ def compare(
             task = load_aligned_task(base.config, data)
             models = {role: load_model(run.config["model"]) for role, run in zip(ROLES, (base, trained))}
         return compare_runs(base, trained, out, edges=edges, control_models=models, control_task=task, factor=factor,
-                            shared_prompt=shared, batch_size=batch_size)
+                            budget_k=budget_control_k, shared_prompt=shared, batch_size=batch_size)
 
     s = execute(body)
     print_comparison(s)
@@ -89,4 +93,9 @@ def print_comparison(s: dict) -> None:
                        f"trained {b['gap_trained']:.3f} [{b['gap_trained_ci'][0]:.3f}, {b['gap_trained_ci'][1]:.3f}]")
         typer.echo(f"  {bc['audit_left']['n_back_at_k_control']} of {bc['audit_left']['n_left']} questions that left "
                    f"the reachable set in the audits are reached by the trained model at K={bc['k_control']}")
+        src = bc.get("gained_source") or {}
+        if src.get("n_gained"):
+            typer.echo(f"  gained answers base-reachable by K (fresh base samples, 95% Wilson): " + "  ".join(
+                f"K={c['k']} {c['base_reachable']}/{c['n_gained']} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" for c in src["curve"]))
+            typer.echo(f"  share {src['trend']}")
     print_multiple_choice(s)

@@ -14,7 +14,7 @@ from rnr_interp.commands.common import (
     check_out, execute, fail, load_inputs, print_multiple_choice, run_folder, say_skipped,
 )
 from rnr_interp.analyses.localise.cohort import PANEL_CAP
-from rnr_interp.analyses.localise.steering import DEFAULT_ALPHAS, DEFAULT_DRAWS, DEFAULT_KS
+from rnr_interp.analyses.localise.steering import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
 
 ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter | lm-eval:acc | lm-eval:acc_norm (lm-eval tasks)")]
 PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
@@ -24,9 +24,12 @@ LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (d
 PermuteOpt = Annotated[bool, typer.Option(
     "--permute-control", help="letter-permutation control: re-score on the held-out failures with each question's "
     "options rotated by one (off by default: it adds that part's rows again)")]
+CircularOpt = Annotated[bool, typer.Option(
+    "--circular", help="letter-robust failure sets: generation is right only when right under every cyclic shift of "
+    "the options (recognition stays the option-likelihood readout); every row is asked under every shift, so the "
+    "run costs as many times more as the options")]
 RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel, split and chosen block (same decoding required)")]
 
-_ALPHAS = ",".join(f"{a:g}" for a in DEFAULT_ALPHAS)
 _KS = ",".join(map(str, DEFAULT_KS))
 
 
@@ -105,12 +108,33 @@ def _print_curve(s: dict, what: str, headline: str, header: str, group: tuple[st
         typer.echo(row(value, {str(k): r for k, r in zip(sub[kind], sub.to_dict("records"))}))
 
 
+def _print_cohort_warnings(s: dict) -> None:
+    """The letter-bias warning (with its rule) and the share of lucky recognitions."""
+    bias = s.get("letter_bias") or {}
+    if bias.get("message"):
+        typer.echo(f"  WARNING: {bias['message']} (rule: {bias['rule']})")
+    sc = s.get("screen") or {}
+    lucky = sc.get("lucky_share_of_recognised")
+    if lucky is not None and lucky == lucky and lucky > 0.2:
+        typer.echo(f"  note: under a guessing mixture about {lucky:.0%} of the recognised questions are lucky guesses "
+                   f"(recognition {sc['recognition_score']:.3f} against chance {sc['recognition_chance']:.3f})")
+
+
+def _power(r: dict) -> str:
+    """A held-out rate's power, flagged when a verdict is not testable at this n."""
+    p = r.get("power")
+    if p is None:
+        return ""
+    flag = "" if p == p and p >= 0.8 else ", not testable at this n"
+    return f" (power {_num(p)}{flag})"
+
+
 def _num(x) -> str:
     return "  n/a" if x is None or x != x else f"{x:.3f}"
 
 
 def _rate(r: dict) -> str:
-    return f"{_num(r['rate'])} [{_num(r['lo'])}, {_num(r['hi'])}] of {r['n']}"
+    return f"{_num(r['rate'])} [{_num(r['lo'])}, {_num(r['hi'])}] of {r['n']}{_power(r)}"
 
 
 def failures(
@@ -119,7 +143,8 @@ def failures(
     data: DataOpt = None, n: NOpt = 24,
     out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP,
     margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,
-    max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, on_invalid: OnInvalidOpt = "refuse",
+    quiet: QuietOpt = False,
 ):
     """Failure set (recognised but answered wrong) and healthy panel of an MC task; over
     several models/tasks, one run per cell under OUT/cells and the cell-level screen
@@ -155,7 +180,7 @@ def failures(
             for t in task:
                 summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout, panel=panel,
                                               decoding=deployed_decoding(tasks[t], max_new_tokens), criterion=criterion,
-                                              batch_size=batch_size, progress=not quiet))
+                                              batch_size=batch_size, progress=not quiet, circular=circular))
         screen = write_screen(out, [RunDir(folders[c]) for c in cells], criterion) if len(cells) > 1 else None
         return summaries, screen
 
@@ -167,9 +192,12 @@ def failures(
         if s["failure_empty_reason"]:
             typer.echo(f"  failure set is empty: {s['failure_empty_reason']}")
         sc = s["screen"]
-        typer.echo(f"  screen: recognition {sc['recognition_score']:.3f} vs generation {sc['generation_score']:.3f}, "
+        typer.echo(f"  screen: recognition {sc['recognition_score']:.3f} (chance {sc['recognition_chance']:.3f}, excess "
+                   f"{sc['recognition_excess']:+.3f} [{sc['recognition_excess_ci'][0]:+.3f}, {sc['recognition_excess_ci'][1]:+.3f}]) "
+                   f"vs generation {sc['generation_score']:.3f}{' (circular)' if sc.get('circular') else ''}, "
                    f"difference {sc['difference']:+.3f} [{sc['difference_ci'][0]:+.3f}, {sc['difference_ci'][1]:+.3f}]: "
                    f"{'a failure cell' if sc['failure'] else 'not a failure cell'}")
+        _print_cohort_warnings(s)
         print_multiple_choice(s)
     typer.echo(f"failure criterion: {summaries[0]['screen']['criterion']}")
     if screen is not None:
@@ -184,8 +212,8 @@ def repair(
     split_seed: SplitSeedOpt = 0, layers: LayersOpt = None,
     sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
                                        "then attention and whole layer at the chosen layer only (a third of the cost)")] = "all",
-    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
-    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
+    batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
@@ -194,20 +222,29 @@ def repair(
 
     s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, readout=readout, panel=panel,
-                  split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
+                  split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
+                  per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s["split"]
     typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']} ({sp['n_failure_selection']} choose, "
-               f"{sp['n_failure_heldout']} held out), panel {s['n_panel']} ({sp['n_panel_selection']} / {sp['n_panel_heldout']})")
+               f"{sp['n_failure_heldout']} held out), panel {s['n_panel']} ({sp['n_panel_selection']} / {sp['n_panel_heldout']}); "
+               f"split stratified by {', '.join(sp['stratified_by'])}{'; circular' if s['circular']['on'] else ''}")
+    _print_cohort_warnings(s)
     if s["failure_empty_reason"]:
         typer.echo(f"  no repair to find: {s['failure_empty_reason']}")
     controls = controls_table(s)
     if controls.empty:
         typer.echo("  no MLP block repaired any failure of the selection part")
     else:
-        typer.echo("  held-out rates (95% Wilson):")
+        typer.echo("  held-out rates (95% Wilson; power = chance to detect the paper's 67.6% repair / 12% damage at this n):")
     for r in controls.itertuples():
         typer.echo(f"    {r.block:38s} repair {r.repair_heldout:.3f} [{r.repair_lo:.3f}, {r.repair_hi:.3f}] of {r.n_failure_heldout}"
-                   f"   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] of {r.n_panel_heldout}")
+                   f"{_power({'power': r.repair_power})}   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] "
+                   f"of {r.n_panel_heldout}{_power({'power': r.damage_power})}")
+    chosen = (s.get("at_chosen_layer") or {}).get("mlp")
+    if chosen is not None:
+        typer.echo(f"  chosen MLP repair beside the held-out one: selection part {_num(chosen['repair']['selection']['rate'])} "
+                   f"of {chosen['repair']['selection']['n']} (chose the block), all questions "
+                   f"{_num(chosen['repair']['all']['rate'])} of {chosen['repair']['all']['n']}")
     print_multiple_choice(s)
     run_folder(out)
 
@@ -217,10 +254,13 @@ def steer(
     out: OutOpt = Path("runs/steer"), layer: LayerOpt = None,
     component: Annotated[str, typer.Option("--component", help="mlp | attn | layer")] = "mlp",
     repair_run: RepairRunOpt = None,
-    alphas: Annotated[str, typer.Option("--alphas", help="comma-separated alpha grid")] = _ALPHAS,
+    alphas: Annotated[Optional[str], typer.Option("--alphas", help="comma-separated alpha grid, in --alpha-unit (default: "
+                                                   "0,0.125,0.25,0.5,1,2 for rms; 0,0.5,1,2,4,8 for raw)")] = None,
+    alpha_unit: Annotated[str, typer.Option("--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS "
+                                            "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
     readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
-    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
+    batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Steer the chosen block along v (from the selection parts): rescue held-out
     failures, induce failures in the held-out panel."""
@@ -230,11 +270,15 @@ def steer(
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
+    if alpha_unit not in ALPHA_UNITS:
+        fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
     s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, layer=layer,
-                  component=component, repair_run=repair_run, alphas=_numbers("--alphas", alphas), readout=readout, panel=panel,
-                  split=Split(seed=split_seed), permutation_control=permute_control)
-    _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}",
+                  component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
+                  alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
+                  permutation_control=permute_control, circular=circular)
+    _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}, "
+                 f"residual RMS norm {s.get('residual_rms', 0):.3f}; alpha in {s.get('alpha_unit_words')}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     print_multiple_choice(s)
@@ -248,6 +292,7 @@ def units(
     seed: SeedOpt = 0,
     draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
     readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False,
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
     task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
@@ -259,7 +304,7 @@ def units(
     s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
-                  panel=panel, split=Split(seed=split_seed))
+                  panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular)
     _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), held-out whole-MLP repair "
                  f"{s.get('whole_block_repair', 0):.3f}",
                  f"  k     top    random: mean (sd; min-max of {s.get('random_draws')} draws)   (fraction of the whole-MLP repair)",

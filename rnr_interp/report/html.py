@@ -138,9 +138,20 @@ def _localisation_html(s: dict[str, Any]) -> str:
             *((f"recognition, gold first ({readout})", _num(v)) for readout, v in (s.get("recognition_accuracy") or {}).items()),
             ("failure set (recognised, answered wrong)", escape_html(s.get("n_failure"))),
             ("healthy panel (answered right)", escape_html(s.get("n_panel")))]
+    screen = s.get("screen") or {}
+    if "recognition_chance" in screen:
+        lo, hi = screen["recognition_excess_ci"]
+        rows.append(("recognition over chance (1 / options), 95% Wilson",
+                     f"{_num(screen['recognition_excess'])} [{_num(lo)}, {_num(hi)}] over {_num(screen['recognition_chance'])}"))
+    if (s.get("circular") or {}).get("on"):
+        rows.append(("circular (right under every shift), letter-locked left out", escape_html(s["circular"]["n_letter_locked"])))
+    if (split := s.get("split") or {}).get("stratified_by"):
+        rows.append(("split stratified by", escape_html(", ".join(split["stratified_by"]))))
     html = table_html(["cohort", "value"], rows)
     if s.get("failure_empty_reason"):
         html += f'<p class="facts">failure set empty: {escape_html(s["failure_empty_reason"])}</p>'
+    if (bias := s.get("letter_bias") or {}).get("message"):
+        html += f'<p class="warning">warning: {escape_html(bias["message"])} (rule: {escape_html(bias["rule"])})</p>'
     if isinstance(s.get("best"), dict):
         best = [(c, *(("nothing repaired", "", "", "") if b is None else
                       (escape_html(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))

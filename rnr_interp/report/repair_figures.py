@@ -94,9 +94,15 @@ def controls_figure(controls: pd.DataFrame, title: str = "") -> go.Figure:
     return fig
 
 
-def steering_curves(table: pd.DataFrame, title: str = "") -> go.Figure:
+#: the x-axis label per alpha unit (`steering.ALPHA_UNITS`); runs written before the
+#: unit existed steered in raw multiples of v
+ALPHA_AXIS = {"rms": "alpha (multiples of the residual stream's RMS norm, along unit v)",
+              "raw": "alpha (raw multiples of the unnormalised v)"}
+
+
+def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw") -> go.Figure:
     """Rescue rate (-alpha v on the failure set) and induction rate (+alpha v on the
-    panel) against alpha."""
+    panel) against alpha, in `alpha_unit`."""
     names = {"rescue": "rescue (failure set, -alpha v)", "induction": "induction (panel, +alpha v)"}
     fig = go.Figure()
     for direction, sub in table.groupby("direction", sort=False):
@@ -106,7 +112,7 @@ def steering_curves(table: pd.DataFrame, title: str = "") -> go.Figure:
                              "arrayminus": sub["rate"] - sub["lo"]}} if {"lo", "hi"} <= set(sub.columns) else {})
         fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["rate"], mode="lines+markers",
                                  name=f"{names.get(str(direction), direction)}, n={n}", **bars))
-    fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title="alpha (multiple of v)",
+    fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title=ALPHA_AXIS.get(alpha_unit, alpha_unit),
                       yaxis_title="fraction of questions flipped", yaxis_range=[-0.05, 1.05])
     return fig
 
@@ -148,7 +154,8 @@ def screen_scatter(table: pd.DataFrame, margin: float, title: str = "") -> go.Fi
             customdata=sub[["n_questions", "difference_lo", "difference_hi"]].to_numpy(),
             hovertemplate="%{text}<br>recognition %{x:.3f}, generation %{y:.3f}<br>n=%{customdata[0]}, "
                           "difference CI [%{customdata[1]:.3f}, %{customdata[2]:.3f}]<extra></extra>"))
-    fig.update_layout(title=f"failure screen per cell: {title}", xaxis_title="recognition score (gold option ranked first)",
+    fig.update_layout(title=f"failure screen per cell: {title}",
+                      xaxis_title="recognition score (gold option ranked first; chance is 1 / options)",
                       yaxis_title="generation score (deployed answer right)", xaxis_range=[0, 1], yaxis_range=[0, 1])
     return fig
 
@@ -165,7 +172,7 @@ def figures(run: RunDir, label: str) -> Figures:
     if (t := read_table(run, "controls")) is not None and len(t):
         figs.append(("controls", controls_figure(t, label)))
     if (t := read_table(run, "steering")) is not None and len(t):
-        figs.append(("steering_curves", steering_curves(t, label)))
+        figs.append(("steering_curves", steering_curves(t, label, str(run.config.get("alpha_unit", "raw")))))
     if (t := read_table(run, "units")) is not None and len(t):
         figs.append(("units_curve", units_curve(t, label)))
     return figs

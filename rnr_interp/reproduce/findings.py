@@ -7,8 +7,10 @@ not the interval. Each claim has a stated threshold, and the verdict compares th
 
 - ``reproduced``: the whole 95% interval is on the paper's side of the threshold;
 - ``not reproduced``: the whole interval is on the other side;
-- ``not testable here``: no run measured it (the reason names what is missing), or the
-  interval spans the threshold at this sample size.
+- ``not testable here``: no run measured it (the reason names what is missing), the
+  interval spans the threshold at this sample size, or (localisation) the power to
+  detect the paper's effect at this n is below 0.8 and the effect was not detected: the
+  reason then says "not testable at this n", so no effect and no power are not mixed.
 
 The routing claims are stated by the paper on point estimates per cell (random >=
 structured "in every clean cell"), so they are judged on those, in the paper's units
@@ -27,7 +29,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.metrics import wilson_interval
+from rnr_interp.metrics import (
+    DAMAGE_EFFECT, INDUCTION_EFFECT, MIN_POWER, REPAIR_EFFECT, RESCUE_EFFECT, PaperEffect, wilson_interval, wilson_power,
+)
 from rnr_interp.records import RunDir, load_runs
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 
@@ -38,9 +42,9 @@ STRUCTURED = ("mcts", "hill_climb", "genetic")
 #: "little" gap recovery: the paper's six medians lie between -23.5% and +2.2%
 LITTLE_RECOVERY = 0.25
 #: "most" failures repaired, "little" damage (paper: 67.6-92.0% repair, 0-12% damage)
-MOST_REPAIRED, LITTLE_DAMAGE = 0.5, 0.15
+MOST_REPAIRED, LITTLE_DAMAGE = REPAIR_EFFECT.threshold, DAMAGE_EFFECT.threshold
 #: reciprocal steering flips "most" (paper: -8v repairs 97.5%, +4v breaks 95%)
-MOST_FLIPPED = 0.5
+MOST_FLIPPED = RESCUE_EFFECT.threshold
 #: "every newly realized answer was already base-reachable" (paper: 11-68 of 11-68)
 ALREADY_REACHABLE = 0.8
 
@@ -205,6 +209,23 @@ def _rate(entry: dict[str, Any]) -> tuple[float, tuple[float, float], int]:
     return float(entry["rate"]), (float(entry["ci"][0]), float(entry["ci"][1])), int(entry["n"])
 
 
+def with_power(verdict: str, why: str, effect: PaperEffect, n: int) -> tuple[str, str]:
+    """A verdict read beside its power (`metrics.wilson_power`): below `MIN_POWER` an
+    effect that was not detected is "not testable at this n" (too few questions to tell
+    no effect from no power); a detected one stands."""
+    power = wilson_power(effect, n)
+    if verdict != REPRODUCED and not power >= MIN_POWER:
+        return NOT_TESTABLE, (f"not testable at this n: power {power:.2f} < {MIN_POWER:g} to detect {effect.paper} "
+                              f"with {n} questions ({why})")
+    return verdict, f"{why}; power {power:.2f} at n = {n}"
+
+
+def combine(verdicts: Sequence[str]) -> str:
+    """One verdict from several parts of a claim: all alike, else "not reproduced" when
+    any is, else "not testable here"."""
+    return verdicts[0] if len(set(verdicts)) == 1 else (NOT_REPRODUCED if NOT_REPRODUCED in verdicts else NOT_TESTABLE)
+
+
 def localisation_findings(part: Path) -> list[Finding]:
     repairs = _runs(part, "repair")
     if not repairs:
@@ -215,7 +236,7 @@ def localisation_findings(part: Path) -> list[Finding]:
     for run in repairs:
         s = run.read_summary()
         # the cell's folder names the split ("arc" is ARC-Easy's and ARC-Challenge's task name)
-        scope = f"{s.get('model')} / {run.path.parent.name}"
+        scope = f"{s.get('model')} / {run.path.parent.name}" + (" (circular)" if (s.get("circular") or {}).get("on") else "")
         at = (s.get("at_chosen_layer") or {}).get("mlp")
         if at is None:
             out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, "no MLP block repaired anything on the selection part", scope))
@@ -226,22 +247,37 @@ def localisation_findings(part: Path) -> list[Finding]:
                                        f"{'failure set' if r_n == 0 else 'panel'} is empty", scope))
                 out.append(_steering_finding(run.path.parent / "steer", scope))
                 continue
-            v_r, why_r = at_least(r, r_ci, MOST_REPAIRED)
-            v_d, why_d = at_most(d, d_ci, LITTLE_DAMAGE)
-            verdict = v_r if v_r == v_d else (NOT_REPRODUCED if NOT_REPRODUCED in (v_r, v_d) else NOT_TESTABLE)
+            v_r, why_r = with_power(*at_least(r, r_ci, MOST_REPAIRED), REPAIR_EFFECT, r_n)
+            v_d, why_d = with_power(*at_most(d, d_ci, LITTLE_DAMAGE), DAMAGE_EFFECT, d_n)
             out.append(Finding(
                 REPAIR_CLAIM, REPAIR_PAPER, scope,
                 f"MLP {layer}, held out: repair {r:.2f} [{r_ci[0]:.2f}, {r_ci[1]:.2f}] of {r_n}, "
-                f"damage {d:.2f} [{d_ci[0]:.2f}, {d_ci[1]:.2f}] of {d_n}", r, r_ci, r_n, verdict,
-                f"repair: {why_r}; damage: {why_d}"))
+                f"damage {d:.2f} [{d_ci[0]:.2f}, {d_ci[1]:.2f}] of {d_n}" + _beside(at), r, r_ci, r_n,
+                combine([v_r, v_d]), f"repair: {why_r}; damage: {why_d}"))
         out.append(_steering_finding(run.path.parent / "steer", scope))
     return out
 
 
-#: the alpha each direction is judged at: the paper's quoted pair (-8v rescues, +4v
-#: induces). Fixed before looking, because the steering rates exist on the held-out
-#: questions only and the best alpha over the grid, picked on them, would be optimistic.
-JUDGED_ALPHA = {"rescue": 8.0, "induction": 4.0}
+def _beside(at: dict[str, Any]) -> str:
+    """The selection-part and all-question rates of a chosen block, labelled, for
+    summaries that carry them."""
+    parts = []
+    for label, key in (("selection part (chose the block)", "selection"), ("all questions", "all")):
+        if key in at["repair"] and key in at["damage"]:
+            r, d = at["repair"][key], at["damage"][key]
+            parts.append(f"{label}: repair {r['rate']:.2f} of {r['n']}, damage {d['rate']:.2f} of {d['n']}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+#: the alpha each direction is judged at, fixed before looking, because the steering
+#: rates exist on the held-out questions only and the best alpha over the grid, picked on
+#: them, would be optimistic. On the RMS scale (`steering.ALPHA_UNITS`): rescue at one
+#: residual RMS norm, induction at half of it, the paper's 2:1 ratio of -8v to +4v; the
+#: paper does not give the scale of v, so its numbers fix the ratio, not the strength.
+#: Raw-unit runs (and runs written before the scale existed) are judged at the paper's
+#: numbers as multiples of v.
+JUDGED_ALPHA = {"rms": {"rescue": 1.0, "induction": 0.5}, "raw": {"rescue": 8.0, "induction": 4.0}}
+STEER_EFFECTS = {"rescue": RESCUE_EFFECT, "induction": INDUCTION_EFFECT}
 
 
 def _steering_finding(folder: Path, scope: str) -> Finding:
@@ -251,35 +287,42 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
     s = run.read_summary()
     if "skipped" in s:
         return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s['skipped']}", scope)
+    unit = str(run.config.get("alpha_unit", "raw"))
     table = run.read_table("steering")
     table = table[table["alpha"] > 0]
     if table.empty:
         return _untestable(STEER_CLAIM, STEER_PAPER, "no alpha > 0 in the steering grid", scope)
     parts, verdicts, lows, best, judged = [], [], [], [], []
+    symbol = " RMS" if unit == "rms" else "v"
     for direction in ("rescue", "induction"):
         sub = table[table["direction"] == direction]
-        # the paper's alpha when the grid has it, else the grid's largest
-        at = sub[sub["alpha"] == JUDGED_ALPHA[direction]]
+        # the alpha fixed in advance when the grid has it, else the grid's largest
+        at = sub[sub["alpha"] == JUDGED_ALPHA[unit][direction]]
         row = (at if not at.empty else sub[sub["alpha"] == sub["alpha"].max()]).iloc[0]
         rate, n = float(row["rate"]), int(row["n"])
         ci = ((float(row["lo"]), float(row["hi"])) if {"lo", "hi"} <= set(sub.columns)
               else wilson_interval(round(rate * n), n))
-        verdicts.append(at_least(rate, ci, MOST_FLIPPED))
+        verdicts.append(with_power(*at_least(rate, ci, MOST_FLIPPED), STEER_EFFECTS[direction], n))
         lows.append((rate, ci, n))
         sign = "-" if direction == "rescue" else "+"
-        judged.append(f"{sign}{row['alpha']:g}v")
+        judged.append(f"{sign}{row['alpha']:g}{symbol}")
         parts.append(f"{direction} {rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {judged[-1]}")
         top = sub.loc[sub["rate"].idxmax()]
-        best.append(f"{direction} {float(top['rate']):.2f} at {sign}{top['alpha']:g}v")
-    kinds = [v for v, _ in verdicts]
-    verdict = kinds[0] if len(set(kinds)) == 1 else (NOT_REPRODUCED if NOT_REPRODUCED in kinds else NOT_TESTABLE)
+        best.append(f"{direction} {float(top['rate']):.2f} at {sign}{top['alpha']:g}{symbol}")
+    verdict = combine([v for v, _ in verdicts])
     weaker = min(lows, key=lambda x: x[0])
+    scale = (f"judged at {' and '.join(judged)}: alpha in residual RMS norms along unit v (|v| "
+             f"{s.get('v_norm', float('nan')):.2f}, RMS norm {s.get('residual_rms', float('nan')):.2f}), fixed in "
+             f"advance at -{JUDGED_ALPHA['rms']['rescue']:g} and +{JUDGED_ALPHA['rms']['induction']:g} (the paper's 2:1 "
+             "ratio of -8v to +4v; the paper does not give the scale of v, so its numbers fix the ratio, not the "
+             "strength), or the grid's largest alpha without them"
+             if unit == "rms" else
+             f"judged at {' and '.join(judged)}: alpha in raw multiples of the unnormalised v (no stated scale: |v| "
+             "varies by cell), the paper's -8v and +4v, or the grid's largest alpha without them, fixed in advance")
     return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.get('layer')}",
                    "; ".join(parts) + f" (best over the grid, picked on the same questions: {'; '.join(best)})",
                    weaker[0], weaker[1], weaker[2], verdict,
-                   "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts))
-                   + f" (judged at {' and '.join(judged)}: the paper's -8v and +4v, or the grid's largest alpha "
-                   "without them, fixed in advance)")
+                   "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts)) + f" ({scale})")
 
 
 # -- Experiment 3: where trained gains come from ------------------------------------------
@@ -337,6 +380,20 @@ def _scope(s: dict[str, Any], label: str) -> str:
 
 
 def _gained_from(s: dict[str, Any]) -> Finding:
+    """Judged at the largest budget the budget control sampled when it ran (the share
+    of gained answers the base model reaches grows with K; the paper probes at K >=
+    200), with the curve's trend; else at the audit's K."""
+    src = (s.get("budget_control") or {}).get("gained_source") or {}
+    if src.get("n_gained") and src.get("curve"):
+        last = src["curve"][-1]
+        reach, n, ci = int(last["base_reachable"]), int(last["n_gained"]), tuple(last["ci"])
+        verdict, why = at_least(reach / n, ci, ALREADY_REACHABLE)
+        curve = ", ".join(f"K={c['k']} {c['share']:.2f}" for c in src["curve"])
+        return Finding(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, _scope(s, "GRPO"),
+                       f"{reach} of {n} gained answers base-reachable at K={last['k']} (the control's largest budget, "
+                       f"fresh base samples); the share {src.get('trend', '')}; curve: {curve}; the audit at "
+                       f"K={s.get('k')}: {int(s['gained_from']['base_reachable'])} of {n}",
+                       reach / n, ci, n, verdict, f"{why} (at K={last['k']}; the paper's K is at least 200)")
     reach, unreach = int(s["gained_from"]["base_reachable"]), int(s["gained_from"]["base_unreachable"])
     n = reach + unreach
     if n == 0:
@@ -345,7 +402,8 @@ def _gained_from(s: dict[str, Any]) -> Finding:
     ci = wilson_interval(reach, n)
     verdict, why = at_least(share, ci, ALREADY_REACHABLE)
     return Finding(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, _scope(s, "GRPO"),
-                   f"{reach} of {n} gained answers were base-reachable at K={s.get('k')}", share, ci, n, verdict, why)
+                   f"{reach} of {n} gained answers were base-reachable at K={s.get('k')} (no budget-control curve)",
+                   share, ci, n, verdict, why)
 
 
 def _o_change(s: dict[str, Any], claim: str, paper: str, label: str, shrink: bool) -> Finding:

@@ -99,11 +99,12 @@ def localisation_part(ctx: Context, folder: Path) -> None:
 
     p = ctx.profile
     lm = ctx.model(p.model)
-    criterion = FailureCriterion(margin=p.screen_margin, level=p.screen_level)
+    criterion = FailureCriterion(margin=p.screen_margin, level=p.screen_level, above_chance=p.screen_above_chance)
     tasks = {name: ctx.task(name, p.screen_n) for name in p.screen_tasks}
+    circular = {name: p.circular and permutation_applies(task) for name, task in tasks.items()}
     for name, task in tasks.items():
         s = run_failures(lm, task, folder / name / "failures", criterion=criterion, batch_size=p.rows_batch_size,
-                         progress=ctx.progress)
+                         progress=ctx.progress, circular=circular[name])
         ctx.log(f"  screen {name}: recognition {s['screen']['recognition_score']:.2f}, "
                 f"generation {s['screen']['generation_score']:.2f}")
     screen = write_screen(folder / SCREEN, [RunDir(folder / name / "failures") for name in tasks], criterion)
@@ -114,12 +115,11 @@ def localisation_part(ctx: Context, folder: Path) -> None:
         out = Path(cell["path"]).parent  # the cell's folder: its failures run sits in it
         task = tasks[out.name]
         permute = p.permutation_control and permutation_applies(task)
-        run_repair(lm, task, out / "repair", permutation_control=permute, batch_size=p.rows_batch_size,
-                   progress=ctx.progress)
-        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, permutation_control=permute,
-                  batch_size=p.rows_batch_size, progress=ctx.progress)
-        run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, batch_size=p.rows_batch_size,
-                  progress=ctx.progress)
+        common = dict(circular=circular[out.name], batch_size=p.rows_batch_size, progress=ctx.progress)
+        run_repair(lm, task, out / "repair", permutation_control=permute, **common)
+        run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, alpha_unit="rms",
+                  permutation_control=permute, **common)
+        run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, permutation_control=permute, **common)
 
 
 def train_checkpoint(ctx: Context, recipe: str, out: Path) -> Path:
@@ -157,9 +157,10 @@ def checkpoint_part(ctx: Context, folder: Path) -> None:
         run_audit(lm, task, folder / f"audit_{recipe}", probe=probe, batch_size=p.batch_size, progress=ctx.progress)
         trained = RunDir(folder / f"audit_{recipe}")
         shared = shared_prompt_audit(ctx, lm, base, trained, folder / f"audit_{recipe}_base_prompt", task, probe)
-        ctx.log(f"  compare {recipe} with the budget control (both models at K and 2K)")
+        ctx.log(f"  compare {recipe} with the budget control (both models at K, 2K"
+                + (f" and up to {p.ckpt_budget_k})" if p.ckpt_budget_k else ")"))
         compare_runs(base, trained, folder / f"compare_{recipe}", control_models={"base": base_lm, "trained": lm},
-                     control_task=task, shared_prompt=shared, batch_size=p.batch_size)
+                     control_task=task, budget_k=p.ckpt_budget_k, shared_prompt=shared, batch_size=p.batch_size)
 
 
 def shared_prompt_audit(ctx: Context, lm: LoadedModel, base, trained, out: Path, task, probe):

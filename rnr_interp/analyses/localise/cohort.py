@@ -11,6 +11,10 @@
 - `run_permutation_control`: the chosen intervention re-scored on the held-out failures
   with every question's options rotated (`tasks.rotate_options`), so a "repair" that
   only moved a letter bias shows as such (issue 17).
+- The circular protocol (`circular_outcomes`): a deployed answer is right only when it
+  is right under every cyclic shift of the options; with it the failure set, the panel
+  and every repair are letter-robust (issue 34). `letter_bias` says, by a stated rule,
+  when a cell's failure set is explained by its deployed letter distribution.
 
 Run configs come from `sampling.run_config`, like every other analysis's.
 """
@@ -18,8 +22,10 @@ Run configs come from `sampling.run_config`, like every other analysis's.
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -116,13 +122,27 @@ def run_rows(
 PANEL_CAP = 64
 
 
+#: meta keys that name a question's subset (an MMLU subject, a jsonl file's extra
+#: "subset" column); the split is stratified by the first one a task's questions carry
+SUBSET_KEYS = ("subset", "subject")
+
+
+def subset_key(questions: Sequence[Question]) -> str | None:
+    """The meta key naming the questions' subsets, or None when they carry none."""
+    return next((key for key in SUBSET_KEYS if any(key in q.meta for q in questions)), None)
+
+
 @dataclass(frozen=True)
 class Split:
-    """Which questions choose (the block, v, the units) and which score. Each set is
-    ordered by a seeded hash of its question ids and the first ceil(fraction * n) go to
-    selection, the rest are held out; the failure set and the panel are split alike, so
-    every reported rate of a chosen block is measured on questions that did not choose
-    it."""
+    """Which questions choose (the block, v, the units) and which score. Stratified and
+    seeded: each set is sorted by stratum (the gold option's position, then the task
+    subset where questions carry one) and within a stratum by a seeded hash of the
+    question id, and positions alternate between selection and held out (position i
+    goes to selection when ceil((i + 1) f) > ceil(i f), f = `fraction`), so every
+    stratum is split f : 1 - f up to one question and ceil(f n) questions choose. The
+    failure set and the panel are split alike, so every reported rate of a chosen block
+    is measured on questions that did not choose it, and neither half can hold all the
+    questions whose gold is one letter."""
 
     seed: int = 0
     fraction: float = 0.5
@@ -132,19 +152,178 @@ class Split:
             raise ValueError(f"the selection fraction must be in (0, 1), got {self.fraction}")
 
     def __call__(self, questions: Sequence[Question]) -> tuple[list[Question], list[Question]]:
-        order = sorted(questions, key=lambda q: candidate_seed(self.seed, q.id, 0))
-        chosen = {q.id for q in order[:math.ceil(self.fraction * len(order))]}
+        subset = subset_key(questions)
+
+        def stratum(q: Question) -> tuple[int, str]:
+            return (-1 if q.gold_index is None else q.gold_index, "" if subset is None else str(q.meta.get(subset, "")))
+
+        order = sorted(questions, key=lambda q: (stratum(q), candidate_seed(self.seed, q.id, 0)))
+        f = self.fraction
+        chosen = {q.id for i, q in enumerate(order) if math.ceil((i + 1) * f) > math.ceil(i * f)}
         return [q for q in questions if q.id in chosen], [q for q in questions if q.id not in chosen]
 
+    def stratified_by(self, questions: Sequence[Question]) -> list[str]:
+        """What the split of `questions` was stratified by, in words."""
+        subset = subset_key(questions)
+        return ["gold option"] + ([f"task subset (meta {subset!r})"] if subset is not None else [])
+
     def describe(self) -> str:
-        return (f"failure set and panel each ordered by a hash of (seed {self.seed}, question id); the first "
-                f"{self.fraction:g} of each (rounded up) choose, the rest are held out and scored")
+        return (f"failure set and panel each stratified by gold option (and task subset where questions carry one), "
+                f"ordered within a stratum by a hash of (seed {self.seed}, question id), positions alternating so "
+                f"{self.fraction:g} of each stratum (rounded per stratum) choose and the rest are held out and scored")
+
+
+# -- the circular protocol --------------------------------------------------------------
+
+CIRCULAR_RULE = ("circular: each question asked under every cyclic shift of its options (option i shown at position "
+                 "(i + s) mod n for s = 0..n-1, the gold letter moved with its option); the deployed answer is right "
+                 "only when it is right under every shift")
+#: the answer a deployed generation gave to each question asked, and whether it is graded right
+AnswerFn = Callable[[Sequence[Question]], Sequence[tuple["str | None", bool]]]
+
+
+@dataclass(frozen=True)
+class CircularOutcome:
+    """One question's deployed answers under shifts 0..n-1 of its options."""
+
+    answers: tuple[str | None, ...]
+    right: tuple[bool, ...]
+
+    @property
+    def correct(self) -> bool:
+        """Right under every shift."""
+        return all(self.right)
+
+    @property
+    def letter_locked(self) -> bool:
+        """The same letter at every shift: the answer ignores the options' contents."""
+        return len(self.answers) > 1 and self.answers[0] is not None and len(set(self.answers)) == 1
+
+
+def shifted(q: Question, shift: int) -> Question:
+    """q asked with its options rotated by `shift` (q itself for shift 0)."""
+    return q if shift == 0 else rotate_options(q, shift)
+
+
+def option_shifts(q: Question) -> range:
+    if q.choices is None:
+        raise ValueError(f"question {q.id!r} has no options: the circular protocol needs options to shift")
+    return range(len(q.choices))
+
+
+def circular_outcomes(questions: Sequence[Question], answer: AnswerFn) -> dict[str, CircularOutcome]:
+    """The one definition of circular correctness: question id -> its answers under
+    every cyclic shift of its options. `answer` receives every (question, shift) as a
+    rotated question (`shifted`; `meta["rotated_by"]` says the shift) in one call, and
+    returns the deployed answer to each and whether it is graded right (against the
+    rotated gold); it may generate, or read stored rows (`answer_from_records`)."""
+    asked = [shifted(q, s) for q in questions for s in option_shifts(q)]
+    got = list(answer(asked))
+    if len(got) != len(asked):
+        raise ValueError(f"the answer function returned {len(got)} answers for {len(asked)} questions")
+    out, start = {}, 0
+    for q in questions:
+        n = len(option_shifts(q))
+        mine = got[start:start + n]
+        start += n
+        out[q.id] = CircularOutcome(tuple(_answer(a) for a, _ in mine), tuple(bool(ok) for _, ok in mine))
+    return out
+
+
+def shift_probe(probe: str, shift: int) -> str:
+    """The records' probe label of `probe` asked with options rotated by `shift`."""
+    return probe if shift == 0 else rotated_probe(probe, shift)
+
+
+def circular_rows(rows: Sequence[Row]) -> list[Row]:
+    """Each row under every cyclic shift of its question's options, labelled
+    ``rotated:SHIFT:PROBE`` (shift 0: the row itself)."""
+    return [Row(shifted(r.question, s), r.interventions, shift_probe(r.probe, s)) for r in rows for s in option_shifts(r.question)]
+
+
+def answer_from_records(records: pd.DataFrame, probe: str) -> AnswerFn:
+    """An `AnswerFn` that reads `probe`'s rows (and its ``rotated:SHIFT:`` rows) from
+    stored records."""
+    # only this probe's rows: a sweep asks this once per block and part, of one records table
+    probe_rows = records["probe"].str.fullmatch(rf"(rotated:\d+:)?{re.escape(probe)}")
+    mine = records[probe_rows]
+    stored = {(qid, p): (a, c) for qid, p, a, c in zip(mine["question_id"], mine["probe"], mine["extracted"], mine["correct"])}
+
+    def answer(asked: Sequence[Question]) -> list[tuple[str | None, bool]]:
+        out = []
+        for q in asked:
+            key = (q.id, shift_probe(probe, int(q.meta.get("rotated_by", 0))))
+            if key not in stored:
+                raise ValueError(f"no stored row of question {q.id!r} under probe {key[1]!r}")
+            extracted, correct = stored[key]
+            out.append((extracted, bool(correct)))
+        return out
+
+    return answer
+
+
+def check_circular(task: Task, readout: str) -> None:
+    """Refuse the circular protocol where shifting options moves nothing graded, or
+    with the letter readout (recognition must not see letters)."""
+    if not permutation_applies(task):
+        raise ValueError(f"task {task.name!r} grades {task.answer_kind} answers, not option letters: the circular "
+                         "protocol shifts lettered options and has nothing to move here")
+    if readout == "letter":
+        raise ValueError("the circular protocol reads recognition from the option likelihoods (option:mean or "
+                         "option:sum); the letter readout ranks letters, which is what it removes")
+
+
+# -- letter bias -----------------------------------------------------------------------
+
+#: circular: the failure set is explained by the letter distribution when at least this
+#: share of the recognised, circularly wrong questions are letter-locked
+LETTER_LOCK_SHARE = 0.5
+LETTER_RULE_PLAIN = ("explained by the deployed letter distribution when the recognised questions answered wrong are "
+                     "at least as many as a content-blind answerer drawing letters from that distribution would get "
+                     "wrong among the recognised questions, less 1.96 of its standard deviations")
+LETTER_RULE_CIRCULAR = ("explained by the deployed letter distribution when at least "
+                        f"{LETTER_LOCK_SHARE:.0%} of the recognised, circularly wrong questions are letter-locked "
+                        "(the same letter under every shift: left out of the failure set)")
+
+
+def letter_bias(recognised: Sequence[Question], correct: Mapping[str, bool], answers: Mapping[str, str | None],
+                outcomes: Mapping[str, CircularOutcome] | None = None) -> dict[str, Any]:
+    """Whether a cell's failure set is explained by its deployed letter distribution,
+    by the stated rule (`LETTER_RULE_PLAIN`, or `LETTER_RULE_CIRCULAR` with the
+    circular `outcomes`); `answers`: question id -> deployed answer (unshifted), over
+    every question of the cell. `message` is the warning the commands print."""
+    dist = Counter(a for a in answers.values())
+    total = max(sum(dist.values()), 1)
+    top, top_n = max(((a, c) for a, c in dist.items() if a is not None), key=lambda x: x[1], default=(None, 0))
+    out: dict[str, Any] = {"letter_distribution": {str(a): c / total for a, c in dist.items()},
+                           "modal_answer": top, "modal_share": top_n / total}
+    wrong = [q for q in recognised if not correct[q.id]]
+    if outcomes is not None:
+        locked = sum(outcomes[q.id].letter_locked for q in wrong)
+        explained = locked > 0 and locked >= LETTER_LOCK_SHARE * len(wrong)
+        out.update({"rule": LETTER_RULE_CIRCULAR, "n_recognised_wrong": len(wrong), "n_letter_locked": locked,
+                    "explained": explained})
+        reason = f"{locked} of the {len(wrong)} recognised, circularly wrong questions give one letter under every shift"
+    else:
+        p = [dist.get(q.answer, 0) / total for q in recognised]
+        expected = float(sum(1 - x for x in p))
+        sd = float(math.sqrt(sum(x * (1 - x) for x in p)))
+        explained = len(wrong) > 0 and len(wrong) >= expected - 1.96 * sd
+        out.update({"rule": LETTER_RULE_PLAIN, "n_recognised_wrong": len(wrong), "content_blind_expected": expected,
+                    "content_blind_sd": sd, "explained": explained})
+        reason = (f"{len(wrong)} recognised questions answered wrong vs {expected:.1f} (sd {sd:.1f}) for a content-blind "
+                  f"answerer with this letter distribution (modal answer {top!r} {top_n / total:.0%})")
+    out["message"] = (f"the failure set is explained by the deployed letter distribution: {reason}"
+                      + ("" if outcomes is not None else "; rerun with --circular")) if explained else None
+    return out
 
 
 @dataclass
 class Cohort:
     """The failure set and the healthy panel, with the criteria that made them, each
-    split into a selection part and a held-out part."""
+    split into a selection part and a held-out part. `circular`: generation was read
+    under the circular protocol (`circular_outcomes`), and every analysis of the cohort
+    reads its own rows the same way."""
 
     failure: list[Question]
     panel: list[Question]
@@ -154,6 +333,9 @@ class Cohort:
     n_recognised: int
     n_deployed_correct: int
     split: Split = field(default_factory=Split)
+    circular: bool = False
+    n_letter_locked: int = 0
+    letter_bias: dict[str, Any] | None = None
 
     def parts(self, which: str) -> tuple[list[Question], list[Question]]:
         """(selection, held-out) of "failure" or "panel"."""
@@ -169,7 +351,9 @@ class Cohort:
         selection, heldout = self.parts(which)
         return {"question_ids": [q.id for q in questions], "criterion": criterion,
                 "selection_ids": [q.id for q in selection], "heldout_ids": [q.id for q in heldout],
-                "split": {**asdict(self.split), "method": self.split.describe()}}
+                "split": {**asdict(self.split), "method": self.split.describe(),
+                          "stratified_by": self.split.stratified_by(questions)},
+                "circular": self.circular, "n_letter_locked": self.n_letter_locked, "letter_bias": self.letter_bias}
 
     def why_empty(self) -> str | None:
         """A one-line reason when the failure set is empty, else None."""
@@ -179,6 +363,9 @@ class Cohort:
             return f"recognition ranks the gold option first on none of the {self.n_questions} questions"
         if self.n_deployed_correct == self.n_questions:
             return "the deployed generation is right on every question"
+        if self.n_letter_locked:
+            return (f"every recognised question answered wrong under some shift gives one letter under every shift "
+                    f"({self.n_letter_locked} letter-locked): its failure is the letter bias, not the content")
         return (f"every one of the {self.n_recognised} recognised questions is already answered right "
                 f"by the deployed generation")
 
@@ -186,33 +373,50 @@ class Cohort:
 def select_cohort(
     questions: Sequence[Question], recognition: Sequence[dict[str, Any]], deployed: pd.DataFrame,
     readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
+    circular: Mapping[str, CircularOutcome] | None = None,
 ) -> Cohort:
     """Failure set = gold first under `readout` and deployed wrong; panel = deployed
-    right (every one up to the first `panel` in task order; all when None)."""
+    right (every one up to the first `panel` in task order; all when None). With the
+    `circular` outcomes (`circular_outcomes`), right means right under every shift, and
+    letter-locked questions (one letter under every shift) stay out of the failure set:
+    their failure is the letter bias, which a localisation would only encode."""
     recognised = gold_first(recognition, readout)
-    correct = dict(zip(deployed["question_id"], deployed["correct"].astype(bool)))
-    failure = [q for q in questions if q.id in recognised and not correct[q.id]]
+    plain = dict(zip(deployed["question_id"], deployed["correct"].astype(bool)))
+    correct = plain if circular is None else {q.id: circular[q.id].correct for q in questions}
+    locked = set() if circular is None else {q.id for q in questions if circular[q.id].letter_locked}
+    wrong_recognised = [q for q in questions if q.id in recognised and not correct[q.id]]
+    failure = [q for q in wrong_recognised if q.id not in locked]
     healthy = [q for q in questions if correct[q.id]]
     chosen = healthy if panel is None else healthy[:panel]
     cap = "" if panel is None else f"; cap {panel}, " + (
         f"the first {panel} of {len(healthy)} in task order" if len(healthy) > panel else f"all {len(healthy)} taken")
+    generation = "the greedy deployed generation" + (" (circular: under every cyclic shift of the options)" if circular else "")
+    # a hand-built table without answers has no letter distribution to read
+    answers = dict(zip(deployed["question_id"], deployed["extracted"])) if "extracted" in deployed.columns else {}
     return Cohort(
         failure=failure, panel=chosen,
-        failure_criterion=f"recognition readout {readout!r} ranks the gold option first and the greedy deployed generation is graded wrong",
-        panel_criterion=f"the greedy deployed generation is graded right{cap}",
+        failure_criterion=f"recognition readout {readout!r} ranks the gold option first and {generation} is graded wrong"
+                          + ("; letter-locked questions (one letter under every shift) left out" if circular else ""),
+        panel_criterion=f"{generation} is graded right{cap}",
         n_questions=len(questions), n_recognised=len(recognised & {q.id for q in questions}),
-        n_deployed_correct=sum(correct[q.id] for q in questions), split=split,
+        n_deployed_correct=sum(correct[q.id] for q in questions), split=split, circular=circular is not None,
+        n_letter_locked=sum(q.id in locked for q in wrong_recognised),
+        letter_bias=letter_bias([q for q in questions if q.id in recognised], correct,
+                                {q.id: _answer(answers.get(q.id)) for q in questions}, circular),
     )
 
 
 def build_cohort(
     lm: LoadedModel, task: MultipleChoiceTask, run: RunDir, *, readout: str = "option:mean",
     panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding, batch_size: int = 32,
-    progress: bool = False,
+    progress: bool = False, circular: bool = False,
 ) -> Cohort:
-    """Recognition + deployed baseline for every question of `task`, the cohort from
-    them; writes the `recognition` table, deployed records and the two id lists."""
+    """Recognition + deployed baseline for every question of `task` (with `circular`,
+    under every cyclic shift of its options), the cohort from them; writes the
+    `recognition` table, deployed records and the two id lists."""
     check_cohort_options(task, readout, panel, batch_size)
+    if circular:
+        check_circular(task, readout)
     try:  # a resumed run (same config, so same questions) does not recompute recognition
         recognition = run.read_table("recognition").to_dict("records")
     except FileNotFoundError:
@@ -220,12 +424,37 @@ def build_cohort(
         recognition = recognize(lm, task, task.questions, batch_size=max(1, batch_size // 2),
                                 variants=(readout.partition(":")[0],))
         run.write_table("recognition", pd.DataFrame(recognition))
-    deployed = run_rows(lm, task, [Row(q, (), DEPLOYED) for q in task.questions], decoding, run,
-                        batch_size=batch_size, desc="deployed", progress=progress)
-    cohort = select_cohort(task.questions, recognition, deployed, readout=readout, panel=panel, split=split)
+    rows = [Row(q, (), DEPLOYED) for q in task.questions]
+    records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run,
+                       batch_size=batch_size, desc="deployed", progress=progress)
+    deployed = records[records["probe"] == DEPLOYED]
+    outcomes = circular_outcomes(task.questions, answer_from_records(records, DEPLOYED)) if circular else None
+    cohort = select_cohort(task.questions, recognition, deployed, readout=readout, panel=panel, split=split,
+                           circular=outcomes)
+    run.write_table("generation", generation_table(task.questions, deployed, outcomes))
     run.write_json("failure_set", cohort.failure_json())
     run.write_json("healthy_panel", cohort.panel_json())
     return cohort
+
+
+def generation_table(questions: Sequence[Question], deployed: pd.DataFrame,
+                     outcomes: Mapping[str, CircularOutcome] | None) -> pd.DataFrame:
+    """Per question, what the cohort read generation as: the deployed answer, whether
+    it is right under the run's protocol (`correct`: under every shift when circular),
+    and, when circular, the answers under each shift and whether they are letter-locked."""
+    plain = dict(zip(deployed["question_id"], zip(deployed["extracted"], deployed["correct"])))
+    rows = []
+    for q in questions:
+        answer, right = plain[q.id]
+        row = {"question_id": q.id, "answer": _answer(answer), "gold": q.answer, "right_unshifted": bool(right)}
+        if outcomes is None:
+            row["correct"] = bool(right)
+        else:
+            o = outcomes[q.id]
+            row.update({"correct": o.correct, "answers_by_shift": [str(a) for a in o.answers],
+                        "letter_locked": o.letter_locked})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -240,9 +469,13 @@ def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> d
         "failure_criterion": cohort.failure_criterion,
         "panel_criterion": cohort.panel_criterion,
         "split": {"method": cohort.split.describe(), **asdict(cohort.split),
+                  "stratified_by": cohort.split.stratified_by([*cohort.failure, *cohort.panel]),
                   "n_failure_selection": len(f_sel), "n_failure_heldout": len(f_out),
                   "n_panel_selection": len(p_sel), "n_panel_heldout": len(p_out)},
         "failure_empty_reason": cohort.why_empty(),
+        "circular": {"on": cohort.circular, "rule": CIRCULAR_RULE if cohort.circular else None,
+                     "n_letter_locked": cohort.n_letter_locked},
+        "letter_bias": cohort.letter_bias,
     }
     if recognition is not None and len(recognition):
         out["recognition_accuracy"] = recognition.groupby("readout")["gold_first"].mean().astype(float).to_dict()
@@ -258,17 +491,24 @@ def probe_values(records: pd.DataFrame, probe: str, column: str) -> dict[str, An
     return dict(zip(mine["question_id"], mine[column]))
 
 
-def outcome_counts(records: pd.DataFrame, questions: Sequence[Question], probe: str) -> tuple[int, int]:
-    """(questions answered right, questions) among `questions` in one probe's records."""
+def outcome_counts(records: pd.DataFrame, questions: Sequence[Question], probe: str,
+                   circular: bool = False) -> tuple[int, int]:
+    """(questions answered right, questions) among `questions` in one probe's records;
+    with `circular`, right under every cyclic shift (`circular_outcomes` on the probe's
+    ``rotated:SHIFT:`` rows)."""
+    if circular:
+        outcomes = circular_outcomes(questions, answer_from_records(records, probe))
+        return sum(o.correct for o in outcomes.values()), len(questions)
     correct = probe_values(records, probe, "correct")
     return sum(bool(correct[q.id]) for q in questions), len(questions)
 
 
-def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Question], probe: str) -> tuple[float, float]:
+def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Question], probe: str,
+          circular: bool = False) -> tuple[float, float]:
     """(repair rate on the failure set, damage rate on the panel) of one probe's records;
     NaN for an empty set."""
-    fixed, n_f = outcome_counts(records, failure, probe)
-    right, n_p = outcome_counts(records, panel, probe)
+    fixed, n_f = outcome_counts(records, failure, probe, circular)
+    right, n_p = outcome_counts(records, panel, probe, circular)
     return (fixed / n_f if n_f else float("nan")), ((n_p - right) / n_p if n_p else float("nan"))
 
 def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequence[Question],
@@ -419,11 +659,17 @@ def check_localisation_options(lm: LoadedModel, *, layer: int | None = None, lay
 
 
 def localisation_config(kind: str, lm: LoadedModel, task: Task, decoding: Decoding, readout: str,
-                        panel: int | None, batch_size: int, split: Split = Split(), **extra: Any) -> dict[str, Any]:
+                        panel: int | None, batch_size: int, split: Split = Split(), circular: bool = False,
+                        **extra: Any) -> dict[str, Any]:
     """`run_config` with the settings every localisation run shares (the cohort's),
     after refusing bad settings: every localisation run builds its config before it
-    creates its folder."""
+    creates its folder. The split is recorded as stratified (its questions change with
+    the stratification) and `circular` only when on, so a default run's config keeps
+    its other keys."""
     check_cohort_options(task, readout, panel, batch_size)
+    if circular:
+        check_circular(task, readout)
     check_localisation_options(lm, **extra)
     return run_config(kind, lm, task, deployed=asdict(decoding), readout=readout, panel=panel,
-                      split=asdict(split), batch_size=batch_size, **extra)
+                      split={**asdict(split), "stratified": True}, batch_size=batch_size,
+                      **({"circular": True} if circular else {}), **extra)

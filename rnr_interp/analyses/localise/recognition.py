@@ -18,11 +18,18 @@ two ways:
 
 Every sequence is a context (token ids) followed by a continuation (token ids); the
 scores are exact sums of log-probs of the continuation tokens, so anyone can recompute
-them from `option_sequences` with a plain forward pass.
+them from `option_sequences` with a plain forward pass. A model asked without a chat
+template follows lm-eval's ``target_delimiter`` convention: the context's trailing
+whitespace is dropped and the continuation is a space and then the option, so the
+scored tokens are the option's as they follow a word (``" Paris"``), never glued to the
+question's last token (`TARGET_DELIMITER`). Through a chat template the option is the
+start of the assistant's turn, which needs no delimiter.
 
 The cell-level screen (`screen_cell`) compares a cell's recognition score with its
 generation score (the paper's Figure 4a: failures lie off y = x) under a stated
-`FailureCriterion`.
+`FailureCriterion`, and reads recognition against chance (one over the number of
+options): a guesser recognises 1/n of the questions, so the screen asks for recognition
+above chance as well as above generation.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from rnr_interp.engine.generate import forward, left_pad
-from rnr_interp.metrics import paired_diff_ci
+from rnr_interp.metrics import paired_diff_ci, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.engine.sampling import chunks
 from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
@@ -45,6 +52,17 @@ Variant = Literal["option", "letter", "lm-eval"]
 #: how the failure set reads recognition: "option:sum", "option:mean", "letter", and for
 #: lm-eval tasks lm-eval's own "lm-eval:acc" and "lm-eval:acc_norm"
 READOUTS = ("option:sum", "option:mean", "letter", "lm-eval:acc", "lm-eval:acc_norm")
+
+
+#: between context and continuation for a model without a chat template (lm-eval's
+#: default ``target_delimiter``)
+TARGET_DELIMITER = " "
+
+
+def target_delimiter(lm: LoadedModel) -> str:
+    """"" when prompts go through the model's chat template (the option opens the
+    assistant's turn), else `TARGET_DELIMITER`."""
+    return "" if lm.chat and lm.prompt_override is None else TARGET_DELIMITER
 
 
 @dataclass(frozen=True)
@@ -58,10 +76,10 @@ def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, var
     if q.choices is None:
         raise ValueError(f"question {q.id!r} has no choices: recognition needs a multiple-choice task")
     if variant == "option":
-        context = lm.encode(lm.render(task.recognition_prompt(q)))
+        prompt = lm.render(task.recognition_prompt(q))
         texts = [c.strip() for c in q.choices]
     elif variant == "letter":
-        context = lm.encode(lm.render(task.user_message(q)))
+        prompt = lm.render(task.user_message(q))
         texts = [f"Answer: {LETTERS[i]}" for i in range(len(q.choices))]
     elif variant == "lm-eval":
         requests = getattr(task, "loglikelihood_requests", None)
@@ -70,9 +88,12 @@ def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, var
         return [lm_eval_sequence(lm, context, continuation) for context, continuation in requests(q)]
     else:
         raise ValueError(f"recognition variant must be 'option', 'letter' or 'lm-eval', got {variant!r}")
+    delimiter = target_delimiter(lm)
+    # lm-eval moves the context's trailing whitespace into the continuation; the delimiter replaces it here
+    context = lm.encode(prompt.rstrip() if delimiter else prompt)
     out = []
     for text in texts:
-        cont = lm.tokenizer(text, add_special_tokens=False).input_ids
+        cont = lm.tokenizer(delimiter + text, add_special_tokens=False).input_ids
         if not cont:
             cont = [lm.tokenizer.eos_token_id]  # an empty option: score "nothing, then end"
         out.append(ScoredSequence(tuple(context), tuple(cont)))
@@ -177,33 +198,58 @@ def gold_first(recognition: Sequence[dict[str, Any]], readout: str) -> set[str]:
 @dataclass(frozen=True)
 class FailureCriterion:
     """When a cell (model x task) counts as a recognised-but-not-generated failure:
-    its recognition score exceeds its generation score by at least `margin` AND the
-    paired (Newcombe) interval at `level` of that difference lies above 0. Both scores
-    are accuracies on the same questions, so the difference is a paired one."""
+    recognition is above chance (the Wilson interval at `level` of its excess over
+    chance lies above 0), its recognition score exceeds its generation score by at
+    least `margin`, AND the paired (Newcombe) interval at `level` of that difference
+    lies above 0. Both scores are accuracies on the same questions, so the difference
+    is a paired one."""
 
     margin: float = 0.10
     level: float = 0.95
+    #: off only to exercise the machinery on random-weight models (recognition at chance)
+    above_chance: bool = True
 
     def describe(self) -> str:
-        return (f"recognition score - generation score >= {self.margin:g} and the {self.level:.0%} paired "
+        chance = (f"recognition's excess over chance (1 / number of options) has its {self.level:.0%} Wilson interval "
+                  f"above 0, " if self.above_chance else "recognition NOT required above chance, ")
+        return (f"{chance}recognition score - generation score >= {self.margin:g}, and the {self.level:.0%} paired "
                 f"(Newcombe) interval of that difference lies above 0")
 
 
-def screen_cell(recognised: Sequence[bool], generated: Sequence[bool],
+def recognition_chance(n_options: Sequence[int]) -> list[float]:
+    """Per question (by its option count), the chance a guesser ranks the gold option
+    first: 1 / options."""
+    return [1.0 / n for n in n_options]
+
+
+def screen_cell(recognised: Sequence[bool], generated: Sequence[bool], chance: Sequence[float],
                 criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
     """One cell of the screen from its per-question outcomes (same questions, same
-    order): recognition score (gold option ranked first), generation score (deployed
-    answer graded right), their difference with its paired interval, how many
-    questions are recognised but answered wrong, and whether the criterion holds."""
-    rec, gen = np.asarray(recognised, bool), np.asarray(generated, bool)
-    if rec.shape != gen.shape or rec.size == 0:
-        raise ValueError(f"a cell needs equally many recognition and generation outcomes (> 0), got {rec.size} and {gen.size}")
+    order) and each question's recognition chance (`recognition_chance`): recognition
+    score (gold option ranked first), its chance and excess over chance (Wilson interval
+    of the score, less chance), the share of recognitions a guessing mixture would
+    explain as lucky, the generation score (deployed answer graded right), their
+    difference with its paired interval, how many questions are recognised but answered
+    wrong, and whether the criterion holds."""
+    rec, gen, c = np.asarray(recognised, bool), np.asarray(generated, bool), np.asarray(chance, float)
+    if rec.shape != gen.shape or rec.shape != c.shape or rec.size == 0:
+        raise ValueError(f"a cell needs equally many recognition, generation and chance values (> 0), got "
+                         f"{rec.size}, {gen.size} and {c.size}")
     lo, hi = paired_diff_ci(gen, rec, level=criterion.level)
     diff = float(rec.mean() - gen.mean())
+    chance_rate = float(c.mean())
+    r_lo, r_hi = wilson_interval(int(rec.sum()), int(rec.size), criterion.level)
+    excess = float(rec.mean()) - chance_rate
+    # guessing mixture: a share k is known, the rest guessed, so r = k + (1 - k) c
+    known = max(0.0, excess / (1 - chance_rate)) if chance_rate < 1 else 0.0
     return {
         "n_questions": int(rec.size),
         "recognition_score": float(rec.mean()), "generation_score": float(gen.mean()),
+        "recognition_chance": chance_rate, "recognition_excess": excess,
+        "recognition_excess_ci": [r_lo - chance_rate, r_hi - chance_rate],
+        "recognition_known_share": known,
+        "lucky_share_of_recognised": (1 - known) * chance_rate / float(rec.mean()) if rec.any() else float("nan"),
         "difference": diff, "difference_ci": [float(lo), float(hi)],
         "n_recognised_not_generated": int((rec & ~gen).sum()),
-        "failure": bool(diff >= criterion.margin and lo > 0),
+        "failure": bool((r_lo - chance_rate > 0 or not criterion.above_chance) and diff >= criterion.margin and lo > 0),
     }

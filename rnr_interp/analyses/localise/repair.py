@@ -14,10 +14,15 @@ answer right, and what does silencing it break?
   selection part (`cohort.Split`), and at that SAME layer the held-out repair and damage
   of silencing the MLP, the attention and the whole layer, each with a Wilson interval
   on its own denominator; each component's own best layer is reported apart, labelled.
-- Screen: the run's recognition score against its generation score under a stated
-  `recognition.FailureCriterion` (one point of the paper's Figure 4a).
+- Screen: the run's recognition score against chance and against its generation score
+  under a stated `recognition.FailureCriterion` (one point of the paper's Figure 4a).
 - Permutation control (opt-in): the chosen block re-scored on the held-out failures
   with each question's options rotated by one (`cohort.run_permutation_control`).
+- Circular (opt-in, `cohort.circular_outcomes`): the cohort and every sweep row asked
+  under every cyclic shift of the options; right, and a repair, only under all of them.
+- Power: each chosen block's held-out rates carry the probability of detecting the
+  paper's effect at their n (`metrics.wilson_power`), beside the selection-part and
+  all-question rates.
 
 Each generation is a standard record (probe "deployed" for the baseline,
 ``ablate:{component}:{layer}`` for sweep rows, see `records.ProbeLabel`), written per
@@ -35,14 +40,14 @@ from typing import Any, Sequence
 import pandas as pd
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Row, Split, build_cohort, check_permutation_control, cohort_summary, localisation_config,
-    multiple_choice_readings, outcome_counts, run_permutation_control, run_rows,
+    PANEL_CAP, ROTATION, Row, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary, localisation_config, multiple_choice_readings, outcome_counts, run_permutation_control,
+    run_rows,
 )
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
 from rnr_interp.models import LoadedModel
-from rnr_interp.metrics import proportion
-from rnr_interp.analyses.localise.recognition import FailureCriterion, screen_cell
+from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
+from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
 from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
@@ -61,16 +66,20 @@ def silencing_sweep(
     lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], *, decoding: Decoding,
     layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, split: Split = Split(),
     run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
+    circular: bool = False,
 ) -> pd.DataFrame:
     """The repair table: one row per (layer, component) with repair_rate, damage_rate,
     selectivity (repair - damage) on every question, the same on the selection part
     (`*_selection`) and on the held-out part (`*_heldout`, with Wilson bounds `_lo`,
-    `_hi`), and each part's n."""
+    `_hi`), and each part's n. With `circular` every row is asked under every cyclic
+    shift of its options and a question counts as right only when right under all of
+    them (a moved answer is a repair only then)."""
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     blocks = [(layer, c) for layer in layers for c in components]
     questions = list(dict.fromkeys([*failure, *panel]))
     rows = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer)) for q in questions for layer, c in blocks]
-    records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="sweep", progress=progress)
+    records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
+                       desc="sweep", progress=progress)
     # all questions (the heatmaps), the selection part (the choice of block), the held-out
     # part (every reported rate of a choice)
     sets = {"all": (list(failure), list(panel)), "selection": (split(failure)[0], split(panel)[0]),
@@ -80,8 +89,8 @@ def silencing_sweep(
         row: dict[str, Any] = {"layer": layer, "component": c}
         for part, (f, p) in sets.items():
             suffix = "" if part == "all" else f"_{part}"
-            fixed, n_f = outcome_counts(records, f, ablation_probe(c, layer))
-            right, n_p = outcome_counts(records, p, ablation_probe(c, layer))
+            fixed, n_f = outcome_counts(records, f, ablation_probe(c, layer), circular)
+            right, n_p = outcome_counts(records, p, ablation_probe(c, layer), circular)
             repair, damage = proportion(fixed, n_f, level), proportion(n_p - right, n_p, level)
             row.update({f"repair_rate{suffix}": repair["rate"], f"damage_rate{suffix}": damage["rate"],
                         f"selectivity{suffix}": repair["rate"] - damage["rate"],
@@ -115,16 +124,25 @@ def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[st
 
 def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, Any] | None:
     """Held-out repair and damage of one block, each a rate with its Wilson interval on
-    its own denominator; None when the block was not swept."""
+    its own denominator, its `power` (the probability, at this n, that the findings'
+    rule detects the paper's effect: `metrics.wilson_power`, the test in `power_test`),
+    and beside it, labelled, the same rate on the selection part (which chose the block:
+    optimistic) and on every question; None when the block was not swept."""
     row = table[(table["layer"] == layer) & (table["component"] == component)]
     if row.empty:
         return None
     r = row.iloc[0]
     entry = {"layer": int(layer), "component": component}
-    for what, n_col in (("repair", "n_failure_heldout"), ("damage", "n_panel_heldout")):
-        n = int(r[n_col])
+    for what, part, effect in (("repair", "failure", REPAIR_EFFECT), ("damage", "panel", DAMAGE_EFFECT)):
+        n = int(r[f"n_{part}_heldout"])
+        power = power_entry(effect, n)
         entry[what] = {"rate": float(r[f"{what}_rate_heldout"]), "ci": [float(r[f"{what}_rate_heldout_lo"]), float(r[f"{what}_rate_heldout_hi"])],
-                       "k": int(round(float(r[f"{what}_rate_heldout"]) * n)) if n else 0, "n": n}
+                       "k": int(round(float(r[f"{what}_rate_heldout"]) * n)) if n else 0, "n": n,
+                       "power": power.pop("power"), "power_test": power,
+                       "selection": {"rate": float(r[f"{what}_rate_selection"]), "n": int(r[f"n_{part}_selection"]),
+                                     "label": "selection part (chose the block)"},
+                       "all": {"rate": float(r[f"{what}_rate"]), "n": int(r[f"n_{part}"]),
+                               "label": "all questions (selection + held out)"}}
     return entry
 
 
@@ -165,11 +183,12 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
     for label, e in entries:
         rows.append({"block": label, "layer": e["layer"], "component": e["component"],
                      "repair_heldout": e["repair"]["rate"], "repair_lo": e["repair"]["ci"][0], "repair_hi": e["repair"]["ci"][1],
-                     "n_failure_heldout": e["repair"]["n"],
+                     "n_failure_heldout": e["repair"]["n"], "repair_power": e["repair"].get("power", float("nan")),
                      "damage_heldout": e["damage"]["rate"], "damage_lo": e["damage"]["ci"][0], "damage_hi": e["damage"]["ci"][1],
-                     "n_panel_heldout": e["damage"]["n"]})
+                     "n_panel_heldout": e["damage"]["n"], "damage_power": e["damage"].get("power", float("nan"))})
     return pd.DataFrame(rows, columns=["block", "layer", "component", "repair_heldout", "repair_lo", "repair_hi",
-                                       "n_failure_heldout", "damage_heldout", "damage_lo", "damage_hi", "n_panel_heldout"])
+                                       "n_failure_heldout", "repair_power", "damage_heldout", "damage_lo", "damage_hi",
+                                       "n_panel_heldout", "damage_power"])
 
 
 # -- run folders ---------------------------------------------------------------------
@@ -178,13 +197,15 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
 def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
                  panel: int | None = PANEL_CAP, decoding: Decoding | None = None,
                  criterion: FailureCriterion = FailureCriterion(), batch_size: int = 32,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, circular: bool = False) -> dict[str, Any]:
     """Recognition, deployed baseline and the cohort, into a run folder (kind "failures"),
-    with the cell's line of the failure screen (`recognition.screen_cell`)."""
+    with the cell's line of the failure screen (`recognition.screen_cell`). With
+    `circular`, generation is read under every cyclic shift of the options."""
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, localisation_config("failures", lm, task, decoding, readout, panel, batch_size))
+    run = RunDir.create(out, localisation_config("failures", lm, task, decoding, readout, panel, batch_size,
+                                                 circular=circular))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding,
-                          batch_size=batch_size, progress=progress)
+                          batch_size=batch_size, progress=progress, circular=circular)
     recognition = run.read_table("recognition")
     summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
                **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion),
@@ -195,14 +216,21 @@ def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, 
 
 def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
     """The failure screen of a failures/repair run folder: its recognition score (gold
-    first under `readout`) against its generation score (greedy deployed right)."""
+    first under `readout`) against chance (one over each question's option count, read
+    off the recognition table) and against its generation score (the cohort's
+    `generation` table: greedy deployed right, under every cyclic shift when the run is
+    circular; the deployed records for runs written before that table)."""
     recognition = run.read_table("recognition")
-    mine = recognition[recognition["readout"] == readout].set_index("question_id")["gold_first"]
-    records = run.read_records(filters=[("probe", "=", DEPLOYED)])
-    deployed = records.set_index("question_id")["correct"].astype(bool)
+    mine = recognition[recognition["readout"] == readout].set_index("question_id")
     ids = list(mine.index)
-    return {**screen_cell(mine.loc[ids].to_numpy(bool), deployed.loc[ids].to_numpy(bool), criterion),
-            "readout": readout, "criterion": criterion.describe()}
+    try:
+        generation = run.read_table("generation").set_index("question_id")["correct"].astype(bool)
+    except FileNotFoundError:
+        records = run.read_records(filters=[("probe", "=", DEPLOYED)])
+        generation = records.set_index("question_id")["correct"].astype(bool)
+    chance = recognition_chance([len(scores) for scores in mine.loc[ids, "scores"]])
+    return {**screen_cell(mine.loc[ids, "gold_first"].to_numpy(bool), generation.loc[ids].to_numpy(bool), chance, criterion),
+            "readout": readout, "criterion": criterion.describe(), "circular": bool(run.config.get("circular"))}
 
 
 #: what a repair run silences: every component at every layer, or ("mlp") the MLP at
@@ -227,10 +255,22 @@ def screen_table(runs: Sequence[RunDir], criterion: FailureCriterion = FailureCr
                              f"{cfg['deployed']} ({run.path}); rerun them with one decoding")
         cell = cell_screen(run, cfg["readout"], criterion)
         rows.append({"model": cfg["model"], "task": task, "readout": cfg["readout"], "path": str(run.path),
-                     **{k: cell[k] for k in ("n_questions", "recognition_score", "generation_score", "difference",
-                                             "n_recognised_not_generated", "failure")},
-                     "difference_lo": cell["difference_ci"][0], "difference_hi": cell["difference_ci"][1]})
+                     **{k: cell[k] for k in ("n_questions", "recognition_score", "recognition_chance",
+                                             "recognition_excess", "lucky_share_of_recognised", "generation_score",
+                                             "difference", "n_recognised_not_generated", "failure", "circular")},
+                     "recognition_excess_lo": cell["recognition_excess_ci"][0],
+                     "recognition_excess_hi": cell["recognition_excess_ci"][1],
+                     "difference_lo": cell["difference_ci"][0], "difference_hi": cell["difference_ci"][1],
+                     "letter_warning": _letter_warning(run)})
     return pd.DataFrame(rows)
+
+
+def _letter_warning(run: RunDir) -> str | None:
+    """The cell's letter-bias warning (`cohort.letter_bias`), from its failure set."""
+    try:
+        return (run.read_json("failure_set").get("letter_bias") or {}).get("message")
+    except FileNotFoundError:
+        return None
 
 
 def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
@@ -250,13 +290,16 @@ def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCrit
 def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
-               permutation_control: bool = False, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+               permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
+               circular: bool = False) -> dict[str, Any]:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
     scored on the held-out part. `sweep` is one of `SWEEPS`. `permutation_control`
     re-scores the chosen block on the held-out failures with options rotated
-    (`cohort.run_permutation_control`; twice that part's rows again, so off by default)."""
+    (`cohort.run_permutation_control`; twice that part's rows again, so off by default).
+    `circular`: the cohort and every sweep row read under every cyclic shift of the
+    options (as many rows again as the options, per row)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     if permutation_control:
@@ -266,10 +309,11 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     # only when on, so a default run's config (and run_id) is what it always was
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
     run = RunDir.create(out, localisation_config("repair", lm, task, decoding, readout, panel, batch_size, split,
-                                                 layers=layers, components=list(components), sweep=sweep, **control))
+                                                 circular=circular, layers=layers, components=list(components),
+                                                 sweep=sweep, **control))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding,
-                          batch_size=batch_size, progress=progress)
-    common = dict(decoding=decoding, split=split, run=run, batch_size=batch_size, progress=progress)
+                          batch_size=batch_size, progress=progress, circular=circular)
+    common = dict(decoding=decoding, split=split, run=run, batch_size=batch_size, progress=progress, circular=circular)
     if sweep == "all":
         table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=components, **common)
     else:

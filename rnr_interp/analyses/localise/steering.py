@@ -7,9 +7,15 @@ block's output is read at its site in the site table (`interventions.COMPONENT_S
 hook_resid_pre`` (the whole layer's write). v points from "answers right" towards
 "recognises but answers wrong".
 
-Steering adds ``alpha * v`` to that same output at every position (`Steer` at the
-block's site). Rescue: ``-alpha * v`` on the failure set, rate = fraction now right.
-Induction: ``+alpha * v`` on the healthy panel, rate = fraction now wrong.
+Steering adds ``alpha * u`` to that same output at every position (`Steer` at the
+block's site). Rescue: ``-alpha * u`` on the failure set, rate = fraction now right.
+Induction: ``+alpha * u`` on the healthy panel, rate = fraction now wrong. The scale of
+u is stated (`AlphaUnit`): by default ("rms") u = s * v / |v|, v normalised to unit
+length and s the residual stream's RMS norm at that layer (``hook_resid_post``, last
+prompt position, over the selection questions), so alpha = 1 adds a vector as long as a
+typical residual vector there, whatever |v| and the model's activation scale; with
+"raw", u = v (the unnormalised difference of means, alpha a multiple of it), kept for
+comparison and labelled. The paper gives its alphas (-8v, +4v) without a scale.
 
 Held out. The block, v and the unit scores come from the selection parts of the failure
 set and panel (`cohort.Split`); rescue, induction and unit repair are measured on the
@@ -24,9 +30,11 @@ through it first (`unit_contributions`). Silencing the top-k units
 repair(top-k) / repair(whole MLP); `DEFAULT_DRAWS` (20) seeded draws of k random units
 are the control, reported with their spread (`units_spread`).
 
-Permutation control (opt-in): the rescue at every non-zero alpha re-scored on the
-held-out failures with each question's options rotated by one
-(`cohort.run_permutation_control`).
+Permutation control (opt-in): the rescue at every non-zero alpha, and the whole block
+and top-k unit sets, re-scored on the held-out failures with each question's options
+rotated by one (`cohort.run_permutation_control`). With a circular cohort every row is
+asked under every cyclic shift of its options, and a flip counts only when it holds
+under all of them.
 
 Rows, the cohort and run configs come from `cohort.py`; tables go to the run folder and
 the report draws them.
@@ -44,20 +52,31 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Cohort, Row, Split, build_cohort, check_permutation_control, cohort_summary, localisation_config,
-    multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
+    PANEL_CAP, ROTATION, Cohort, Row, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary,
+    localisation_config, multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
 )
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
-from rnr_interp.metrics import DEPLOYED, proportion
+from rnr_interp.metrics import DEPLOYED, INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
 from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, silencing_sweep
 from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
-DEFAULT_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+#: how alpha is measured: "rms" (multiples of the residual stream's RMS norm at the
+#: block's layer, along unit v) or "raw" (multiples of the unnormalised v)
+ALPHA_UNITS = ("rms", "raw")
+ALPHA_UNIT_WORDS = {
+    "rms": "multiples of the residual stream's RMS norm at the block's layer (hook_resid_post, last prompt position, "
+           "selection questions), along v normalised to unit length",
+    "raw": "multiples of the unnormalised v (difference of mean block outputs): its length varies by model, task and "
+           "block, so raw alphas do not compare across cells",
+}
+#: the default grid per unit: rms alphas are fractions of a typical residual vector's length
+DEFAULT_ALPHAS_BY_UNIT = {"rms": (0.0, 0.125, 0.25, 0.5, 1.0, 2.0), "raw": (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)}
+DEFAULT_ALPHAS = DEFAULT_ALPHAS_BY_UNIT["rms"]
 DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 
 
@@ -99,6 +118,29 @@ def direction(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: S
     return out[:len(failure)].mean(0) - out[len(failure):].mean(0)
 
 
+def residual_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], layer: int,
+                 batch_size: int = 16) -> float:
+    """The residual stream's RMS norm after block `layer` (``hook_resid_post``) at the
+    last prompt position over `questions`: sqrt(mean over prompts of |x|^2)."""
+    if not questions:
+        raise ValueError("the residual stream's RMS norm needs at least one question")
+    key = ("hook_resid_post", layer)
+    acts = last_position(lm, [prompt_ids(lm, task, q) for q in questions], [key], batch_size)[key]
+    return float(acts.pow(2).sum(-1).mean().sqrt())
+
+
+def steering_vector(v: Tensor, unit: str, rms: float) -> Tensor:
+    """u, the vector alpha multiplies: rms * v / |v| ("rms") or v itself ("raw")."""
+    if unit not in ALPHA_UNITS:
+        raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {unit!r}")
+    if unit == "raw":
+        return v
+    norm = float(v.norm())
+    if norm == 0:
+        raise ValueError("v is zero (the failure set and panel have the same mean block output): no direction to steer")
+    return v / norm * rms
+
+
 # -- steering --------------------------------------------------------------------------
 
 
@@ -109,20 +151,22 @@ def steer_spec(layer: int, component: str, v: Tensor, alpha: float) -> Steer:
 def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
                    run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
-                   level: float = 0.95) -> pd.DataFrame:
+                   level: float = 0.95, circular: bool = False) -> pd.DataFrame:
     """Table (alpha, direction, rate, lo, hi, k, n): rescue = -alpha v on `failure`
     (rate: now right), induction = +alpha v on `panel` (rate: now wrong); Wilson
     interval on each rate's own denominator. Pass the held-out parts: v is chosen on
-    the selection parts."""
+    the selection parts. `v` is the vector alpha multiplies (`steering_vector`).
+    `circular`: right means right under every cyclic shift of the options."""
     rows = []
     for alpha in alphas:
         rows += [Row(q, (steer_spec(layer, component, v, -alpha),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
         rows += [Row(q, (steer_spec(layer, component, v, alpha),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
-    records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="steer", progress=progress)
+    records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
+                       desc="steer", progress=progress)
     table = []
     for alpha in alphas:
-        fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer("rescue", alpha)))
-        right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer("induction", alpha)))
+        fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer("rescue", alpha)), circular)
+        right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer("induction", alpha)), circular)
         for direction, p in (("rescue", proportion(fixed, n_f, level)), ("induction", proportion(n_p - right, n_p, level))):
             table.append({"alpha": float(alpha), "direction": direction, "rate": p["rate"], "lo": p["ci"][0],
                           "hi": p["ci"][1], "k": p["k"], "n": p["n"]})
@@ -181,7 +225,8 @@ DEFAULT_DRAWS = 20
 
 def units_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, scores: Tensor, *,
                 ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, decoding: Decoding,
-                run: RunDir | None = None, batch_size: int = 32, progress: bool = False) -> tuple[pd.DataFrame, float]:
+                run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
+                circular: bool = False) -> tuple[pd.DataFrame, float]:
     """Table (k, selection, draw, units, repair_rate, recovered_fraction, n): the top-k
     units and `draws` sets of k random units (seeded) silenced on `failure` (the
     held-out part), and the whole-MLP repair rate there that the fractions divide (NaN
@@ -199,13 +244,14 @@ def units_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], layer:
              str(ProbeLabel.units("top", key[1])) if key[0] == "top" else str(ProbeLabel.units("random", key[1], key[2]))
              for key in sets}
     rows = [Row(q, specs, probe[key]) for key, specs in sets.items() for q in failure]
-    records = run_rows(lm, task, rows, decoding, run, batch_size=batch_size, desc="units", progress=progress)
-    whole, _ = rates(records, failure, (), probe[("block", 0, 0)])
+    records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
+                       desc="units", progress=progress)
+    whole, _ = rates(records, failure, (), probe[("block", 0, 0)], circular)
     table = []
     for (selection, k, draw), specs in sets.items():
         if selection == "block":
             continue
-        repair, _ = rates(records, failure, (), probe[(selection, k, draw)])
+        repair, _ = rates(records, failure, (), probe[(selection, k, draw)], circular)
         table.append({"k": k, "selection": selection, "draw": draw, "units": set_id(specs), "repair_rate": repair,
                       "recovered_fraction": repair / whole if whole > 0 else float("nan"), "n": len(failure)})
     return pd.DataFrame(table), whole
@@ -256,7 +302,8 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
             raise ValueError(f"repair run {repair_run} found no {component} block that repairs any selection-part failure")
         return int(best["selection"]["layer"]), f"{component} block chosen on the selection part by repair run {repair_run}"
     table = silencing_sweep(lm, task, cohort.failure, cohort.panel, decoding=decoding, components=(component,),
-                            split=cohort.split, run=run, batch_size=batch_size, progress=progress)
+                            split=cohort.split, run=run, batch_size=batch_size, progress=progress,
+                            circular=cohort.circular)
     run.write_table("repair", table)
     best = best_blocks(table, on="selection").get(component)
     if best is None:
@@ -273,7 +320,7 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedMod
     if repair_run is None:
         return build_cohort(lm, task, run, **kw)
     src = RunDir(repair_run)
-    for key in ("model", "question_ids_hash", "deployed", "readout", "panel", "split"):
+    for key in ("model", "question_ids_hash", "deployed", "readout", "panel", "split", "circular"):
         if src.config.get(key) != run.config.get(key):
             raise ValueError(f"repair run {repair_run} differs from this run in {key!r}: "
                              f"{src.config.get(key)!r} != {run.config.get(key)!r} (use the same options)")
@@ -282,7 +329,9 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedMod
     cohort = Cohort(failure=[by_id[i] for i in f_ids["question_ids"]], panel=[by_id[i] for i in p_ids["question_ids"]],
                     failure_criterion=f_ids["criterion"], panel_criterion=p_ids["criterion"],
                     n_questions=done["n_questions"], n_recognised=done["n_recognised"],
-                    n_deployed_correct=round(done["deployed_accuracy"] * done["n_questions"]), split=kw["split"])
+                    n_deployed_correct=round(done["deployed_accuracy"] * done["n_questions"]), split=kw["split"],
+                    circular=bool(f_ids.get("circular")), n_letter_locked=int(f_ids.get("n_letter_locked") or 0),
+                    letter_bias=f_ids.get("letter_bias"))
     run.write_json("failure_set", cohort.failure_json())
     run.write_json("healthy_panel", cohort.panel_json())
     return cohort
@@ -316,24 +365,30 @@ def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, colu
 
 
 def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
-              repair_run: Path | None = None, alphas: Sequence[float] = DEFAULT_ALPHAS, readout: str = "option:mean",
-              panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
-              permutation_control: bool = False, batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+              repair_run: Path | None = None, alphas: Sequence[float] | None = None, alpha_unit: str = "rms",
+              readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
+              decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
+              batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Direction for the chosen block from the selection parts; rescue and induction
-    on the held-out parts (kind "steer"). `permutation_control` re-scores the rescue
-    at every non-zero alpha on the held-out failures with options rotated
-    (`cohort.run_permutation_control`; as many rows again as the rescue, so off by
-    default)."""
+    on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
+    grid defaults to that unit's `DEFAULT_ALPHAS_BY_UNIT`). `permutation_control`
+    re-scores the rescue at every non-zero alpha on the held-out failures with options
+    rotated (`cohort.run_permutation_control`; as many rows again as the rescue, so off
+    by default). `circular`: the cohort and every row under every cyclic shift."""
+    if alpha_unit not in ALPHA_UNITS:
+        raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
+    alphas = DEFAULT_ALPHAS_BY_UNIT[alpha_unit] if alphas is None else alphas
     if permutation_control:
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
     # only when on, so a default run's config (and run_id) is what it always was
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
-    run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, split, layer=layer,
-                                           component=component, repair_run=str(repair_run) if repair_run else None,
-                                           alphas=[float(a) for a in alphas], **control))
+    run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, split,
+                                                 circular=circular, layer=layer, component=component,
+                                                 repair_run=str(repair_run) if repair_run else None,
+                                                 alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, **control))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
-                          batch_size=batch_size, progress=progress)
+                          batch_size=batch_size, progress=progress, circular=circular)
     summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
                **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
@@ -342,20 +397,28 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                decoding=decoding, batch_size=batch_size, progress=progress)
     (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
     v = direction(lm, task, f_sel, p_sel, chosen, component)
+    rms = residual_rms(lm, task, [*f_sel, *p_sel], chosen)
+    u = steering_vector(v, alpha_unit, rms)
     run.write_json("direction", {"layer": chosen, "component": component, "site": COMPONENT_SITE[component],
                                  "norm": float(v.norm()), "vector": v.tolist(), "why": why,
-                                 "from": "selection parts of the failure set and panel"})
-    table = steering_sweep(lm, task, f_out, p_out, chosen, component, v, alphas=alphas,
-                           decoding=decoding, run=run, batch_size=batch_size, progress=progress)
+                                 "from": "selection parts of the failure set and panel",
+                                 "alpha_unit": alpha_unit, "residual_rms": rms, "steered_norm_per_alpha": float(u.norm())})
+    table = steering_sweep(lm, task, f_out, p_out, chosen, component, u, alphas=alphas,
+                           decoding=decoding, run=run, batch_size=batch_size, progress=progress, circular=cohort.circular)
+    for effect, direction_name in ((RESCUE_EFFECT, "rescue"), (INDUCTION_EFFECT, "induction")):
+        mine = table["direction"] == direction_name
+        table.loc[mine, "power"] = [wilson_power(effect, int(n)) for n in table.loc[mine, "n"]]
     run.write_table("steering", table)
-    summary.update({"layer": chosen, "component": component, "block_choice": why, "v_norm": float(v.norm()),
-                    "scored_on": "held-out parts (v from the selection parts)",
+    summary.update({"layer": chosen, "component": component, "block_choice": why,
+                    "alpha_unit": alpha_unit, "alpha_unit_words": ALPHA_UNIT_WORDS[alpha_unit],
+                    "v_norm": float(v.norm()), "residual_rms": rms, "steered_norm_per_alpha": float(u.norm()),
+                    "scored_on": "held-out parts (v and the RMS norm from the selection parts)",
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
     summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues))
     if permutation_control:
         # every non-zero alpha: the sweep reports them all and chooses none
-        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, v, -a),) for a in alphas if a != 0}
+        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a),) for a in alphas if a != 0}
         summary["permutation_control"] = run_permutation_control(lm, task, f_out, steered, run, decoding=decoding,
                                                                  batch_size=batch_size, progress=progress)
     run.write_summary(summary)
@@ -365,15 +428,23 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
 def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
               ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, readout: str = "option:mean",
               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
-              batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+              permutation_control: bool = False, circular: bool = False, batch_size: int = 32,
+              progress: bool = True) -> dict[str, Any]:
     """Top-k units by directional contribution (scored on the selection part) vs
-    `draws` sets of k random units, silenced on the held-out failures (kind "units")."""
+    `draws` sets of k random units, silenced on the held-out failures (kind "units").
+    `permutation_control` re-scores the whole block and every top-k set on the held-out
+    failures with options rotated (`cohort.run_permutation_control`). `circular`: the
+    cohort and every row under every cyclic shift."""
+    if permutation_control:
+        check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, localisation_config("units", lm, task, decoding, readout, panel, batch_size, split, layer=layer,
-                                           repair_run=str(repair_run) if repair_run else None,
-                                           ks=[int(k) for k in ks], seed=seed, draws=draws))
+    control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
+    run = RunDir.create(out, localisation_config("units", lm, task, decoding, readout, panel, batch_size, split,
+                                                 circular=circular, layer=layer,
+                                                 repair_run=str(repair_run) if repair_run else None,
+                                                 ks=[int(k) for k in ks], seed=seed, draws=draws, **control))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
-                          batch_size=batch_size, progress=progress)
+                          batch_size=batch_size, progress=progress, circular=circular)
     summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
                **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
     if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
@@ -384,7 +455,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     v = direction(lm, task, f_sel, p_sel, chosen, "mlp")
     scores = unit_scores(lm, task, f_sel, chosen, v)
     table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
-                               run=run, batch_size=batch_size, progress=progress)
+                               run=run, batch_size=batch_size, progress=progress, circular=cohort.circular)
     spread = units_spread(table)
     run.write_table("units", table)
     run.write_table("units_spread", spread)
@@ -393,5 +464,11 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                     "scored_on": "held-out failures (v and unit scores from the selection parts)",
                     "random_draws": draws, "spread": spread.replace({np.nan: None}).to_dict(orient="records"),
                     "table": table.to_dict(orient="records")})
+    if permutation_control:
+        top = table[table["selection"] == "top"]
+        sets = {ablation_probe("mlp", chosen): (Ablate("mlp", chosen),),
+                **{str(ProbeLabel.units("top", int(k))): (AblateUnits(chosen, top_units(scores, int(k))),) for k in top["k"]}}
+        summary["permutation_control"] = run_permutation_control(lm, task, f_out, sets, run, decoding=decoding,
+                                                                 batch_size=batch_size, progress=progress)
     run.write_summary(summary)
     return summary
