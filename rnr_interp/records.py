@@ -389,6 +389,14 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
     return _without(config, PROVENANCE_KEYS)
 
 
+def stable_key(*parts: Any) -> int:
+    """A stable 63-bit number for `parts` (seed first, then what it is for): the same
+    on every machine and in every process, unlike Python's `hash`. Candidates' sampling
+    seeds and the localisation split's order both come from it."""
+    digest = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the config (sorted keys, no whitespace), without
     UNHASHED_KEYS. The run's id; resuming compares `comparable` configs instead."""

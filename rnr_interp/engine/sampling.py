@@ -13,7 +13,6 @@ analysis's run folder config starts with.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
 from rnr_interp.models import LoadedModel
+from rnr_interp.records import stable_key
 from rnr_interp.tasks.base import Question, Task
 
 if TYPE_CHECKING:  # the vLLM backend imports vllm lazily; only its type is named here
@@ -57,8 +57,7 @@ class Probe:
 def candidate_seed(seed: int, question_id: str, candidate: int) -> int:
     """A stable 63-bit seed per (run seed, question, candidate): the same candidate
     gets the same randomness whatever batch it lands in."""
-    digest = hashlib.blake2b(f"{seed}\x1f{question_id}\x1f{candidate}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    return stable_key(seed, question_id, candidate)
 
 
 def prompt_ids(lm: LoadedModel, task: Task, q: Question) -> list[int]:

@@ -38,8 +38,8 @@ from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognize
-from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
-from rnr_interp.engine.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
+from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir, stable_key
+from rnr_interp.engine.sampling import candidate_row, chance_summary, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
 
 # -- generation rows -----------------------------------------------------------------
@@ -157,7 +157,7 @@ class Split:
         def stratum(q: Question) -> tuple[int, str]:
             return (-1 if q.gold_index is None else q.gold_index, "" if subset is None else str(q.meta.get(subset, "")))
 
-        order = sorted(questions, key=lambda q: (stratum(q), candidate_seed(self.seed, q.id, 0)))
+        order = sorted(questions, key=lambda q: (stratum(q), stable_key(self.seed, q.id, "split")))
         f = self.fraction
         chosen = {q.id for i, q in enumerate(order) if math.ceil((i + 1) * f) > math.ceil(i * f)}
         return [q for q in questions if q.id in chosen], [q for q in questions if q.id not in chosen]
