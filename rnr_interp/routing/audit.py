@@ -133,8 +133,9 @@ class RouteEvaluator:
         #: evaluations then come back through `restore`)
         self.journal = journal
         self.states: dict[str, PromptStates] | None = {} if reuse_prefix else None
-        #: a batch's schedule may run this many blocks. On a CPU every block a row passes
-        #: by costs compute: the spaces' longest default route. On a GPU a forward costs
+        #: a batch's schedule may run this many blocks. On a CPU every position costs its
+        #: block's weight reads, however few rows run it (with sparse slots a row no longer
+        #: computes the positions it passes by): the spaces' longest default route. On a GPU a forward costs
         #: about the same for 1 row or 40, so deeper shared schedules cost less than
         #: more batches. Results do not depend on it (a pure cost knob).
         L = lm.n_layers
