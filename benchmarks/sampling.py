@@ -107,8 +107,12 @@ def llama_cpp_runner(gguf: Path, prompts, k, temperature, max_new, batch, thread
     prompt), then one decode per step with one token for every live sequence, sampled by
     llama.cpp's own sampler (temperature, then a seeded draw); a sequence ends at an
     end-of-generation token. The same token ids as the other engines' prompts."""
+    import logging
+
     import llama_cpp as ll
 
+    # llama-cpp-python routes llama.cpp's log through this logger: errors only.
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     ll.llama_backend_init()
     model = ll.llama_model_load_from_file(str(gguf).encode(), ll.llama_model_default_params())
     if not model:
