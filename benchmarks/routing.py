@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import dataclasses
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -94,7 +93,7 @@ def counting(lm, work: Work) -> Iterator[None]:
 
     handle = lm.hf_model.get_input_embeddings().register_forward_hook(embedded)
     try:
-        with lm.bridge.hooks(fwd_hooks=[(site_hook(lm, "hook_resid_pre", l), block_in) for l in range(lm.n_layers)]):
+        with lm.bridge.hooks(fwd_hooks=[(site_hook(lm, "hook_resid_pre", layer), block_in) for layer in range(lm.n_layers)]):
             yield
     finally:
         handle.remove()
@@ -171,7 +170,7 @@ def main() -> None:
     if batched is not None:
         routes["batched"] = route_runner(lm, task, batched, args.k, args.rows, sparse=True)
     elif args.search_batch is not None:
-        print(f"batched searches: unavailable (the search config has no batch_size field); measuring the sequential ones")
+        print("batched searches: unavailable (the search config has no batch_size field); measuring the sequential ones")
     # Warm-up, not timed; it also says how many candidates the sampling line draws.
     warm = routes["sequential"]()
     per_question = max(1, math.ceil(warm.candidates / len(task.questions)))

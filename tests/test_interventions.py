@@ -115,7 +115,7 @@ def test_rows_on_mixed_routes_equal_each_route_rebuilt(lm, sparse):
 def block_rows(lm):
     """Counts the rows every block call runs on (the bridge's hook_resid_pre of each block)."""
     seen: list[int] = []
-    hooks = [(f"blocks.{l}.hook_resid_pre", lambda act, hook=None: seen.append(act.shape[0]) or act) for l in range(lm.n_layers)]
+    hooks = [(f"blocks.{layer}.hook_resid_pre", lambda act, hook=None: seen.append(act.shape[0]) or act) for layer in range(lm.n_layers)]
     return seen, lm.bridge.hooks(fwd_hooks=hooks)
 
 
