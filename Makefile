@@ -8,7 +8,7 @@ SITE := lib/python3.11/site-packages
 # the CPU wheel on disk, for both venvs (pyproject.toml pins the same)
 TORCH := 2.13.0
 
-.PHONY: setup vllm browser demo reproduce test bench clean
+.PHONY: setup vllm llama-cpp browser demo reproduce test bench clean
 
 $(BIN)/rnr: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -45,6 +45,17 @@ $(VLLM_BIN)/vllm-ready: pyproject.toml $(BIN)/rnr
 
 vllm: $(VLLM_BIN)/vllm-ready
 
+# llama.cpp, for benchmarks/sampling.py's llama.cpp rows (opt-in, so not in `bench`: PyPI
+# has llama-cpp-python as source only, and installing it compiles llama.cpp, about an
+# hour at low priority on 2 shared cores; without it the rows print as unavailable).
+$(VLLM_BIN)/llama-cpp-ready: $(VLLM_BIN)/vllm-ready
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=OFF" \
+		nice -n 19 $(VLLM_BIN)/pip install -q 'llama-cpp-python==0.3.36'
+	touch $@
+
+llama-cpp: $(VLLM_BIN)/llama-cpp-ready
+
 # The report tests open pages in Debian's headless Chromium; without it they skip.
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
@@ -67,6 +78,7 @@ test: setup browser vllm
 bench: vllm
 	$(VLLM_BIN)/python benchmarks/sampling.py --quick --bf16
 	$(VLLM_BIN)/python benchmarks/silencing.py
+	$(VLLM_BIN)/python benchmarks/routing.py --quick
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs

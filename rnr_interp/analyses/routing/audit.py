@@ -155,22 +155,26 @@ class RouteEvaluator:
     of recomputing its prefill."""
 
     def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True,
-                 journal: Journal | None = None):
+                 journal: Journal | None = None, sparse_slots: bool | None = None):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
+        #: rows run only their own route positions (`interventions.applied`; None: where that pays)
+        self.sparse_slots = sparse_slots
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
         #: where each generated batch's rows go as they are made (a stopped chunk's
         #: evaluations then come back through `restore`)
         self.journal = journal
         self.states: dict[str, PromptStates] | None = {} if reuse_prefix else None
-        #: a batch's schedule may run this many blocks. On a CPU every block a row passes
-        #: by costs compute: the spaces' longest default route. On a GPU a forward costs
+        #: a batch's schedule may run this many blocks. On a CPU every position costs its
+        #: block's weight reads, however few rows run it (with sparse slots a row no longer
+        #: computes the positions it passes by): the spaces' longest default route. On a GPU a forward costs
         #: about the same for 1 row or 40, so deeper shared schedules cost less than
         #: more batches. Results do not depend on it (a pure cost knob).
         L = lm.n_layers
         self.max_depth = L + L // 3 if lm.device.type == "cpu" else 3 * L
         self.n_generated = 0  # (question, route) pairs generated
         self.n_batches = 0  # batched generations they took
+        self.n_calls = 0  # calls (a lockstep's rounds: each hands over every waiting request)
 
     def _states(self, questions: list[Question]) -> list[PromptStates] | None:
         if self.states is None:
@@ -188,13 +192,14 @@ class RouteEvaluator:
                 self.states.pop(q, None)
 
     def __call__(self, requests: list[tuple[str, tuple[int, ...]]]) -> list[dict[str, Any]]:
+        self.n_calls += 1
         # Sorted, so routes that share a prefix (and the replay of it) share a batch.
         todo = sorted(dict.fromkeys(req for req in requests if req not in self.cache), key=lambda req: (req[1], req[0]))
         for group in self._groups(todo):
             chunk = [self.by_id[qid] for qid, _ in group]
             gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
                             interventions=[[Route(route)] for _, route in group], stop_strings=self.task.stop_strings,
-                            reuse=self._states(chunk))
+                            reuse=self._states(chunk), sparse_slots=self.sparse_slots)
             self.n_generated += len(group)
             self.n_batches += 1
             for (qid, route), [g] in zip(group, gens):

@@ -1,0 +1,195 @@
+"""Routing at the speed of sampling: a routing cell's route evaluations against plain
+sampling of the same questions, in tokens per second, measured in one process.
+
+A route line runs every search of the audit (random and the structured searches, gold-
+and answer-blind-rewarded, in the `--space` route spaces) on `--n` questions of the demo
+model's task with budget `--k`, in one lockstep as the audit does (`run_searches`, a
+fresh `RouteEvaluator` each time, so no line reuses another's generations). The sampling
+line draws, for the same questions, as many temperature samples per question as the
+route line evaluated routes per question (`sampling.engine_runner`, at most `--rows`
+rows per call, the route batches' bound), at the task's max new tokens: the same number
+of candidates of the same kind, so both generate about the same number of tokens.
+Tokens counted are the generated tokens before each candidate's stop, for both.
+
+Lines: `sequential` (the searches as they are, one route per search and question per
+round where they ask one at a time; sparse slots, the engine's default on a CPU: each
+route position runs its block on the rows whose route runs it,
+`interventions.Active.run_slot`), `sequential-dense` (the same searches, every row
+running the batch's whole union schedule and throwing away the results of the positions
+its route skips: the engine before sparse slots), `sampling`, and `batched` (sparse
+slots, each structured search proposing `--search-batch` routes per round,
+`RouteConfig.proposals`). They run interleaved, the order reversed
+every other round. Printed per route line:
+
+    route_tokens_per_s_vs_sampling: X [lo-hi]   median over rounds of (route tokens/s) /
+                                                (sampled tokens/s of the same round), min-max
+    rounds_per_cell: N                          lockstep rounds the searches took
+    rows_per_forward: M                         mean rows per decoding forward (one token each)
+    block_tokens: B                             tokens (rows x positions) the blocks ran on,
+                                                summed over block calls: the compute
+
+and `wasted_block_tokens: dense W -> sparse 0.00`, the share of the dense line's block
+tokens that belonged to rows passing that position by (the sparse line runs exactly the
+rows that run each position; both generate the same tokens, checked), and
+`sparse_vs_dense_speed`, the dense line's seconds over the sparse line's, per round. Only ratios within one
+run mean anything: never compare absolute times across runs.
+
+    python benchmarks/routing.py [--quick] [--n 8] [--k 8] [--space skiponly] [--reps 3] [--search-batch 8]
+
+Target on the 2-core CPU: route_tokens_per_s_vs_sampling >= 0.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from rnr_interp.engine.decoding import Decoding
+
+from rnr_interp.engine.generate import generate
+from rnr_interp.interventions import site_hook
+from rnr_interp.models import load_model
+from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, Search, audit_searches, run_searches
+from rnr_interp.analyses.routing.spaces import make_space
+from rnr_interp.engine.sampling import prompt_ids
+from rnr_interp.tasks import load_task
+from sampling import engine_runner, spread  # benchmarks/sampling.py, beside this script
+
+
+@dataclass
+class Work:
+    """What the model did during one line's run."""
+
+    seconds: float = 0.0
+    tokens: int = 0  # generated tokens before each candidate's stop
+    candidates: int = 0
+    rounds: int = 0  # lockstep rounds (route lines)
+    decode_forwards: int = 0
+    decode_rows: int = 0
+    block_tokens: int = 0
+    texts: tuple[str, ...] = ()
+
+
+@contextlib.contextmanager
+def counting(lm, work: Work) -> Iterator[None]:
+    """Count, into `work`, the rows of every decoding forward (one new position) and the
+    tokens (rows x positions) every block call runs on (the bridge's hook_resid_pre of
+    each block: a route position's block on its own rows with sparse slots, on every row
+    without; replayed prefill blocks run nothing)."""
+
+    def embedded(module, args, out):
+        if out.shape[1] == 1:
+            work.decode_forwards += 1
+            work.decode_rows += out.shape[0]
+
+    def block_in(act, hook=None):
+        work.block_tokens += act.shape[0] * act.shape[1]
+        return act
+
+    handle = lm.hf_model.get_input_embeddings().register_forward_hook(embedded)
+    try:
+        with lm.bridge.hooks(fwd_hooks=[(site_hook(lm, "hook_resid_pre", layer), block_in) for layer in range(lm.n_layers)]):
+            yield
+    finally:
+        handle.remove()
+
+
+def route_runner(lm, task, searches: dict[str, Search], k: int, rows: int, sparse: bool) -> Callable[[], Work]:
+    decoding = Decoding(max_new_tokens=task.max_new_tokens)
+
+    def run() -> Work:
+        work = Work()
+        ev = RouteEvaluator(lm, task, decoding, rows, sparse_slots=sparse)
+        with counting(lm, work):
+            start = time.perf_counter()
+            found = run_searches(ev, task.questions, searches, k, 0)
+            work.seconds = time.perf_counter() - start
+        work.rounds, work.candidates = ev.n_calls, ev.n_generated
+        work.tokens = sum(row["n_tokens"] for row in ev.cache.values())
+        work.texts = tuple(row["text"] for label in searches for pairs in found[label].values() for _, row in pairs)
+        return work
+
+    return run
+
+
+def sampling_runner(lm, task, per_question: int, rows: int) -> Callable[[], Work]:
+    prompts = [prompt_ids(lm, task, q) for q in task.questions]
+    # As many prompts per call as keep a call within the route batches' rows.
+    tokens_of = engine_runner(generate, lm, prompts, per_question, 1.0, task.max_new_tokens, max(1, rows // per_question))
+
+    def run() -> Work:
+        work = Work(candidates=per_question * len(prompts))
+        with counting(lm, work):
+            start = time.perf_counter()
+            work.tokens = tokens_of()
+            work.seconds = time.perf_counter() - start
+        return work
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 questions, K=4, skiponly (about three minutes on 2 cores)")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--task", default="arithmetic")
+    ap.add_argument("--n", type=int, default=8, help="questions")
+    ap.add_argument("--k", type=int, default=8, help="route evaluations per search and question (the budget K)")
+    ap.add_argument("--space", action="append", help="route space (repeatable; default skiponly)")
+    ap.add_argument("--rows", type=int, default=ROUTE_ROWS, help="most rows per batched generation (every line)")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds (>= 3)")
+    ap.add_argument("--search-batch", type=int, default=8,
+                    help="routes each structured search proposes per round on the batched line (RouteConfig.proposals)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = ap.parse_args()
+    if args.reps < 3:
+        ap.error("--reps must be at least 3: a median of paired rounds needs them")
+    if args.quick:
+        args.n, args.k, args.space = 4, 4, ["skiponly"]
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model)
+    task = load_task(args.task, n=args.n)
+    spaces = {name: make_space(name, lm.n_layers) for name in args.space or ["skiponly"]}
+    searches = audit_searches(spaces, STRUCTURED, proposals=1)
+    batched = audit_searches(spaces, STRUCTURED, proposals=args.search_batch)
+    routes = {"sequential": route_runner(lm, task, searches, args.k, args.rows, sparse=True),
+              "sequential-dense": route_runner(lm, task, searches, args.k, args.rows, sparse=False),
+              "batched": route_runner(lm, task, batched, args.k, args.rows, sparse=True)}
+    # Warm-up, not timed; it also says how many candidates the sampling line draws.
+    warm = routes["sequential"]()
+    per_question = max(1, math.ceil(warm.candidates / len(task.questions)))
+    lines = {**routes, "sampling": sampling_runner(lm, task, per_question, args.rows)}
+    works: dict[str, list[Work]] = {line: [] for line in lines}
+    for rep in range(args.reps):
+        for line in (list(lines) if rep % 2 == 0 else list(lines)[::-1]):
+            works[line].append(lines[line]())
+        print(f"round {rep + 1}: " + ", ".join(f"{line} {w[-1].tokens / w[-1].seconds:.0f} tokens/s" for line, w in works.items()),
+              flush=True)
+    print(f"{args.model}, {args.task} n={args.n}, {', '.join(spaces)}, {len(searches)} searches at K={args.k}: "
+          f"{warm.candidates} route evaluations; sampling {per_question} samples per question; {args.reps} interleaved rounds; "
+          f"torch_threads={torch.get_num_threads()}")
+    sampled = works["sampling"]
+    for line, runs in works.items():
+        last = runs[-1]
+        print(f"[{line}] tokens {last.tokens} in {last.candidates} candidates")
+        if line != "sampling":
+            ratios = [(w.tokens / w.seconds) / (s.tokens / s.seconds) for w, s in zip(runs, sampled)]
+            print(f"[{line}] route_tokens_per_s_vs_sampling: {spread(ratios)}")
+            print(f"[{line}] rounds_per_cell: {last.rounds}")
+        print(f"[{line}] rows_per_forward: {last.decode_rows / max(last.decode_forwards, 1):.1f}")
+        print(f"[{line}] block_tokens: {last.block_tokens}")
+    dense, sparse = works["sequential-dense"][-1], works["sequential"][-1]
+    print(f"wasted_block_tokens: dense {1 - sparse.block_tokens / dense.block_tokens:.2f} -> sparse 0.00")
+    print(f"sparse_vs_dense_speed: {spread([d.seconds / s.seconds for d, s in zip(works['sequential-dense'], works['sequential'])])}")
+    differ = sum(a != b for a, b in zip(dense.texts, sparse.texts))
+    print(f"generations differing between dense and sparse: {differ} of {len(sparse.texts)}")
+
+
+if __name__ == "__main__":
+    main()
