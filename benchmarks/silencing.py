@@ -37,7 +37,8 @@ from rnr_interp.engine.generate import replay_pays
 from rnr_interp.interventions import Ablate
 from rnr_interp.metrics import DEPLOYED
 from rnr_interp.models import load_model
-from rnr_interp.analyses.localise.cohort import Row, run_rows
+from rnr_interp.analyses.localise.cohort import run_rows
+from rnr_interp.engine.rows import Row
 from rnr_interp.analyses.localise.repair import COMPONENTS, ablation_probe, silencing_sweep
 from rnr_interp.engine.sampling import deployed_decoding, prompt_ids
 from rnr_interp.tasks import load_task

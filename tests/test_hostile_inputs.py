@@ -624,10 +624,11 @@ def killed_route_run(out: Path, seed: int) -> Path:
     """A route run (the CLI's ROUTE_RUN config) stopped inside its only chunk: its
     journal holds the chunk's samples and some route evaluations, no part is written."""
     import rnr_interp.analyses.routing.audit as audit
+    import rnr_interp.engine.rows as row_runner
     from rnr_interp.models import load_model
     from rnr_interp.tasks import load_task
 
-    original, calls = audit.generate, []
+    original, calls = row_runner.generate, []
 
     def dies_on_the_second_batch(*a, **kw):
         calls.append(1)
@@ -636,12 +637,12 @@ def killed_route_run(out: Path, seed: int) -> Path:
         return original(*a, **kw)
 
     cfg = audit.RouteConfig(samples=2, budget=2, methods=("random",), seed=seed)
-    audit.generate = dies_on_the_second_batch
+    row_runner.generate = dies_on_the_second_batch
     try:
         with pytest.raises(KeyboardInterrupt):
             audit.run_route_audit(load_model("tiny-llama"), load_task("arithmetic", n=2), out, cfg, progress=False)
     finally:
-        audit.generate = original
+        row_runner.generate = original
     assert RunDir(out).parts() == [] and (out / "journal.jsonl").is_file()
     return out
 

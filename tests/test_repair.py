@@ -17,7 +17,8 @@ from rnr_interp.models import build_tiny, load_model
 from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.analyses.localise.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
-from rnr_interp.analyses.localise.cohort import PANEL_CAP, Row, Split, run_rows, permutation_summary, rotated_probe, select_cohort
+from rnr_interp.analyses.localise.cohort import PANEL_CAP, Split, run_rows, permutation_summary, rotated_probe, select_cohort
+from rnr_interp.engine.rows import Row
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command
 from rnr_interp.metrics import REPAIR_EFFECT, wilson_interval, wilson_power
@@ -317,8 +318,8 @@ def test_rows_replay_by_default_where_replay_pays_only(monkeypatch):
     CPU model, off for a GPU one, where the per-group prefills cost more than they save."""
     import types
 
-    import rnr_interp.analyses.localise.cohort as cohort
     import rnr_interp.engine.generate as engine
+    import rnr_interp.engine.rows as row_runner
 
     lm = load_model("tiny-llama:2")
     assert engine.replay_pays(lm)
@@ -331,7 +332,7 @@ def test_rows_replay_by_default_where_replay_pays_only(monkeypatch):
     run_rows(lm, task, rows, deployed_decoding(task, max_new_tokens=2))
     assert replayed, "a CPU model's rows did not replay by default"
     replayed.clear()
-    monkeypatch.setattr(cohort, "replay_pays", lambda lm_: False)
+    monkeypatch.setattr(row_runner, "replay_pays", lambda lm_: False)
     run_rows(lm, task, rows, deployed_decoding(task, max_new_tokens=2))
     assert replayed == []
 

@@ -458,10 +458,11 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     run's journal; resumed, it generates only what was missing, writes the records an
     uninterrupted run writes, and leaves no journal behind."""
     import rnr_interp.analyses.routing.audit as audit
+    import rnr_interp.engine.rows as row_runner
 
     lm, task, cfg, summary, records = routed_run
     assert len(task.questions) > cfg.batch_size, "needs a second chunk"
-    original, calls = audit.generate, []
+    original, calls = row_runner.generate, []
 
     def dies_on_the_third_batch(*a, **kw):
         calls.append(len(a[1]))
@@ -469,7 +470,7 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
             raise KeyboardInterrupt("killed")
         return original(*a, **kw)
 
-    monkeypatch.setattr(audit, "generate", dies_on_the_third_batch)
+    monkeypatch.setattr(row_runner, "generate", dies_on_the_third_batch)
     with pytest.raises(KeyboardInterrupt):
         run_route_audit(lm, task, tmp_path, cfg, progress=False)
     journal = RunDir(tmp_path).journal.read()
@@ -480,7 +481,7 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     resampled, generated = [], []
     original_sample = audit.sample_questions
     monkeypatch.setattr(audit, "sample_questions", lambda *a, **kw: resampled.append([q.id for q in a[2]]) or original_sample(*a, **kw))
-    monkeypatch.setattr(audit, "generate", lambda *a, **kw: generated.append(len(a[1])) or original(*a, **kw))
+    monkeypatch.setattr(row_runner, "generate", lambda *a, **kw: generated.append(len(a[1])) or original(*a, **kw))
     resumed = run_route_audit(lm, task, tmp_path, cfg, progress=False)
     # the first chunk's samples came back from the journal; the second chunk sampled
     assert resampled == [[q.id for q in task.questions[cfg.batch_size:]]]
@@ -559,11 +560,13 @@ def test_route_batches_hold_the_rows_of_the_device(monkeypatch, tmp_path):
 
     import rnr_interp.analyses.routing.audit as audit
 
+    import rnr_interp.engine.rows as row_runner
+
     lm = load_model("tiny-llama:6")
     assert audit.route_rows(lm) == audit.ROUTE_ROWS
     assert audit.route_rows(types.SimpleNamespace(device=torch.device("cuda", 0))) == audit.GPU_ROUTE_ROWS > audit.ROUTE_ROWS
-    sizes, original = [], audit.generate
-    monkeypatch.setattr(audit, "generate", lambda *a, **kw: sizes.append(len(a[1])) or original(*a, **kw))
+    sizes, original = [], row_runner.generate
+    monkeypatch.setattr(row_runner, "generate", lambda *a, **kw: sizes.append(len(a[1])) or original(*a, **kw))
     monkeypatch.setattr(audit, "route_rows", lambda lm_: 5)
     run_route_audit(lm, load_task("arithmetic", n=3), tmp_path / "a", RouteConfig(samples=4, budget=4, batch_size=2), progress=False)
     assert max(sizes) == 5

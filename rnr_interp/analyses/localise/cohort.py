@@ -33,44 +33,16 @@ from tqdm.auto import tqdm
 
 from rnr_interp.engine.decoding import Decoding
 
-from rnr_interp.engine.generate import PromptStates, generate, prompt_states, replay_pays
+from rnr_interp.engine.rows import PrefillCache, Row, generate_rows
 from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognize
 from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir, stable_key
-from rnr_interp.engine.sampling import candidate_row, chance_summary, chunks, prompt_ids, run_config
+from rnr_interp.engine.sampling import candidate_row, chance_summary, chunks, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
 
 # -- generation rows -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    """One batch row: a question under one intervention set, labelled `probe`."""
-
-    question: Question
-    interventions: tuple[Intervention, ...]
-    probe: str  # a `ProbeLabel`, as text
-
-
-def generate_rows(
-    lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run_id: str = "",
-    states: Mapping[str, PromptStates] | None = None,
-) -> list[dict[str, Any]]:
-    """Greedy generations of `rows` in one batched call, each row under its own set.
-    states: question id -> its `prompt_states`, for each row's prefill to replay the
-    blocks before the first one its interventions touch."""
-    gens = generate(
-        lm, [prompt_ids(lm, task, r.question) for r in rows], n=1, decoding=decoding,
-        interventions=[list(r.interventions) for r in rows], stop_strings=task.stop_strings,
-        reuse=[states[r.question.id] for r in rows] if states is not None else None,
-    )
-    common = {"run_id": run_id, "model": lm.spec, "task": task.name, "candidate": 0, "seed": 0}
-    return [
-        candidate_row(task, r.question, g[0], **common, probe=r.probe, intervention=set_id(r.interventions))
-        for r, g in zip(rows, gens)
-    ]
 
 
 def run_rows(
@@ -84,26 +56,21 @@ def run_rows(
     instead of recomputing them: the same generations, and a silencing sweep's prefill
     about half the arithmetic. None (the default): where that pays, the CPU
     (`generate.replay_pays`)."""
-    if reuse_prefix is None:
-        reuse_prefix = replay_pays(lm)
+    prefills = PrefillCache(lm, task, enabled=reuse_prefix)
     done = run.stored_groups() if run is not None else set()
     todo = [r for r in rows if (r.question.id, r.probe) not in done]
-    # Rows of one question are adjacent, so a chunk has little padding and needs few states.
+    # Rows of one question are adjacent, so a chunk has little padding and needs few prefills.
     order = {q: i for i, q in enumerate(dict.fromkeys(r.question.id for r in todo))}
     todo.sort(key=lambda r: order[r.question.id])
-    run_id = run.run_id if run is not None else ""
+    common = {"run_id": run.run_id if run is not None else "", "model": lm.spec, "task": task.name, "candidate": 0, "seed": 0}
     produced: list[dict[str, Any]] = []
-    states: dict[str, PromptStates] = {}
     for chunk in tqdm(list(chunks(todo, batch_size)), desc=desc, unit="batch", disable=not progress):
+        prefills.keep_only([r.question.id for r in chunk])
         # A first layer of 0, or none, leaves a row nothing to replay.
-        replay = reuse_prefix and any(first_layer(r.interventions) for r in chunk)
-        if replay:
-            wanted = list({r.question.id: r.question for r in chunk}.values())
-            states = {q.id: states[q.id] for q in wanted if q.id in states}
-            missing = [q for q in wanted if q.id not in states]
-            if missing:
-                states.update(zip([q.id for q in missing], prompt_states(lm, [prompt_ids(lm, task, q) for q in missing])))
-        recs = generate_rows(lm, task, chunk, decoding, run_id=run_id, states=states if replay else None)
+        replay = any(first_layer(r.interventions) for r in chunk)
+        gens = generate_rows(lm, task, chunk, decoding, prefills if replay else None)
+        recs = [candidate_row(task, r.question, g, **common, probe=r.probe, intervention=set_id(r.interventions))
+                for r, g in zip(chunk, gens)]
         if run is not None:
             run.write_question_batch(recs)
         produced.extend(recs)

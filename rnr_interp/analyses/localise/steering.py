@@ -52,9 +52,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Cohort, Row, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary,
+    PANEL_CAP, ROTATION, Cohort, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary,
     localisation_config, multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
 )
+from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook

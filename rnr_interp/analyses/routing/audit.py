@@ -51,7 +51,8 @@ from tqdm.auto import tqdm
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE, Decoding
 
-from rnr_interp.engine.generate import PromptStates, generate, last_logits, prompt_states
+from rnr_interp.engine.generate import last_logits
+from rnr_interp.engine.rows import PrefillCache, Row, generate_rows
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
@@ -60,7 +61,7 @@ from rnr_interp.analyses.routing.batching import Lockstep
 from rnr_interp.analyses.routing.search import ADAPTIVE, SEARCHES, round_size
 from rnr_interp.analyses.routing.selectors import search_reward, select
 from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space, space_size
-from rnr_interp.engine.sampling import Probe, candidate_row, prompt_ids, run_config, sample_questions
+from rnr_interp.engine.sampling import Probe, candidate_row, run_config, sample_questions
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ADAPTIVE
@@ -150,9 +151,9 @@ class RouteConfig:
 class RouteEvaluator:
     """Greedy generation of (question, route) pairs, batched (rows on different routes
     share a batch) and cached, so a route any method has already tried for a question
-    costs nothing again. With `reuse_prefix`, each prompt's full-path prefill is kept
-    and a batch whose rows all start with blocks 0..p-1 unchanged replays them instead
-    of recomputing its prefill."""
+    costs nothing again; the rows go through the one row runner (`engine.rows`). With
+    `reuse_prefix`, each prompt's full-path prefill is kept and a row whose route starts
+    with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
 
     def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True,
                  journal: Journal | None = None, sparse_slots: bool | None = None):
@@ -164,7 +165,7 @@ class RouteEvaluator:
         #: where each generated batch's rows go as they are made (a stopped chunk's
         #: evaluations then come back through `restore`)
         self.journal = journal
-        self.states: dict[str, PromptStates] | None = {} if reuse_prefix else None
+        self.prefills = PrefillCache(lm, task, enabled=reuse_prefix)
         #: a batch's schedule may run this many blocks. On a CPU every position costs its
         #: block's weight reads, however few rows run it (with sparse slots a row no longer
         #: computes the positions it passes by): the spaces' longest default route. On a GPU a forward costs
@@ -176,33 +177,20 @@ class RouteEvaluator:
         self.n_batches = 0  # batched generations they took
         self.n_calls = 0  # calls (a lockstep's rounds: each hands over every waiting request)
 
-    def _states(self, questions: list[Question]) -> list[PromptStates] | None:
-        if self.states is None:
-            return None
-        missing = [q for q in questions if q.id not in self.states]
-        if missing:
-            fresh = prompt_states(self.lm, [prompt_ids(self.lm, self.task, q) for q in missing])
-            self.states.update({q.id: st for q, st in zip(missing, fresh)})
-        return [self.states[q.id] for q in questions]
-
     def forget(self, qids) -> None:
         """Drop stored prefills of questions that are done (they are large)."""
-        if self.states is not None:
-            for q in qids:
-                self.states.pop(q, None)
+        self.prefills.forget(qids)
 
     def __call__(self, requests: list[tuple[str, tuple[int, ...]]]) -> list[dict[str, Any]]:
         self.n_calls += 1
         # Sorted, so routes that share a prefix (and the replay of it) share a batch.
         todo = sorted(dict.fromkeys(req for req in requests if req not in self.cache), key=lambda req: (req[1], req[0]))
         for group in self._groups(todo):
-            chunk = [self.by_id[qid] for qid, _ in group]
-            gens = generate(self.lm, [prompt_ids(self.lm, self.task, q) for q in chunk], decoding=self.decoding,
-                            interventions=[[Route(route)] for _, route in group], stop_strings=self.task.stop_strings,
-                            reuse=self._states(chunk), sparse_slots=self.sparse_slots)
+            rows = [Row(self.by_id[qid], (Route(route),)) for qid, route in group]
+            gens = generate_rows(self.lm, self.task, rows, self.decoding, self.prefills, sparse_slots=self.sparse_slots)
             self.n_generated += len(group)
             self.n_batches += 1
-            for (qid, route), [g] in zip(group, gens):
+            for (qid, route), g in zip(group, gens):
                 self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, intervention=set_id([Route(route)]))
             if self.journal is not None:
                 self.journal.append({"question_id": qid, "route": list(route), "row": self.cache[(qid, route)]} for qid, route in group)
