@@ -30,7 +30,7 @@ from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.recognition import READOUTS, gold_first, recognize
-from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
+from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, ProbeLabel, RunDir
 from rnr_interp.sampling import candidate_row, candidate_seed, chance_summary, chunks, prompt_ids, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
 
@@ -48,11 +48,12 @@ class Row:
 
 def generate_rows(
     lm: LoadedModel, task: Task, rows: Sequence[Row], decoding: Decoding, run_id: str = "",
-    states: Mapping[str, PromptStates] | None = None,
+    states: Mapping[str, PromptStates] | None = None, grading: str = DEFAULT_GRADING,
 ) -> list[dict[str, Any]]:
     """Greedy generations of `rows` in one batched call, each row under its own set.
     states: question id -> its `prompt_states`, for each row's prefill to replay the
-    blocks before the first one its interventions touch."""
+    blocks before the first one its interventions touch. `grading`: the run's, the one
+    the records' `correct` holds."""
     gens = generate(
         lm, [prompt_ids(lm, task, r.question) for r in rows], n=1, decoding=decoding,
         interventions=[list(r.interventions) for r in rows], stop_strings=task.stop_strings,
@@ -60,7 +61,7 @@ def generate_rows(
     )
     common = {"run_id": run_id, "model": lm.spec, "task": task.name, "candidate": 0, "seed": 0}
     return [
-        candidate_row(task, r.question, g[0], **common, probe=r.probe, intervention=set_id(r.interventions))
+        candidate_row(task, r.question, g[0], grading, **common, probe=r.probe, intervention=set_id(r.interventions))
         for r, g in zip(rows, gens)
     ]
 
@@ -95,7 +96,8 @@ def run_rows(
             missing = [q for q in wanted if q.id not in states]
             if missing:
                 states.update(zip([q.id for q in missing], prompt_states(lm, [prompt_ids(lm, task, q) for q in missing])))
-        recs = generate_rows(lm, task, chunk, decoding, run_id=run_id, states=states if replay else None)
+        recs = generate_rows(lm, task, chunk, decoding, run_id=run_id, states=states if replay else None,
+                             grading=run.grading if run is not None else DEFAULT_GRADING)
         if run is not None:
             run.write_question_batch(recs)
         produced.extend(recs)

@@ -211,7 +211,8 @@ def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], pro
     rows: list[dict[str, Any]] = []
     todo = [by_id[qid] for qid in question_ids if qid not in done]
     for batch in chunks(todo, batch_size):
-        part = sample_questions(lm, task, batch, probe=probe, deployed=deployed, run_id="budget_control")
+        part = sample_questions(lm, task, batch, probe=probe, deployed=deployed, run_id="budget_control",
+                                **({"grading": run.grading} if run is not None else {}))
         part = [r for r in part if r["probe"] == probe.name]
         if run is not None:
             run.write_question_batch(part)

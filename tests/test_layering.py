@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 
 #: the first part of a module's dotted name below rnr_interp -> its layer (low to high)
 LAYERS: dict[str, int] = {
-    "models": 0, "fast_attention": 0, "packed_linear": 0, "tasks": 0, "records": 0, "metrics": 0,
+    "models": 0, "fast_attention": 0, "packed_linear": 0, "tasks": 0, "records": 0, "metrics": 0, "grading": 0,
     "interventions": 1,
     "generate": 2, "sampling": 2, "vllm_backend": 2,
     "audit": 3, "routing": 3, "recognition": 3, "cohort": 3, "repair": 3, "steering": 3, "compare": 3, "sweep": 3,
