@@ -39,7 +39,8 @@ from rnr_interp.generate import Decoding, PromptStates, generate, last_logits, p
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import Journal, ProbeLabel, RunDir, RunFolderError, comparable, config_diff
+from rnr_interp.grading import graded, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
+from rnr_interp.records import DEFAULT_GRADING, Journal, ProbeLabel, RunDir, RunFolderError, comparable, config_diff
 from rnr_interp.routing.batching import Lockstep
 from rnr_interp.routing.search import SEARCHES
 from rnr_interp.routing.selectors import search_reward, select
@@ -123,8 +124,10 @@ class RouteEvaluator:
     of recomputing its prefill."""
 
     def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True,
-                 journal: Journal | None = None):
+                 journal: Journal | None = None, grading: str = DEFAULT_GRADING):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
+        #: the run's grading: the one its records' `correct`, and so the oracle searches' reward, holds
+        self.grading = grading
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
         #: where each generated batch's rows go as they are made (a stopped chunk's
@@ -166,7 +169,8 @@ class RouteEvaluator:
             self.n_generated += len(group)
             self.n_batches += 1
             for (qid, route), [g] in zip(group, gens):
-                self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, intervention=set_id([Route(route)]))
+                self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, self.grading,
+                                                         intervention=set_id([Route(route)]))
             if self.journal is not None:
                 self.journal.append({"question_id": qid, "route": list(route), "row": self.cache[(qid, route)]} for qid, route in group)
         return [self.cache[req] for req in requests]
@@ -174,7 +178,7 @@ class RouteEvaluator:
     def restore(self, entries: list[dict[str, Any]]) -> None:
         """Take back the evaluations a journal holds for this task's questions (a search
         asks for the same routes again, given the same rows)."""
-        self.cache.update(((e["question_id"], tuple(e["route"])), e["row"])
+        self.cache.update(((e["question_id"], tuple(e["route"])), with_both_grades(e["row"], self.task))
                           for e in entries if "route" in e and e["question_id"] in self.by_id)
 
     def _groups(self, pairs: list[tuple[str, tuple[int, ...]]]):
@@ -292,14 +296,26 @@ def route_decoding(task: Task) -> Decoding:
     return Decoding(max_new_tokens=task.max_new_tokens)
 
 
-def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
-    """The run config of a route audit: what a run folder stores and a resume checks."""
-    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)))
+def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig, grading: str | None = None) -> dict[str, Any]:
+    """The run config of a route audit: what a run folder stores and a resume checks.
+    `grading` None: the folder's own when resuming, else the default."""
+    return run_config("route", lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)))
 
 
-def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+def with_both_grades(row: dict[str, Any], task: Task) -> dict[str, Any]:
+    """A journalled row with both grades: a row journalled before they were recorded
+    (its `correct` then the flexible rule's) gets them from its text."""
+    if "correct_strict" in row:
+        return row
+    q = next(q for q in task.questions if q.id == row["question_id"])
+    strict = task.grade_candidate(row["text"], q, row["finish"]).strict and bool(row["correct"])
+    return {**row, "correct_strict": strict, "correct_flexible": bool(row["correct"])}
+
+
+def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True,
+                    grading: str | None = None) -> dict[str, Any]:
     decoding = route_decoding(task)
-    run = RunDir.create(out, route_run_config(lm, task, cfg))
+    run = RunDir.create(out, route_run_config(lm, task, cfg, grading))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
@@ -307,9 +323,10 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     # A chunk stopped part way left its temperature samples and route evaluations in the
     # run's journal: they are taken back, and the chunk redoes only what is missing.
     saved = run.journal.read()
-    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal)
+    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal,
+                               grading=run.grading)
     evaluator.restore(saved)
-    saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
+    saved_samples = {tuple(e["question_ids"]): [with_both_grades(r, task) for r in e["samples"]] for e in saved if "samples" in e}
     spaces = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len) for name in cfg.spaces}
     searches = audit_searches(spaces, cfg.methods)
 
@@ -320,7 +337,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         rows = saved_samples.get(tuple(ids))
         if rows is None:
             rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
-                                    deployed=decoding, run_id=run_id)
+                                    deployed=decoding, run_id=run_id, grading=run.grading)
             run.journal.append([{"question_ids": ids, "samples": rows}])
         # Within a chunk (tens of minutes on a CPU for long answers), the searches' budget spent.
         with tqdm(total=len(searches) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
@@ -357,7 +374,7 @@ def summarize_so_far(run: RunDir, out: str | Path, lm: LoadedModel, task: Task) 
     those questions. For runs that take hours (GSM8K answers on a CPU). `lm` and `task`
     must be the run's: the config they make is checked against the stored one."""
     cfg = route_config_of(run)
-    differ = config_diff(comparable(run.config), comparable(route_run_config(lm, task, cfg)))
+    differ = config_diff(comparable(run.config), comparable(route_run_config(lm, task, cfg, run.grading)))
     if differ:
         raise RunFolderError(f"{run.path} was not run with this model and task: they differ in {', '.join(differ)}")
     if not run.done_question_ids():
@@ -402,12 +419,48 @@ def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int
             for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
 
 
-def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
+def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig, grading: str | None = None,
+                     target: RunDir | None = None) -> dict[str, Any]:
     """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
     per method, random - structured at K (Newcombe paired), and each selector's
-    accuracy, selection gap and gap recovery (paired). Tables: route_curves,
-    route_cells, selectors."""
-    records = run.read_records()
+    accuracy, selection gap and gap recovery (paired), all under `grading` (default: the
+    run's), with the deployed accuracy, oracles@K and selector accuracies under the
+    other grading beside (`summary[other]`). The collapse rule reads the unparsed rate,
+    which no grading changes. Tables (under `grading`): route_curves, route_cells,
+    selectors, written to `target` (default: the run). Old records' strict grades are
+    read from their texts (`grading.regrade`); self-verification scores come from `lm`."""
+    grading = grading or run.grading
+    records = regrade(run.read_records(), task)
+    qids = list(question_scores(graded(records, "flexible"), "temperature").index)
+    # The selectors' choices are answer-blind: made once, then graded either way.
+    choices = {"temperature": _selector_choices(lm, task, _candidates(records, "temperature", qids), {})}
+    for space_name in cfg.spaces:
+        choices[space_name] = _selector_choices(
+            lm, task, _candidates(records, str(ProbeLabel.route(space_name, "random")), qids),
+            {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in SEARCH_SELECTORS})
+    summary, tables = _graded_routes(graded(records, grading), lm, task, cfg, choices)
+    other = other_grading(grading)
+    beside, _ = _graded_routes(graded(records, other), lm, task, cfg, choices)
+    summary["grading"] = grading
+    summary[other] = {"deployed": beside["deployed"], "oracle_at_k": beside["oracle_at_k"],
+                      "temperature_oracle": beside["temperature"]["oracle"],
+                      "cells": {cell: {"oracle_at_k": c["oracle_at_k"],
+                                       "selectors": {name: sel["accuracy"] for name, sel in c["selectors"].items()}}
+                                for cell, c in beside["cells"].items()}}
+    null = question_null(graded(records, grading), task, "temperature", grading, cfg.samples, seed=cfg.seed)
+    if null is not None:
+        t_scores = question_scores(graded(records, grading), "temperature")
+        summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
+    summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])}
+    summary["warnings"] = [w for p, r in summary["unfinished_rate"].items() if (w := unfinished_warning(r, p))]
+    for name, table in tables.items():
+        (target or run).write_table(name, table)
+    return summary
+
+
+def _graded_routes(records: pd.DataFrame, lm: LoadedModel, task: Task, cfg: RouteConfig,
+                   choices: dict[str, dict[str, list[int | None]]]) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """`summarize_routes`' summary and tables from records graded one way (`correct`)."""
     scores = question_scores(records, "temperature")
     qids = list(scores.index)
     d = scores["d"].to_numpy()
@@ -416,9 +469,8 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
     summary: dict[str, Any] = {"kind": "route", "model": lm.spec, "task": task.name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy,
                                "deployed_ci": list(wilson_interval(d.sum(), len(d))), "cells": {}}
-    # Plain sampling's selection gap, the same for every cell: computed (with one
-    # self-verification forward per question) once.
-    temperature = _selector_picks(lm, task, _candidates(records, "temperature", qids), {})
+    # Plain sampling's selection gap, the same for every cell.
+    temperature = _picks_correct(choices["temperature"], _candidates(records, "temperature", qids), {})
     t_oracle = scores["o"].to_numpy()
     summary["temperature"] = {"oracle": float(t_oracle.mean()),
                               "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
@@ -435,7 +487,7 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
         for vote, weighted in VOTES.items():
             curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.budget + 1), weighted, 1, cfg.seed), cfg.seed)
         blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in SEARCH_SELECTORS}
-        picks = _selector_picks(lm, task, rand, blind)
+        picks = _picks_correct(choices[space_name], rand, blind)
         oracle = at_k["random"]
         oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
         diffs = {m: {"value": oracle_at_k["random"] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], oracle)]}
@@ -459,10 +511,8 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
             "space": space_name, "oracle_at_k": oracle_at_k, "excluded": excluded, "unparsed_rate": unparsed,
             "random_minus_structured": diffs, "selectors": cell_sel,
         }
-    run.write_table("route_curves", pd.DataFrame(curves))
-    run.write_table("route_cells", pd.DataFrame(cells))
     sel = pd.DataFrame(selectors)
-    run.write_table("selectors", sel)
+    tables = {"route_curves": pd.DataFrame(curves), "route_cells": pd.DataFrame(cells), "selectors": sel}
     kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
     summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
     methods = dict.fromkeys(("random", *cfg.methods))
@@ -470,7 +520,7 @@ def summarize_routes(run: RunDir, lm: LoadedModel, task: Task, cfg: RouteConfig)
     routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
     summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
                             for name, g in routes_sel.groupby("selector", sort=False)} if len(routes_sel) else {}
-    return summary
+    return summary, tables
 
 
 def _flat(sel: dict[str, Any]) -> dict[str, Any]:
@@ -484,18 +534,33 @@ def _flat(sel: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _selector_picks(lm: LoadedModel, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
-    """Per selector, whether its pick is correct for each question (an abstention is
-    wrong): the candidate selectors over `cands`, each search selector over its own
-    search's candidates (its best-rewarded route)."""
+def _selector_choices(lm: LoadedModel, task: Task, cands: list[pd.DataFrame],
+                      blind: dict[str, list[pd.DataFrame]]) -> dict[str, list[int | None]]:
+    """Per selector, the candidate it picks for each question (None: it abstains): the
+    candidate selectors over `cands`, each search selector over its own search's
+    candidates (its best-rewarded route). Answer-blind: no grade is read."""
     by_id = {q.id: q for q in task.questions}
-    picks: dict[str, list[bool]] = {name: [] for name in CANDIDATE_SELECTORS}
+    choices: dict[str, list[int | None]] = {name: [] for name in CANDIDATE_SELECTORS}
     for g in cands:
         answers = [a if isinstance(a, str) else None for a in g["extracted"]]
         table = g.assign(verify_yes_logprob=verify_scores(lm, task, by_id[g["question_id"].iloc[0]], answers))
         for name in CANDIDATE_SELECTORS:
-            i = select(table, name)
-            picks[name].append(bool(g.loc[i, "correct"]) if i is not None else False)
+            choices[name].append(select(table, name))
     for name, per_q in blind.items():
-        picks[name] = [bool(g.loc[i, "correct"]) if (i := select(g, "confidence")) is not None else False for g in per_q]
-    return {name: np.asarray(v, dtype=bool) for name, v in picks.items()}
+        choices[name] = [select(g, "confidence") for g in per_q]
+    return choices
+
+
+def _picks_correct(choices: dict[str, list[int | None]], cands: list[pd.DataFrame],
+                   blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+    """Per selector, whether its pick is correct (`correct`) for each question; an
+    abstention is wrong."""
+    return {name: np.asarray([bool(g.loc[i, "correct"]) if i is not None else False
+                              for i, g in zip(picked, blind.get(name, cands))], dtype=bool)
+            for name, picked in choices.items()}
+
+
+def _selector_picks(lm: LoadedModel, task: Task, cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+    """Per selector, whether its pick is correct for each question (an abstention is
+    wrong), under the grading the candidates' `correct` holds."""
+    return _picks_correct(_selector_choices(lm, task, cands, blind), cands, blind)
