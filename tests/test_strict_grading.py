@@ -1,0 +1,232 @@
+"""Strict and flexible grades, the chance null, circular evaluation, regrading old runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rnr_interp.grading import (circular_scores, derangement_null, derangements, graded, letter_null, null_line,
+                                null_summary, question_null, regrade, unfinished_rate, unfinished_warning)
+from rnr_interp.metrics import question_scores
+from rnr_interp.records import DEPLOYED, RECORD_COLUMNS, RECORD_SCHEMA, ProbeLabel, RunDir
+from rnr_interp.tasks import load_task
+from rnr_interp.tasks.base import MultipleChoiceTask, Question
+from rnr_interp.tasks.gsm8k import GSM8K
+from rnr_interp.tasks.jsonl import JsonlTask
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K40 = REPO / "experiments" / "runs" / "gsm8k40"
+
+
+def gsm(answer: str = "131") -> tuple[GSM8K, Question]:
+    q = Question(id="q", text="?", answer=answer)
+    return GSM8K([q]), q
+
+
+@pytest.mark.parametrize("text, finish, flexible, strict", [
+    ("She has 131 apples. The answer is 131.", "stop", True, True),       # marked
+    ("#### 131", "stop", True, True),                                      # marked, GSM8K's own marker
+    ("so the total is \\boxed{131} apples", "stop", True, True),           # boxed
+    ("131", "stop", True, True),                                           # the answer alone
+    ("She buys 12, sells 9 and keeps 131", "stop", True, False),           # several numbers, unmarked: last one
+    ("... 140 - 9 = 131", "length", True, False),                          # cut off, unmarked
+    ("The answer is 131", "length", True, False),                          # marked at the very end of a cut one
+    ("The answer is 131. Next question: 5", "length", True, True),          # marked, then cut later
+    ("The answer is 9. Or 131", "stop", False, False),                     # the first marked answer counts
+    ("131", "length", True, False),                                        # a lone number in a cut one
+])
+def test_numeric_candidates_graded_both_ways(text, finish, flexible, strict):
+    task, q = gsm()
+    grade = task.grade_candidate(text, q, finish)
+    assert (grade.flexible, grade.strict) == (flexible, strict)
+
+
+def test_thousands_separators_read_the_same_strictly():
+    task, q = gsm("1000")
+    assert task.grade_candidate("The answer is $1,000.", q, "stop").strict
+    assert task.grade_candidate("1,000", q, "stop").strict
+    assert not task.grade_candidate("The answer is 1,0000.", q, "stop").flexible
+
+
+def test_letter_and_free_text_candidates():
+    mc = MultipleChoiceTask([Question(id="m", text="?", answer="B", choices=("x", "y", "z"), gold_index=1)])
+    q = mc.questions[0]
+    for text, finish, expected in [("Answer: B", "stop", (True, True)), ("B", "stop", (True, True)),
+                                   ("Option B is right because", "stop", (True, False)),
+                                   ("Answer: B", "length", (True, False)), ("Answer: B. It is y", "length", (True, True))]:
+        g = mc.grade_candidate(text, q, finish)
+        assert (g.flexible, g.strict) == expected, text
+    free = JsonlTask([Question(id="f", text="?", answer="Paris")])
+    q = free.questions[0]
+    assert free.grade_candidate("Answer: Paris\nmore", q, "length").strict
+    assert not free.grade_candidate("Answer: Paris", q, "length").strict
+    assert free.grade_candidate("Paris", q, "stop").strict
+    assert not free.grade_candidate("Paris\nThe capital is Paris", q, "stop").strict
+    assert free.grade_candidate("Paris\nThe capital is Paris", q, "stop").flexible
+
+
+def test_strict_never_exceeds_flexible():
+    texts = ["The answer is 131.", "131", "Answer: B", "B", "x 131 y 9", "\\boxed{131} then The answer is 9.",
+             "The answer is 9 \\boxed{131}", "Answer: Paris", "paris", "**131**", "The answer is 2 * 3 = 6", "",
+             "(B).", "Answer: yes", "no", "The answer is 131", "131 - 9 = "]
+    tasks = [gsm()[0], MultipleChoiceTask([Question(id="m", text="?", answer="B", choices=("x", "y"), gold_index=1)]),
+             JsonlTask([Question(id="f", text="?", answer="paris")]), load_task("arithmetic", n=3)]
+    for task, text, finish in itertools.product(tasks, texts, ("stop", "length")):
+        for q in task.questions:
+            g = task.grade_candidate(text, q, finish)
+            assert g.strict <= g.flexible, (task.name, text, finish)
+
+
+def test_derangements_have_no_fixed_point_and_are_permutations():
+    perms = derangements(5, 200, seed=3)
+    assert (perms != np.arange(5)).all()
+    assert all(sorted(p) == list(range(5)) for p in perms)
+    assert len({tuple(p) for p in perms}) > 10  # not one derangement repeated
+    with pytest.raises(ValueError):
+        derangements(1, 1)
+
+
+def records_of(task, texts_by_q: dict[str, list[str]], finish: str = "stop") -> pd.DataFrame:
+    """Records of hand-written candidates: the first text of each question is its deployed one."""
+    rows = []
+    by_id = {q.id: q for q in task.questions}
+    for qid, texts in texts_by_q.items():
+        for j, text in enumerate(texts):
+            g = task.grade_candidate(text, by_id[qid], finish)
+            rows.append({"question_id": qid, "probe": DEPLOYED if j == 0 else "temperature", "candidate": max(j - 1, 0),
+                         "text": text, "extracted": g.extracted, "gold": by_id[qid].answer, "finish": finish,
+                         "correct": g.strict, "correct_strict": g.strict, "correct_flexible": g.flexible})
+    return pd.DataFrame(rows)
+
+
+def test_null_equals_o_k_when_every_gold_is_equal():
+    task = GSM8K([Question(id=f"q{i}", text="?", answer="7") for i in range(6)])
+    texts = {f"q{i}": ["The answer is 7." if i % 2 else "3", "The answer is 7." if i < 3 else "5", "x 7"] for i in range(6)}
+    records = records_of(task, texts)
+    for grading in ("strict", "flexible"):
+        scores = question_scores(graded(records, grading), "temperature")
+        d_null, o_null = derangement_null(graded(records, grading), task, "temperature", grading)
+        np.testing.assert_array_equal(o_null, scores["o"].to_numpy(float))
+        np.testing.assert_array_equal(d_null, scores["d"].to_numpy(float))
+
+
+def test_null_of_answers_that_fit_only_their_own_question_is_zero_and_the_line_says_so():
+    task = GSM8K([Question(id=f"q{i}", text="?", answer=str(10 + i)) for i in range(8)])
+    records = records_of(task, {f"q{i}": ["0", f"The answer is {10 + i}.", "1"] for i in range(8)})
+    scores = question_scores(records, "temperature")
+    d_null, o_null = derangement_null(records, task, "temperature", "strict")
+    assert o_null.sum() == 0
+    null = null_summary(scores["d"], scores["o"], d_null, o_null, "derangements")
+    assert null["O_K"] == 0 and null["gap_above_null"] == 1.0 and not null["indistinguishable"]
+    assert "above chance" in null_line(null, 2)
+    # a lottery: each question's samples hit another question's gold as often as its own
+    lucky = records_of(task, {f"q{i}": ["0", *(f"{10 + j}" for j in range(8))] for i in range(8)})
+    s = question_scores(lucky, "temperature")
+    null = null_summary(s["d"], s["o"], *derangement_null(lucky, task, "temperature", "flexible"), "derangements")
+    assert null["O_K"] == 1.0 and null["indistinguishable"]
+    assert "indistinguishable from chance at this n" in null_line(null, 8)
+
+
+def test_letter_null_follows_the_models_own_letters():
+    task = MultipleChoiceTask([Question(id=f"m{i}", text="?", answer="AB"[i % 2], choices=("x", "y", "z", "w"),
+                                        gold_index=i % 2) for i in range(4)])
+    records = records_of(task, {f"m{i}": ["A"] * 5 for i in range(4)})
+    guess = letter_null(records, task, "temperature", k=4)
+    np.testing.assert_allclose(guess["uniform_o"], 1 - 0.75 ** 4)
+    np.testing.assert_array_equal(guess["model_o"], [1, 0, 1, 0])  # always "A": right exactly where A is gold
+    d_null, o_null, _ = question_null(records, task, "temperature", "strict", 4)
+    np.testing.assert_array_equal(o_null, question_scores(records, "temperature")["o"].to_numpy(float))
+
+
+def test_a_model_that_always_answers_a_has_circular_d_zero():
+    task = MultipleChoiceTask([Question(id=f"m{i}", text="?", answer="ABCD"[i % 4], choices=("w", "x", "y", "z"),
+                                        gold_index=i % 4) for i in range(8)])
+    frames = []
+    for shift in range(4):
+        rotated = MultipleChoiceTask([q if shift == 0 else __import__("rnr_interp.tasks.base", fromlist=["x"]).rotate_options(q, shift)
+                                      for q in task.questions])
+        part = records_of(rotated, {q.id: ["Answer: A"] * 4 for q in task.questions})
+        if shift:
+            part["probe"] = [str(ProbeLabel.rotated(ProbeLabel.parse(p), shift)) for p in part["probe"]]
+        frames.append(part)
+    records = pd.concat(frames, ignore_index=True)
+    plain = question_scores(records[records["probe"].isin([DEPLOYED, "temperature"])], "temperature")
+    assert plain["d"].mean() == 0.25  # right wherever A is gold
+    circular = circular_scores(records, "temperature", range(4))
+    assert circular["d"].sum() == 0 and circular["o"].sum() == 0
+
+
+def test_unfinished_rate_and_warning():
+    records = pd.DataFrame({"probe": ["deployed", "t", "t", "t"], "finish": ["stop", "length", "length", "stop"]})
+    assert unfinished_rate(records, "t") == pytest.approx(2 / 3)
+    assert "--max-new-tokens" in unfinished_warning(unfinished_rate(records, "t"), "t")
+    assert unfinished_warning(0.3, "t") is None
+
+
+def test_an_old_run_folder_resumes_flexibly_and_regrades_strictly(tmp_path):
+    """A folder written before both grades were recorded: no `grading` in its config, parts
+    without the new columns. It resumes (grading unspecified) under its own flexible
+    grading, reads back with flexible = its `correct`, and regrades strict from texts."""
+    task = load_task("arithmetic", n=2)
+    q = task.questions[0]
+    config = {"kind": "audit", "model": "m", "task": task.describe()}
+    old = RunDir.create(tmp_path / "run", config)
+    texts = [f"The answer is {q.answer}.", f"blah {q.answer}"]
+    legacy = [{"run_id": old.run_id, "model": "m", "task": task.name, "question_id": q.id, "probe": p, "candidate": 0,
+               "intervention": "", "seed": 0, "text": t, "extracted": q.answer, "gold": q.answer, "correct": True,
+               "logprob": -1.0, "n_tokens": 3, "finish": "stop"} for p, t in zip((DEPLOYED, "temperature"), texts)]
+    old_schema = pa.schema([f for f in RECORD_SCHEMA if f.name not in ("correct_strict", "correct_flexible")])
+    pq.write_table(pa.Table.from_pylist(legacy, schema=old_schema), old.records_dir / "part-00000.parquet")
+    old.release()
+    resumed = RunDir.create(tmp_path / "run", {**config, "grading": None})
+    assert resumed.grading == "flexible" and resumed.run_id == old.run_id
+    records = resumed.read_records()
+    assert list(records.columns) == list(RECORD_COLUMNS)
+    assert records["correct_flexible"].all() and records["correct_strict"].isna().all()
+    with pytest.raises(ValueError, match="regrade"):
+        graded(records, "strict")
+    assert regrade(records, task)["correct_strict"].tolist() == [True, False]
+    resumed.release()
+    with pytest.raises(ValueError, match="grading"):
+        RunDir.create(tmp_path / "run", {**config, "grading": "strict"})
+    new = RunDir.create(tmp_path / "new", {**config, "grading": None})
+    assert new.grading == "strict"
+
+
+def _numbers(obj, prefix=""):
+    """Every number in a JSON object, by its path."""
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in _numbers(value, f"{prefix}{key}.").items()}
+    if isinstance(obj, list):
+        return {k: v for i, value in enumerate(obj) for k, v in _numbers(value, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): obj} if isinstance(obj, (int, float)) and not isinstance(obj, bool) else {}
+
+
+@pytest.mark.slow
+def test_regrade_reproduces_the_gsm8k40_route_run_flexibly(tmp_path):
+    """`rnr regrade` on the committed GSM8K route run, graded flexibly (the run's own
+    grading): every number of its summary and every table as they were written."""
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    if not Path(json.loads((GSM8K40 / "manifest.json").read_text())["config"]["task"]["source"]).is_file():
+        pytest.skip("the GSM8K data file is not here")
+    result = CliRunner().invoke(app, ["regrade", str(GSM8K40), "--out", str(tmp_path / "re"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    before = _numbers(json.loads((GSM8K40 / "summary.json").read_text()))
+    after = json.loads((tmp_path / "re" / "summary.json").read_text())
+    assert after["grading"] == "flexible"
+    got = _numbers(after)
+    assert {k: got.get(k) for k in before} == pytest.approx(before, nan_ok=True, rel=0, abs=0)
+    for name in ("route_cells", "route_curves", "selectors"):
+        pd.testing.assert_frame_equal(RunDir(tmp_path / "re").read_table(name), RunDir(GSM8K40).read_table(name))
+    assert after["strict"]["deployed"] <= after["deployed"]
