@@ -41,8 +41,9 @@ def rows_for(qid: str, d: bool, c: int, model: str) -> list[dict]:
     """A deployed row and K probe rows of which the first c are correct."""
     base = dict(run_id="r", model=model, task="t", question_id=qid, intervention="", seed=0, text="x",
                 extracted=None, gold="1", logprob=0.0, n_tokens=1, finish="stop")
-    out = [{**base, "probe": "deployed", "candidate": 0, "correct": d}]
-    out += [{**base, "probe": "temperature", "candidate": j, "correct": j < c} for j in range(K)]
+    out = [{**base, "probe": "deployed", "candidate": 0, "correct": d, "correct_strict": d, "correct_flexible": d}]
+    out += [{**base, "probe": "temperature", "candidate": j, "correct": j < c, "correct_strict": j < c,
+             "correct_flexible": j < c} for j in range(K)]
     assert set(out[0]) == set(RECORD_COLUMNS)
     return out
 
@@ -183,7 +184,8 @@ def test_real_audits_of_tiny_models(tmp_path):
     runs, models = [], []
     for seed in (0, 1):
         lm = load_model("tiny-llama", seed=seed)
-        run_audit(lm, task, tmp_path / f"run{seed}", probe=probe, progress=False)
+        # graded flexibly: this task declares no answer format, and its 3-token answers all stop at the limit
+        run_audit(lm, task, tmp_path / f"run{seed}", probe=probe, progress=False, grading="flexible")
         runs.append(RunDir(tmp_path / f"run{seed}"))
         models.append(lm)
     s = compare_runs(*runs, tmp_path / "cmp", control_models=dict(zip(ROLES, models)), control_task=task)

@@ -328,25 +328,36 @@ def temperature_sweep(
     out: OutOpt = Path("runs/temperature"),
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 8,
+    grading: GradingOpt = None,
     quiet: QuietOpt = False,
 ):
-    """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals."""
+    """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals, read against the null."""
     from rnr_interp.sweep import run_temperature_sweep
 
     try:
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
     except ValueError:
         fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
+    check_grading_option(grading)
 
     def body():
         lm, t = load_inputs(model, task, data, n)
-        return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet)
+        return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet,
+                                     grading=grading)
 
     table = execute(body)
-    typer.echo("T\tD\tO_K\tO_K - majority [95% CI]\tO_K - D [95% CI]")
-    for r in table.itertuples():
-        typer.echo(f"{r.temperature:g}\t{r.D:.3f}\t{r.O_K:.3f}\t{fmt_ci(r.oracle_minus_majority, (r.oracle_minus_majority_lo, r.oracle_minus_majority_hi))}"
-                   f"\t{fmt_ci(r.oracle_minus_greedy, (r.oracle_minus_greedy_lo, r.oracle_minus_greedy_hi))}")
+    graded_as = table["grading"].iloc[0] if "grading" in table and len(table) else "flexible"
+    other = "flexible" if graded_as == "strict" else "strict"
+    null = "O_K_null" in table
+    typer.echo(f"graded {graded_as} ({other} beside)")
+    typer.echo(f"T\tD\tO_K\tO_K - majority [95% CI]\tO_K - D [95% CI]\tO_K {other}" + ("\tO_K null\tgap above null [95% CI]" if null else "")
+               + "\tunfinished")
+    for r in table.to_dict("records"):
+        typer.echo(f"{r['temperature']:g}\t{r['D']:.3f}\t{r['O_K']:.3f}\t{fmt_ci(r['oracle_minus_majority'], (r['oracle_minus_majority_lo'], r['oracle_minus_majority_hi']))}"
+                   f"\t{fmt_ci(r['oracle_minus_greedy'], (r['oracle_minus_greedy_lo'], r['oracle_minus_greedy_hi']))}"
+                   f"\t{r.get(f'O_K_{other}', float('nan')):.3f}"
+                   + (f"\t{r['O_K_null']:.3f}\t{fmt_ci(r['gap_above_null'], (r['gap_above_null_lo'], r['gap_above_null_hi']))}" if null else "")
+                   + f"\t{r.get('unfinished_rate', float('nan')):.0%}")
     run_folder(out)
 
 
