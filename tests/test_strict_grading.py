@@ -42,6 +42,9 @@ def gsm(answer: str = "131") -> tuple[GSM8K, Question]:
     ("The answer is 131. Next question: 5", "length", True, True),          # marked, then cut later
     ("The answer is 9. Or 131", "stop", False, False),                     # the first marked answer counts
     ("131", "length", True, False),                                        # a lone number in a cut one
+    ("122 + 9 = 131.", "stop", True, True),                                # one calculation and its result alone
+    ("122 + 9 = 131", "length", True, False),                              # ... in a cut one
+    ("122 + 9 equals 131", "stop", True, False),                           # prose around it
 ])
 def test_numeric_candidates_graded_both_ways(text, finish, flexible, strict):
     task, q = gsm()
@@ -230,3 +233,33 @@ def test_regrade_reproduces_the_gsm8k40_route_run_flexibly(tmp_path):
     for name in ("route_cells", "route_curves", "selectors"):
         pd.testing.assert_frame_equal(RunDir(tmp_path / "re").read_table(name), RunDir(GSM8K40).read_table(name))
     assert after["strict"]["deployed"] <= after["deployed"]
+
+
+def test_a_circular_audit_asks_every_shift_and_reports_both_gradings(tmp_path):
+    from rnr_interp.audit import run_audit
+    from rnr_interp.generate import Decoding
+    from rnr_interp.models import load_model
+    from rnr_interp.sampling import Probe
+
+    task = load_task("arithmetic_mc", n=3)
+    s = run_audit(load_model("tiny-llama"), task, tmp_path / "c", probe=Probe(k=2, temperature=1.0), circular=True,
+                  deployed=Decoding(max_new_tokens=4), progress=False)
+    m = len(task.questions[0].choices)
+    probes = set(RunDir(tmp_path / "c").read_records()["probe"])
+    assert probes == {DEPLOYED, "temperature"} | {f"rotated:{k}:{p}" for k in range(1, m) for p in (DEPLOYED, "temperature")}
+    assert s["grading"] == "strict" and s["circular"]["shifts"] == list(range(m))
+    for g in ("strict", "flexible"):
+        assert s["circular"][g]["D"] <= s[g]["D"] and s["circular"][g]["O_K"] <= s[g]["O_K"]
+    assert s["strict"]["O_K"] <= s["flexible"]["O_K"] and set(s["unfinished_rate"]) == probes
+    with pytest.raises(ValueError, match="circular"):
+        run_audit(load_model("tiny-llama"), load_task("arithmetic", n=2), tmp_path / "n", circular=True, progress=False)
+
+
+def test_a_bad_grading_option_is_one_error_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    result = CliRunner().invoke(app, ["audit", "--model", "tiny-llama", "--grading", "lenient", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--grading must be one of strict, flexible" in result.output
+    assert not (tmp_path / "x").exists()

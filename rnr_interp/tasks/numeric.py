@@ -17,8 +17,10 @@ are ignored. Two numbers are equal when their values agree to a relative 1e-6.
 
 Strict rule (`extract_number_strict`): only the first marked answer (as in 1, with its
 calculation), else a number in `\boxed{}`, else a reply that is one number and nothing
-else; a marked answer at the very end of a candidate the token limit stopped does not
-count (it may be cut: "The answer is 13" of 131), nor does a lone number in one.
+else, or one calculation and its result and nothing else ("79 + 21 = 100."): the
+answer alone with its working, no prose to pick a number from. A marked answer at the
+very end of a candidate the token limit stopped does not count (it may be cut: "The
+answer is 13" of 131), nor does a lone number or calculation in one.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def numbers_equal(a: str | None, b: str | None, rel_tol: float = 1e-6) -> bool:
 _CHAIN_RE = re.compile(r"(?:\s*[-+*/\u00d7\u00f7=]\s*[$(]*" + _NUM + r"\)*)+")
 
 
+# A reply that is one calculation and its result: "79 + 21 = 100", "(3 * 4) = 12."
+_OPERAND = r"[$(]*" + _NUM + r"\)*"
+_ONLY_CALCULATION_RE = re.compile(
+    r"\s*" + _OPERAND + r"(?:\s*[-+*/\u00d7\u00f7]\s*" + _OPERAND + r")+\s*=\s*\$?(" + _NUM + r")\s*\.?\s*")
 _BOXED_RE = re.compile(r"\\boxed\{\s*\$?(" + _NUM + r")\s*\}")
 
 
@@ -110,7 +116,10 @@ def extract_number_strict(generation: str, finished: bool = True) -> str | None:
     boxed = _BOXED_RE.search(generation)
     if boxed:
         return canonical_number(boxed.group(1))
-    return canonical_number(generation.strip().strip("*_` ")) if finished else None
+    if not finished:
+        return None
+    calculation = _ONLY_CALCULATION_RE.fullmatch(generation)
+    return canonical_number(calculation.group(1)) if calculation else canonical_number(generation.strip().strip("*_` "))
 
 
 class NumericTask(Task):
