@@ -95,6 +95,9 @@ def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task:
         records = regrade(records, task)
     plain = records[~records["probe"].map(_is_rotated)]
     summary = _graded_summary(plain, probe, ci, grading, task)
+    rates = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])}
+    summary["unfinished_rate"] = rates
+    summary["warnings"] = [w for p, r in rates.items() if (w := unfinished_warning(r, p))]
     config = run.config
     summary.update({
         "model": config.get("model"),
@@ -116,7 +119,7 @@ def _is_rotated(label: str) -> bool:
 
 def _graded_summary(records: pd.DataFrame, probe: str, ci: str, grading: str, task: Task | None) -> dict[str, Any]:
     """The summary's numbers under the headline `grading`, both gradings' D, O_K, gap and
-    pass@k beside, the null, the unfinished rates (with warnings) and the votes."""
+    pass@k beside, the null and the votes."""
     by_grading = {g: graded(records, g) for g in GRADINGS} if records["correct_strict"].notna().all() \
         else {"flexible": graded(records, "flexible")}
     if grading not in by_grading:
@@ -140,10 +143,7 @@ def _graded_summary(records: pd.DataFrame, probe: str, ci: str, grading: str, ta
             summary["pass_at_k"]["pass"] = curve
     if "null" in summary[grading]:
         summary["null"] = summary[grading]["null"]
-    rates = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])}
     summary["unparsed_rate"] = unparsed_rate(records) if len(records) else 0.0
-    summary["unfinished_rate"] = rates
-    summary["warnings"] = [w for p, r in rates.items() if (w := unfinished_warning(r, p))]
     summary.update(deployable_votes(headline, probe, scores))
     return summary
 
