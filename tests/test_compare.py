@@ -184,8 +184,7 @@ def test_real_audits_of_tiny_models(tmp_path):
     runs, models = [], []
     for seed in (0, 1):
         lm = load_model("tiny-llama", seed=seed)
-        # graded flexibly: this task declares no answer format, and its 3-token answers all stop at the limit
-        run_audit(lm, task, tmp_path / f"run{seed}", probe=probe, progress=False, grading="flexible")
+        run_audit(lm, task, tmp_path / f"run{seed}", probe=probe, progress=False)
         runs.append(RunDir(tmp_path / f"run{seed}"))
         models.append(lm)
     s = compare_runs(*runs, tmp_path / "cmp", control_models=dict(zip(ROLES, models)), control_task=task)

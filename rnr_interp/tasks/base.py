@@ -147,10 +147,10 @@ class Task:
     def read_answer_strict(self, generation: str, q: Question, finished: bool) -> str | None:
         """The answer to `q` stated in this task's declared format (a marked answer, or a
         reply that is the answer alone), else None; `finished` says the candidate ended
-        on its own rather than at the token limit. Each answer kind's module defines
-        its strict rule; this default accepts only a finished one-line reply."""
-        reply = generation.strip()
-        return self.read_answer(reply, q) if finished and reply and "\n" not in reply else None
+        on its own rather than at the token limit. Each answer kind's module defines its
+        strict rule (numbers, letters, yes/no, free text); a task that reads its answers
+        its own way (overrides `extract`) and declares no strict rule reads them so."""
+        return self.read_answer(generation, q)
 
     def grade(self, extracted: str | None, q: Question) -> bool:
         return extracted is not None and extracted == q.answer
