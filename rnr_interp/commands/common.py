@@ -158,7 +158,7 @@ def print_grading(summary: dict) -> None:
         typer.echo(f"  {null_line(summary['null'], summary.get('k'))}")
     rates = summary.get("unfinished_rate")
     if isinstance(rates, dict) and rates:
-        typer.echo("  unfinished (stopped by the token limit): " + ", ".join(f"{p} {r:.0%}" for p, r in rates.items()))
+        typer.echo("  stopped by the token limit: " + ", ".join(f"{p} {r:.0%}" for p, r in rates.items()))
     for warning in summary.get("warnings") or ():
         typer.echo(f"warning: {warning}", err=True)
 
