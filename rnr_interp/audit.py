@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.generate import Decoding
-from rnr_interp.grading import (circular_scores, circular_shifts, graded, other_grading, question_null, regrade,
+from rnr_interp.grading import (circular_scores, circular_shifts, graded, question_null, regrade,
                                 null_summary, unfinished_rate, unfinished_warning)
 from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import (audit_summary, mean_pass_at_k, paired_diff_ci, question_scores, selection_summary,
@@ -109,7 +109,7 @@ def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task:
         if chance is not None:
             summary["chance"] = chance
     if config.get("circular"):
-        summary["circular"] = circular_summary(records, probe, task, grading)
+        summary["circular"] = circular_summary(records, probe, grading)
     return summary
 
 
@@ -155,7 +155,7 @@ def _rotated_task(task: Task, shift: int) -> Task:
     return rotated
 
 
-def circular_summary(records: pd.DataFrame, probe: str, task: Task | None, grading: str) -> dict[str, Any]:
+def circular_summary(records: pd.DataFrame, probe: str, grading: str) -> dict[str, Any]:
     """D, O_K and gap under circular evaluation, per grading (`grading.circular_scores`),
     with Wilson intervals and the paired gap interval."""
     shifts = sorted({int(ProbeLabel.parse(p).parts[0]) for p in records["probe"] if _is_rotated(p)} | {0})

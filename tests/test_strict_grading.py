@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from rnr_interp.grading import (circular_scores, derangement_null, derangements,
 from rnr_interp.metrics import question_scores
 from rnr_interp.records import DEPLOYED, RECORD_COLUMNS, RECORD_SCHEMA, ProbeLabel, RunDir
 from rnr_interp.tasks import load_task
-from rnr_interp.tasks.base import MultipleChoiceTask, Question
+from rnr_interp.tasks.base import MultipleChoiceTask, Question, rotate_options
 from rnr_interp.tasks.gsm8k import GSM8K
 from rnr_interp.tasks.jsonl import JsonlTask
 
@@ -154,8 +153,7 @@ def test_a_model_that_always_answers_a_has_circular_d_zero():
                                         gold_index=i % 4) for i in range(8)])
     frames = []
     for shift in range(4):
-        rotated = MultipleChoiceTask([q if shift == 0 else __import__("rnr_interp.tasks.base", fromlist=["x"]).rotate_options(q, shift)
-                                      for q in task.questions])
+        rotated = MultipleChoiceTask([q if shift == 0 else rotate_options(q, shift) for q in task.questions])
         part = records_of(rotated, {q.id: ["Answer: A"] * 4 for q in task.questions})
         if shift:
             part["probe"] = [str(ProbeLabel.rotated(ProbeLabel.parse(p), shift)) for p in part["probe"]]
