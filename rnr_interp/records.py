@@ -688,7 +688,7 @@ class RunDir:
                 run = cls(root)
                 differ = config_diff(comparable(run.config), comparable(config))
                 if differ:
-                    raise ConfigMismatchError(root, differ, run.config, config)
+                    raise ConfigMismatchError(root, differ, comparable(run.config), config)
                 if not resume:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run._lock = lock
