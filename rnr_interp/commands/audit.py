@@ -187,7 +187,7 @@ def regrade(
             facts = folder.config.get("model_facts") or {}
             lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
             summary = summarize_routes(folder, lm, task, route_config_of(folder), grading=grading, target=target)
-        summary["regraded"] = {"from": str(run.resolve()), "records": len(folder.parts())}
+        summary["regraded"] = {"from": str(run), "records_parts": len(folder.parts())}
         target.write_summary(summary)
         return target, summary
 
