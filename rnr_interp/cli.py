@@ -95,6 +95,7 @@ COMMANDS = {
     "route": audit.route,
     "route-summary": audit.route_summary,
     "route-cells": audit.route_cells,
+    "regrade": audit.regrade,
     "failures": localise.failures,
     "repair": localise.repair,
     "steer": localise.steer,

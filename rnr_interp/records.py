@@ -75,15 +75,31 @@ RECORD_SCHEMA = pa.schema(
         # None when no answer parses out of the text
         pa.field("extracted", pa.string(), nullable=True),
         pa.field("gold", pa.string(), nullable=False),
+        # the grade the run's headline uses (its manifest's `grading`): one of the two below
         pa.field("correct", pa.bool_(), nullable=False),
         # sum of the generated tokens' log-probabilities
         pa.field("logprob", pa.float64(), nullable=False),
         pa.field("n_tokens", pa.int64(), nullable=False),
         # "stop" | "length"
         pa.field("finish", pa.string(), nullable=False),
+        # both grades (docs/grading.md); parts written before they were recorded lack
+        # them: `read_records` fills `correct_flexible` from `correct` (then the only
+        # rule) and leaves `correct_strict` null (`grading.regrade` reads it from the text)
+        pa.field("correct_strict", pa.bool_(), nullable=True),
+        pa.field("correct_flexible", pa.bool_(), nullable=True),
     ]
 )
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+#: columns that parts written before them lack
+LATER_COLUMNS: tuple[str, ...] = ("correct_strict", "correct_flexible")
+
+#: the two gradings of a candidate (docs/grading.md)
+GRADINGS: tuple[str, ...] = ("strict", "flexible")
+#: the headline grading of a new run
+DEFAULT_GRADING = "strict"
+#: the headline grading of a run whose config records none: every run made before both
+#: grades were recorded was graded by the flexible rule alone
+LEGACY_GRADING = "flexible"
 #: what identifies a row; read_records drops later duplicates of it
 RECORD_KEY: tuple[str, ...] = ("question_id", "probe", "candidate", "intervention")
 
@@ -385,8 +401,17 @@ def _without(config: dict[str, Any], dotted_keys: Iterable[str]) -> dict[str, An
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
     """The config without its PROVENANCE_KEYS: what two runs must share to be the same
-    run (or, for a subset of keys, comparable runs)."""
-    return _without(config, PROVENANCE_KEYS)
+    run (or, for a subset of keys, comparable runs). A run config (one with a `kind`)
+    that records no `grading` was graded flexibly (LEGACY_GRADING)."""
+    out = _without(config, PROVENANCE_KEYS)
+    if "kind" in out:
+        out.setdefault("grading", LEGACY_GRADING)
+    return out
+
+
+def config_grading(config: dict[str, Any]) -> str:
+    """The headline grading a run config records (LEGACY_GRADING when none)."""
+    return config.get("grading") or LEGACY_GRADING
 
 
 def stable_key(*parts: Any) -> int:
@@ -559,6 +584,8 @@ def _read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.
     if schema is not None:
         for field in schema:
             i = found.get_field_index(field.name)
+            if i < 0 and schema is RECORD_SCHEMA and field.name in LATER_COLUMNS:
+                continue
             if i < 0:
                 raise RunFolderError(f"{path}: not a records part of this format (no column {field.name!r})")
             if not found.field(i).type.equals(field.type):
@@ -566,6 +593,10 @@ def _read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.
                     f"{path}: not a records part of this format (column {field.name!r} is {found.field(i).type}, "
                     f"expected {field.type})"
                 )
+    if schema is RECORD_SCHEMA:
+        schema = pa.schema([f for f in schema if f.name not in LATER_COLUMNS or found.get_field_index(f.name) >= 0])
+        if kw.get("columns") is not None:
+            kw["columns"] = [c for c in kw["columns"] if c in schema.names]
     try:
         return pq.read_table(path, schema=schema, **kw)
     except (pa.ArrowException, OSError) as exc:
@@ -813,6 +844,12 @@ class RunDir:
         """
         root = Path(path)
         config = _normalise(config)
+        if "grading" in config and config["grading"] is None:
+            # Unspecified: the folder's own grading when resuming it, else the default.
+            stored = cls(root).config if (root / MANIFEST).is_file() else None
+            config["grading"] = config_grading(stored) if stored is not None else DEFAULT_GRADING
+        if config.get("grading", DEFAULT_GRADING) not in GRADINGS:
+            raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {config['grading']!r}")
         digest = config_hash(config)
         created = _make_folder(root)
         try:
@@ -821,7 +858,7 @@ class RunDir:
                 run = cls(root)
                 differ = config_diff(comparable(run.config), comparable(config))
                 if differ:
-                    raise ConfigMismatchError(root, differ, run.config, config)
+                    raise ConfigMismatchError(root, differ, comparable(run.config), config)
                 if not resume:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run.stored_groups()  # every part must be the run's own before anything is added
@@ -882,6 +919,11 @@ class RunDir:
     @property
     def config_hash(self) -> str:
         return self.manifest["config_hash"]
+
+    @property
+    def grading(self) -> str:
+        """The grading the run's headline and its records' `correct` use."""
+        return config_grading(self.config)
 
     @property
     def run_id(self) -> str:
@@ -1003,7 +1045,7 @@ class RunDir:
         the first (earliest part) with a warning; they should not occur, but a crash
         during `compact` can leave them.
         """
-        tables = [self._read_part(p, filters=filters) for p in self.parts()]
+        tables = [_with_later_columns(self._read_part(p, filters=filters)) for p in self.parts()]
         table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
         df = table.to_pandas()
         dup = df.duplicated(list(RECORD_KEY))
@@ -1085,6 +1127,16 @@ class RunDir:
 
     def read_json(self, name: str) -> Any:
         return read_json_file(self._existing_artefact(name, ".json"))
+
+
+def _with_later_columns(table: pa.Table) -> pa.Table:
+    """A part's table in RECORD_SCHEMA: a part written before LATER_COLUMNS gets
+    `correct_flexible` = its `correct` (the only rule then) and a null `correct_strict`."""
+    if "correct_flexible" not in table.column_names:
+        table = table.append_column(RECORD_SCHEMA.field("correct_flexible"), table["correct"])
+    if "correct_strict" not in table.column_names:
+        table = table.append_column(RECORD_SCHEMA.field("correct_strict"), pa.nulls(len(table), pa.bool_()))
+    return table.select(list(RECORD_COLUMNS))
 
 
 def load_runs(path: str | os.PathLike[str]) -> list[RunDir]:

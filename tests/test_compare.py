@@ -42,8 +42,9 @@ def rows_for(qid: str, d: bool, c: int, model: str) -> list[dict]:
     """A deployed row and K probe rows of which the first c are correct."""
     base = dict(run_id="r", model=model, task="t", question_id=qid, intervention="", seed=0, text="x",
                 extracted=None, gold="1", logprob=0.0, n_tokens=1, finish="stop")
-    out = [{**base, "probe": "deployed", "candidate": 0, "correct": d}]
-    out += [{**base, "probe": "temperature", "candidate": j, "correct": j < c} for j in range(K)]
+    out = [{**base, "probe": "deployed", "candidate": 0, "correct": d, "correct_strict": d, "correct_flexible": d}]
+    out += [{**base, "probe": "temperature", "candidate": j, "correct": j < c, "correct_strict": j < c,
+             "correct_flexible": j < c} for j in range(K)]
     assert set(out[0]) == set(RECORD_COLUMNS)
     return out
 

@@ -161,7 +161,7 @@ def test_unparsed_counts_only_invalid_answers_of_the_kind() -> None:
     num, mc = JsonlNumberTask([q_num]), ARC([q_mc])
 
     def row(task, q, text):
-        return candidate_row(task, q, Generation(tokens=[], text=text, logprob=0.0, finish="stop"))
+        return candidate_row(task, q, Generation(tokens=[], text=text, logprob=0.0, finish="stop"), "strict")
 
     rows = [row(num, q_num, "Answer: the sum of the two"), row(num, q_num, "Answer: 20"),
             row(mc, q_mc, "Answer: E"), row(mc, q_mc, "Answer: B")]

@@ -49,6 +49,8 @@ def question_rows(qid: str, k: int = 3) -> list[dict]:
                     "extracted": None if i == 2 else answer,
                     "gold": "1",
                     "correct": answer == "1",
+                    "correct_strict": answer == "1" and i != 0,
+                    "correct_flexible": answer == "1",
                     "logprob": -1.5 * (i + 1),
                     "n_tokens": 3 + i,
                     "finish": "stop" if i else "length",
@@ -68,9 +70,10 @@ def run_all(run: RunDir, qids: list[str]) -> None:
 def test_record_columns() -> None:
     assert RECORD_COLUMNS == (
         "run_id", "model", "task", "question_id", "probe", "candidate", "intervention", "seed",
-        "text", "extracted", "gold", "correct", "logprob", "n_tokens", "finish",
+        "text", "extracted", "gold", "correct", "logprob", "n_tokens", "finish", "correct_strict", "correct_flexible",
     )  # fmt: skip
-    assert [f.name for f in RECORD_SCHEMA if f.nullable] == ["extracted"]
+    # the two grades are null only in what parts written before them read back as (test_strict_grading)
+    assert [f.name for f in RECORD_SCHEMA if f.nullable] == ["extracted", "correct_strict", "correct_flexible"]
 
 
 def test_round_trip(tmp_path: Path) -> None:

@@ -20,6 +20,13 @@ instead: every column but `logprob` exactly, `logprob` to 1e-5 relative. That fi
 what this test's runs wrote at 64289ad on that AMD EPYC. `python
 tests/test_records_stable.py --write` rewrites it, for a change meant to move records
 (BEFORE then no longer applies: say so in the commit).
+
+Both grades (issue 32): records gained `correct_strict` and `correct_flexible`, and
+`correct` became the run's headline grade, strict for a new run. The flexible grade is
+the rule `correct` held before, so the guarded values are the records as they were:
+`correct` read from `correct_flexible` and the two new columns left out (`values`); the
+new columns are checked apart (`graded_as_recorded`). A change to the flexible rule or to
+any other value still fails here.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from rnr_interp.models import fast_attention
 from rnr_interp.analyses.audit import run_audit
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.records import RunDir
+from rnr_interp.records import LATER_COLUMNS, RunDir
 from rnr_interp.analyses.localise import repair
 from rnr_interp.analyses.localise.repair import run_repair
 from rnr_interp.engine.sampling import Probe
@@ -63,8 +70,19 @@ FLOAT = "logprob"
 
 
 def values(run: RunDir) -> pd.DataFrame:
-    """The records without run_id, in stored order."""
-    return run.read_records().drop(columns=["run_id"])
+    """The records without run_id, in stored order, in the shape they had before both
+    grades were recorded: `correct` is the flexible grade, the rule it held then."""
+    records = graded_as_recorded(run)
+    return records.assign(correct=records["correct_flexible"]).drop(columns=["run_id", *LATER_COLUMNS])
+
+
+def graded_as_recorded(run: RunDir) -> pd.DataFrame:
+    """The records, after checking their grades: strict never above flexible, and
+    `correct` the run's headline grade."""
+    records = run.read_records()
+    assert (records["correct_strict"] <= records["correct_flexible"]).all()
+    assert records["correct"].equals(records[f"correct_{run.grading}"])
+    return records
 
 
 def content_hash(records: pd.DataFrame) -> str:

@@ -15,7 +15,8 @@ from rnr_interp.analyses.routing.audit import (
     RouteConfig,
     RouteEvaluator,
     Search,
-    _selector_picks,
+    _picks_correct,
+    _selector_choices,
     blind_reward,
     run_route_audit,
     run_searches,
@@ -260,12 +261,10 @@ def test_one_lockstep_serves_every_search_in_each_round():
 
 def test_selector_picks_grade_abstentions_wrong():
     import pandas as pd
-    from types import SimpleNamespace
-
-    task = SimpleNamespace(questions=[SimpleNamespace(id="q")])
     g = pd.DataFrame({"question_id": ["q"] * 2, "extracted": [None, None], "correct": [False, False],
                       "logprob": [-1.0, -2.0], "n_tokens": [2, 2]})
-    picks = _selector_picks([g], {name: [g] for name in BLIND_SEARCHES}, {"q": {}})
+    blind = {name: [g] for name in BLIND_SEARCHES}
+    picks = _picks_correct(_selector_choices([g], blind, {"q": {}}), [g], blind)
     assert set(picks) == {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS}
     assert all(not v.any() for v in picks.values())
 

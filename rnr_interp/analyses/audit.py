@@ -6,11 +6,18 @@
 curve, in ``summary.json``; for multiple choice also what guessing reaches (`chance`:
 uniform and from the model's own deployed answer distribution, with a warning when one
 option dominates).
+
+Every number is under the run's headline grading (`grading`, strict unless the run says
+otherwise), with both gradings' D, O_K, gap and pass@k beside (`strict`, `flexible`),
+the chance null (`null`, `grading.null_summary`) and the share of candidates the token
+limit stopped (`unfinished_rate`, per probe). With `circular`, multiple-choice
+questions are also asked under every cyclic shift of their options (`circular`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import copy
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -18,24 +25,30 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.engine.decoding import Decoding
+from rnr_interp.grading import (circular_scores, circular_shifts, graded, question_null, regrade,
+                                null_summary, unfinished_rate, unfinished_warning)
 from rnr_interp.interventions import Intervention, dumps
-from rnr_interp.metrics import audit_summary, mean_pass_at_k, question_scores, selection_summary, unparsed_rate, vote_matrix
+from rnr_interp.metrics import (audit_summary, mean_pass_at_k, paired_diff_ci, question_scores, selection_summary,
+                                unparsed_rate, vote_matrix, wilson_interval)
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import RunDir
+from rnr_interp.records import DEPLOYED, GRADINGS, ProbeLabel, RunDir
 from rnr_interp.engine.sampling import Probe, chance_summary, deployed_decoding, run_config, sample_task
-from rnr_interp.tasks.base import Task
+from rnr_interp.tasks.base import Task, rotate_options
 
 if TYPE_CHECKING:  # vLLM loads on first use
     from rnr_interp.engine.vllm_backend import VLLMModel
 
 
-def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int) -> dict[str, Any]:
+def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int,
+                 grading: str | None = None, circular: bool = False) -> dict[str, Any]:
     """Everything that decides the records: two runs are comparable only when these
-    agree (the checkpoint audit checks them)."""
+    agree (the checkpoint audit checks them). `circular` is recorded only when on, so a
+    run without it keeps the config (and id) it had before circular evaluation came."""
     # the prompt the questions were asked in (chat template or not): `compare` warns
     # when two runs differ here, and a shared-prompt run controls for it
-    return run_config("audit", lm, task, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
-                      deployed=asdict(deployed), interventions=dumps(interventions), batch_size=batch_size)
+    return run_config("audit", lm, task, grading=grading, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
+                      deployed=asdict(deployed), interventions=dumps(interventions), batch_size=batch_size,
+                      **({"circular": True} if circular else {}))
 
 
 def run_audit(
@@ -49,35 +62,115 @@ def run_audit(
     batch_size: int = 8,
     ci: str = "wilson",
     progress: bool = True,
+    grading: str | None = None,
+    circular: bool = False,
 ) -> dict[str, Any]:
-    """Sample (or resume) and score; returns the summary written to ``summary.json``."""
+    """Sample (or resume) and score; returns the summary written to ``summary.json``.
+    `grading`: the headline grading (None: the folder's own, strict for a new run);
+    `circular`: ask multiple-choice questions under every cyclic shift of their options."""
     deployed = deployed or deployed_decoding(task)
-    run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size))
-    sample_task(lm, task, probe=probe, deployed=deployed, run=run, interventions=interventions,
-                batch_size=batch_size, run_id=run.run_id, progress=progress)
-    summary = summarize(run, probe.name, ci=ci)
-    chance = chance_summary(task, run.read_records(), summary["k"])
-    if chance is not None:
-        summary["chance"] = chance
+    shifts = circular_shifts(task) if circular else [0]  # refuses a task without letter options first
+    run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size, grading, circular))
+    for shift in shifts:
+        # shift 0: the questions as loaded, under the plain labels; else rotated ones under rotated:SHIFT:...
+        asked = task if shift == 0 else _rotated_task(task, shift)
+        label = (lambda name: name) if shift == 0 else \
+            (lambda name: str(ProbeLabel.rotated(ProbeLabel.parse(name), shift)))
+        sample_task(lm, asked, probe=replace(probe, name=label(probe.name)), deployed=deployed, run=run,
+                    interventions=interventions, batch_size=batch_size, run_id=run.run_id, progress=progress,
+                    deployed_label=label(DEPLOYED))
+    summary = summarize(run, probe.name, ci=ci, task=task)
     run.write_summary(summary)
     return summary
 
 
-def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson") -> dict[str, Any]:
+def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task: Task | None = None,
+              grading: str | None = None) -> dict[str, Any]:
+    """The audit summary of a run folder's records under `grading` (default: the run's),
+    the other grading beside. `task` (the run's) reads strict grades missing from old
+    records and builds the chance null; without it the summary has no null."""
+    grading = grading or run.grading
     records = run.read_records()
-    scores = question_scores(records, probe)
-    summary = audit_summary(records, probe, ci=ci)
-    ks = list(range(1, int(scores["n"].min()) + 1)) if len(scores) and scores["n"].min() > 0 else []
+    if task is not None:
+        records = regrade(records, task)
+    plain = records[~records["probe"].map(_is_rotated)]
+    summary = _graded_summary(plain, probe, ci, grading, task)
+    rates = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])}
+    summary["unfinished_rate"] = rates
+    summary["warnings"] = [w for p, r in rates.items() if (w := unfinished_warning(r, p))]
     config = run.config
     summary.update({
         "model": config.get("model"),
         "task": (config.get("task") or {}).get("name"),
         "temperature": (config.get("probe") or {}).get("temperature"),
-        "pass_at_k": {"k": ks, "pass": mean_pass_at_k(scores["n"].to_numpy(), scores["c"].to_numpy(), ks).tolist() if ks else []},
-        "unparsed_rate": unparsed_rate(records) if len(records) else 0.0,
     })
-    summary.update(deployable_votes(records, probe, scores))
+    if task is not None:
+        chance = chance_summary(task, graded(plain, grading), summary["k"])
+        if chance is not None:
+            summary["chance"] = chance
+    if config.get("circular"):
+        summary["circular"] = circular_summary(records, probe, grading)
     return summary
+
+
+def _is_rotated(label: str) -> bool:
+    return ProbeLabel.parse(label).kind == "rotated"
+
+
+def _graded_summary(records: pd.DataFrame, probe: str, ci: str, grading: str, task: Task | None) -> dict[str, Any]:
+    """The summary's numbers under the headline `grading`, both gradings' D, O_K, gap and
+    pass@k beside, the null and the votes."""
+    by_grading = {g: graded(records, g) for g in GRADINGS} if records["correct_strict"].notna().all() \
+        else {"flexible": graded(records, "flexible")}
+    if grading not in by_grading:
+        graded(records, grading)  # raises, saying to regrade
+    headline = by_grading[grading]
+    scores = question_scores(headline, probe)
+    summary = {"grading": grading, **audit_summary(headline, probe, ci=ci)}
+    ks = list(range(1, int(scores["n"].min()) + 1)) if len(scores) and scores["n"].min() > 0 else []
+    summary["pass_at_k"] = {"k": ks}
+    for g, recs in by_grading.items():
+        s = audit_summary(recs, probe, ci=ci)
+        g_scores = question_scores(recs, probe)
+        block = {key: s[key] for key in ("D", "O_K", "gap", "D_ci", "O_K_ci", "gap_ci")}
+        null = question_null(recs, task, probe, g, summary["k"] or 0)
+        if null is not None:
+            block["null"] = null_summary(g_scores["d"], g_scores["o"], *null)
+        summary[g] = block
+        curve = mean_pass_at_k(g_scores["n"].to_numpy(), g_scores["c"].to_numpy(), ks).tolist() if ks else []
+        summary["pass_at_k"][g] = curve
+        if g == grading:
+            summary["pass_at_k"]["pass"] = curve
+    if "null" in summary[grading]:
+        summary["null"] = summary[grading]["null"]
+    summary["unparsed_rate"] = unparsed_rate(records) if len(records) else 0.0
+    summary.update(deployable_votes(headline, probe, scores))
+    return summary
+
+
+def _rotated_task(task: Task, shift: int) -> Task:
+    """`task` with every question's options rotated by `shift` (`rotate_options`)."""
+    rotated = copy.copy(task)
+    rotated.questions = [rotate_options(q, shift % len(q.choices or (0,))) for q in task.questions]
+    return rotated
+
+
+def circular_summary(records: pd.DataFrame, probe: str, grading: str) -> dict[str, Any]:
+    """D, O_K and gap under circular evaluation, per grading (`grading.circular_scores`),
+    with Wilson intervals and the paired gap interval."""
+    shifts = sorted({int(ProbeLabel.parse(p).parts[0]) for p in records["probe"] if _is_rotated(p)} | {0})
+    out: dict[str, Any] = {"shifts": shifts}
+    for g in GRADINGS:
+        if records[f"correct_{g}"].isna().any():
+            continue
+        s = circular_scores(graded(records, g), probe, shifts)
+        d, o = s["d"].to_numpy(float), s["o"].to_numpy(float)
+        out[g] = {"D": float(d.mean()), "O_K": float(o.mean()), "gap": float((o - d).mean()),
+                  "D_ci": list(wilson_interval(d.sum(), len(d))), "O_K_ci": list(wilson_interval(o.sum(), len(o))),
+                  "gap_ci": [float(x) for x in paired_diff_ci(d, o)]}
+    if grading in out:
+        out.update({key: out[grading][key] for key in ("D", "O_K", "gap")})
+    return out
 
 
 def deployable_votes(records: pd.DataFrame, probe: str, scores: pd.DataFrame, seed: int = 0) -> dict[str, Any]:

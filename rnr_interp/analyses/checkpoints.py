@@ -37,9 +37,10 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.engine.decoding import Decoding
+from rnr_interp.grading import graded, regrade
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import RunDir, comparable, config_diff, lookup, short_repr
+from rnr_interp.records import GRADINGS, RunDir, comparable, config_diff, lookup, short_repr
 from rnr_interp.engine.sampling import Probe, chunks, sample_questions
 from rnr_interp.tasks.base import Task
 
@@ -223,7 +224,8 @@ def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], pro
     todo = [by_id[qid] for qid in question_ids if qid not in done]
     for batch in chunks(todo, batch_size):
         part = sample_questions(lm, task, batch, probe=probe, deployed=deployed,
-                                run_id=run.run_id if run is not None else "budget_control")
+                                run_id=run.run_id if run is not None else "budget_control",
+                                **({"grading": run.grading} if run is not None else {}))
         part = [r for r in part if r["probe"] == probe.name]
         if run is not None:
             run.write_question_batch(part)
@@ -397,12 +399,15 @@ def shared_prompt_retention(base: RunDir, trained: RunDir, shared: RunDir, t: pd
 def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Sequence[float] = DEFAULT_BIN_EDGES,
                  control_models: dict[str, LoadedModel] | None = None, control_task: Task | None = None, factor: int = 2,
                  budget_k: int | None = None, shared_prompt: RunDir | None = None, batch_size: int = 8,
-                 level: float = 0.95) -> dict[str, Any]:
+                 level: float = 0.95, grading: str | None = None, task: Task | None = None) -> dict[str, Any]:
     """Align, classify, bin, test; state both runs' prompt formats (with a warning when
     they differ); with `shared_prompt` (the trained model audited in the base prompt
     format) the share of the gain retained; with `control_models` ({"base": lm,
     "trained": lm}, the runs' models, loaded) and `control_task` (the runs' task) the
-    budget control. Writes a compare run folder at `out` and returns its summary."""
+    budget control. Transitions, counts and tests are under `grading` (default: the
+    base run's), with the counts and tests under the other grading beside (`task`, or
+    `control_task`, reads strict grades missing from old records). Writes a compare run
+    folder at `out` and returns its summary."""
     # every refusal before the compare folder exists
     edges = check_bin_edges(edges)
     if control_models is not None and (factor < 1 or batch_size < 1 or (budget_k is not None and budget_k < 1)):
@@ -410,7 +415,12 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
                          f"and {budget_k}")
     check_aligned(base.config, trained.config)
     probe_name = base.config["probe"]["name"]
-    t = transitions(base.read_records(), trained.read_records(), probe_name)
+    grading = grading or base.grading
+    task = task or control_task
+    both = [_records_by_grading(run_, task) for run_ in (base, trained)]
+    if grading not in both[0] or grading not in both[1]:
+        raise ValueError(f"the runs' records hold no {grading} grades and their task is not given to read them")
+    t = transitions(both[0][grading], both[1][grading], probe_name)
     if control_models is not None and control_task is None:
         raise ValueError("the budget control needs the runs' task")
     config = {
@@ -418,6 +428,7 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         "base": {"path": str(base.path), "config_hash": base.config_hash, "model": base.config.get("model")},
         "trained": {"path": str(trained.path), "config_hash": trained.config_hash, "model": trained.config.get("model")},
         "bin_edges": [float(e) for e in edges],
+        "grading": grading,
         "deployed": base.config.get("deployed"),
         "shared_prompt": None if shared_prompt is None else {"path": str(shared_prompt.path), "config_hash": shared_prompt.config_hash},
         "budget_control": None if control_models is None else {
@@ -439,7 +450,12 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         "propensity": table.replace({np.nan: None}).to_dict("records"),
         "shared_prompt": None if shared_prompt is None else shared_prompt_retention(base, trained, shared_prompt, t, level),
         "budget_control": None,
+        "grading": grading,
     }
+    other = next(g for g in both[0] if g != grading) if len(both[0]) > 1 and len(both[1]) > 1 else None
+    if other is not None:
+        t_other = transitions(both[0][other], both[1][other], probe_name)
+        summary[other] = {**counts(t_other), "stats": paired_stats(t_other, level)}
     # Multiple-choice runs carry their chance baselines (audit summaries): shown side by side.
     chance = {label: run_.read_summary().get("chance") for label, run_ in (("base", base), ("trained", trained))
               if (run_.path / "summary.json").is_file()}
@@ -453,6 +469,16 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
     run.write_table("propensity", table)
     run.write_summary(summary)
     return summary
+
+
+def _records_by_grading(run: RunDir, task: Task | None) -> dict[str, pd.DataFrame]:
+    """A run's records graded each way they can be: both when their strict grades are
+    stored or `task` reads them from the texts, else flexible only."""
+    records = run.read_records()
+    if task is not None:
+        records = regrade(records, task)
+    gradings = GRADINGS if records["correct_strict"].notna().all() else ("flexible",)
+    return {g: graded(records, g) for g in gradings}
 
 
 def _same_model(a: str | None, b: str | None) -> bool:

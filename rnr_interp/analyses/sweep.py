@@ -338,7 +338,8 @@ def run_ray(cells: Iterable[Cell], out: str | Path, *, address: str | None = Non
 # One plain audit per temperature (same model, task, questions, K and greedy deployed
 # decoding; each its own resumable run folder OUT/T=<t>), then one row per temperature:
 # O_K - majority@K (the selection gap) and O_K - D, each with its paired Newcombe
-# interval, plus the confidence-weighted vote's gap.
+# interval, plus the confidence-weighted vote's gap; all under the sweep's headline grading,
+# with D, O_K under the other grading, the chance null and the unfinished rate beside.
 
 
 def temperature_rows(summaries: dict[float, dict[str, Any]]) -> pd.DataFrame:
@@ -349,6 +350,15 @@ def temperature_rows(summaries: dict[float, dict[str, Any]]) -> pd.DataFrame:
     for t, s in sorted(summaries.items()):
         row = {"temperature": t, "k": s["k"], "n_questions": s["n_questions"], "D": s["D"], "O_K": s["O_K"],
                "oracle_minus_greedy": s["gap"], "oracle_minus_greedy_lo": s["gap_ci"][0], "oracle_minus_greedy_hi": s["gap_ci"][1]}
+        grading = s.get("grading")
+        if grading is not None:
+            other = next(g for g in ("strict", "flexible") if g != grading)
+            row.update({"grading": grading, f"D_{other}": s[other]["D"], f"O_K_{other}": s[other]["O_K"],
+                        "unfinished_rate": s["unfinished_rate"].get(s["probe"], float("nan"))})
+        if "null" in s:
+            row.update({"O_K_null": s["null"]["O_K"], "gap_above_null": s["null"]["gap_above_null"],
+                        "gap_above_null_lo": s["null"]["gap_above_null_ci"][0],
+                        "gap_above_null_hi": s["null"]["gap_above_null_ci"][1]})
         for vote in ("majority", "weighted_majority"):
             v = s[vote]
             row.update({vote: v["accuracy"], f"oracle_minus_{vote}": v["selection_gap"],
@@ -358,21 +368,22 @@ def temperature_rows(summaries: dict[float, dict[str, Any]]) -> pd.DataFrame:
 
 
 def run_temperature_sweep(lm: LoadedModel, task: Task, out: str | Path, temperatures: Sequence[float], k: int = 32, seed: int = 0,
-                          batch_size: int = 8, progress: bool = True) -> pd.DataFrame:
+                          batch_size: int = 8, progress: bool = True, grading: str | None = None) -> pd.DataFrame:
     """Audit at each temperature (resuming finished ones) and write the sweep table
-    ``temperature_sweep`` into OUT."""
+    ``temperature_sweep`` into OUT, under `grading` (None: the sweep folder's own, strict
+    for a new one; every temperature's audit takes the sweep's)."""
     from rnr_interp.analyses.audit import run_audit
 
     if not temperatures or any(t <= 0 for t in temperatures):
         raise ValueError(f"temperatures must be a non-empty list of values > 0, got {list(temperatures)}")
     run = RunDir.create(out, {"kind": "temperature_sweep", "model": lm.spec, "task": task.describe(),
                               "question_ids_hash": task.ids_hash(), "k": k, "seed": seed,
-                              "temperatures": sorted(float(t) for t in temperatures)})
+                              "temperatures": sorted(float(t) for t in temperatures), "grading": grading})
     summaries = {float(t): run_audit(lm, task, Path(out) / f"T={float(t):g}", probe=Probe(k=k, temperature=float(t), seed=seed),
-                                     batch_size=batch_size, progress=progress)
+                                     batch_size=batch_size, progress=progress, grading=run.grading)
                  for t in sorted(temperatures)}
     table = temperature_rows(summaries)
     run.write_table("temperature_sweep", table)
-    run.write_summary({"kind": "temperature_sweep", "model": lm.spec, "task": task.name, "k": k,
+    run.write_summary({"kind": "temperature_sweep", "model": lm.spec, "task": task.name, "k": k, "grading": run.grading,
                        "rows": table.to_dict("records")})
     return table

@@ -9,9 +9,10 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AnswerTypeOpt, BatchOpt, DataOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt,
-    TaskConfigOpt, TaskOpt, TempOpt,
-    at_least, built, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_multiple_choice, run_folder,
+    AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
+    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
+    at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
+    print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 
@@ -43,9 +44,12 @@ def audit(
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
     on_invalid: OnInvalidOpt = "refuse",
+    grading: GradingOpt = None,
+    circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
+                                           "cyclic shift of its options; right = right under every shift (m times the cost)")] = False,
     quiet: QuietOpt = False,
 ):
-    """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap."""
+    """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap, read against a chance null."""
     from rnr_interp.analyses.audit import run_audit
     from rnr_interp.engine.decoding import Decoding
     from rnr_interp.engine.sampling import Probe, deployed_decoding
@@ -53,6 +57,7 @@ def audit(
     if ci not in ("wilson", "bootstrap"):
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
     at_least("--batch-size", batch_size)
+    check_grading_option(grading)
     probe = built(Probe, {"k": "--k", "temperature": "--temperature", "top_p": "--top-p"},
                   k=k, temperature=temperature, top_p=top_p, seed=seed)
     # the deployed decoding's own checks, before anything is loaded (its length comes with the task)
@@ -65,7 +70,8 @@ def audit(
                             task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size))
         lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
-        return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet)
+        return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
+                         grading=grading, circular=circular)
 
     print_audit_table(execute(body))
     run_folder(out)
@@ -101,24 +107,38 @@ def prompt_format_of(run: Path):
 
 
 def print_audit_table(s: dict) -> None:
-    typer.echo(f"{s.get('model')} on {s.get('task')}: {s['n_questions']} questions, K={s['k']}, T={s.get('temperature')}  ({s['level']:.0%} {s['ci']} intervals)")
-    typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}")
-    typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}")
-    typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}")
+    grading = s.get("grading", "flexible")
+    other = next((g for g in ("strict", "flexible") if g != grading and g in s), None)
+    typer.echo(f"{s.get('model')} on {s.get('task')}: {s['n_questions']} questions, K={s['k']}, T={s.get('temperature')}  "
+               f"({s['level']:.0%} {s['ci']} intervals; graded {grading}{f', {other} beside' if other else ''})")
+
+    def beside(key: str) -> str:
+        return f"   {other} {s[other][key]:.3f}" if other else ""
+
+    typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}{beside('D')}")
+    typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}{beside('O_K')}")
+    typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}{beside('gap')}")
+    if "circular" in s and grading in s["circular"]:
+        c = s["circular"][grading]
+        typer.echo(f"  circular ({len(s['circular']['shifts'])} shifts, right under every one): D {fmt_ci(c['D'], c['D_ci'])}"
+                   f"  O_K {fmt_ci(c['O_K'], c['O_K_ci'])}  gap {fmt_ci(c['gap'], c['gap_ci'])}")
     if "majority" in s:
         m = s["majority"]
         typer.echo(f"  majority@K (answer-blind vote, ties to the first sample)  {fmt_ci(m['accuracy'], m['accuracy_ci'])}")
         typer.echo(f"  selection gap O_K - majority      {fmt_ci(m['selection_gap'], m['selection_gap_ci'])}")
         typer.echo(f"  majority gap recovery             {fmt_ci(m['gap_recovery'], m['gap_recovery_ci'])}")
+    print_grading(s)
     print_multiple_choice(s)
 
 
 def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
-              probe: Annotated[str, typer.Option("--probe")] = "temperature"):
-    """Print the unbiased pass@k curve of a run, k = 1..n."""
+              probe: Annotated[str, typer.Option("--probe")] = "temperature",
+              grading: GradingOpt = None):
+    """Print the unbiased pass@k curve of a run, k = 1..n, under its headline grading with the other beside."""
     from rnr_interp.analyses.audit import summarize
     from rnr_interp.records import RunDir
 
+    check_grading_option(grading)
     if not (run / "manifest.json").is_file():
         fail(f"{run} is not a run folder (no manifest.json)")
     folder = RunDir(run)
@@ -130,16 +150,101 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
         probes = {p for _, p in folder.stored_groups()}
         if probe not in probes:
             fail(f"{run} has no records of probe {probe!r} (it has: {', '.join(sorted(probes)) or 'no records'}); pass --probe")
-        return summarize(folder, probe)
+        return summarize(folder, probe, task=run_task(folder), grading=grading)
 
     s = execute(body, context=f"{run}: ")
     if total is not None and done < total:
         typer.echo(f"unfinished run: {done} of {total} questions sampled; pass@k below is over those {done} "
                    f"(rerun the same command to finish it)", err=True)
-    typer.echo(f"D (deployed) = {s['D']:.3f}")
-    typer.echo("k\tpass@k")
-    for k, p in zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"]):
-        typer.echo(f"{k}\t{p:.4f}")
+    headline = s["grading"]
+    others = [g for g in ("strict", "flexible") if g != headline and g in s["pass_at_k"]]
+    typer.echo(f"D (deployed, {headline}) = {s['D']:.3f}" + "".join(f"   {g} {s[g]['D']:.3f}" for g in others))
+    typer.echo("\t".join(["k", f"pass@k ({headline})", *(f"pass@k ({g})" for g in others)]))
+    for i, (k, p) in enumerate(zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"])):
+        typer.echo("\t".join([str(k), f"{p:.4f}", *(f"{s['pass_at_k'][g][i]:.4f}" for g in others)]))
+    print_grading(s)
+
+
+def regrade(
+    run: Annotated[Path, typer.Argument(help="a run folder (audit or route); its records are only read")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the summary and tables here instead of into RUN "
+                                                "(a folder with RUN's manifest, summary and tables, no records)")] = None,
+    grading: GradingOpt = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="the run's data file, where it is not at the path the manifest names")] = None,
+    quiet: QuietOpt = False,
+):
+    """Rewrite a run's summary and tables from its records under a grading (default: the run's) and the chance null; records are never touched."""
+    from rnr_interp.records import RunDir
+
+    check_grading_option(grading)
+    if not (run / "manifest.json").is_file():
+        fail(f"{run} is not a run folder (no manifest.json)")
+
+    def body():
+        from rnr_interp.tasks import reload_task
+
+        folder = RunDir(run)
+        kind = folder.config.get("kind")
+        if kind not in ("audit", "route"):
+            raise ValueError(f"regrade rewrites audit and route runs; {run} is a {kind!r} run")
+        described = folder.config["task"]
+        task = reload_task({**described, "source": str(data)} if data is not None else described)
+        target = folder if out is None else regraded_folder(folder, out)
+        if kind == "audit":
+            from rnr_interp.analyses.audit import summarize
+
+            old = (run / "summary.json").is_file() and folder.read_summary() or {}
+            probe = (folder.config.get("probe") or {}).get("name", "temperature")
+            summary = summarize(folder, probe, ci=old.get("ci", "wilson"), task=task, grading=grading)
+        else:
+            from rnr_interp.analyses.routing.audit import route_config_of, summarize_routes, verification_stored
+
+            lm = None
+            if not verification_stored(folder):
+                # A route run from before self-verification scores were stored: the model
+                # scores the candidates again (the forwards the run itself now makes).
+                from rnr_interp.models import load_model
+
+                facts = folder.config.get("model_facts") or {}
+                lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
+            summary = summarize_routes(folder, route_config_of(folder), grading=grading, target=target, task=task, lm=lm)
+        summary["regraded"] = {"from": str(run), "records_parts": len(folder.parts())}
+        target.write_summary(summary)
+        return target, summary
+
+    target, s = execute(body, context=f"{run}: ")
+    if s.get("kind") == "route":
+        print_route_summary(s)
+    else:
+        print_audit_table(s)
+    run_folder(target.path)
+
+
+def regraded_folder(run, out: Path):
+    """`out` as a folder holding `run`'s manifest and no records: where a regrade writes
+    its summary and tables when it leaves the run's own as they are."""
+    from rnr_interp.records import MANIFEST, RunDir, write_json_atomic
+
+    if out.resolve() == run.path.resolve():
+        return run
+    if (out / MANIFEST).is_file() and RunDir(out).config_hash != run.config_hash:
+        raise ValueError(f"--out {out} holds another run; choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / MANIFEST, {**run.manifest, "regraded_from": str(run.path.resolve())})
+    return RunDir(out)
+
+
+def run_task(folder):
+    """The task a run folder's manifest describes, or None (with a note) when its data
+    file is not here: strict grades of old records and the null then cannot be read."""
+    from rnr_interp.tasks import reload_task
+
+    try:
+        return reload_task(folder.config["task"])
+    except (OSError, ValueError) as exc:
+        typer.echo(f"note: the run's task cannot be reloaded here ({exc}): no null, and records made before both "
+                   "grades were recorded are graded flexibly only", err=True)
+        return None
 
 
 def route(
@@ -164,11 +269,13 @@ def route(
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
     on_invalid: OnInvalidOpt = "refuse",
+    grading: GradingOpt = None,
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
     from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
+    check_grading_option(grading)
     options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
                "temperature": "--temperature", "collapse": "--collapse", "batch_size": "--batch-size",
                "min_len": "--min-len", "max_len": "--max-len", "proposals": "--proposals"}
@@ -179,7 +286,7 @@ def route(
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
                             on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"))
-        return run_route_audit(lm, t, out, cfg, progress=not quiet)
+        return run_route_audit(lm, t, out, cfg, progress=not quiet, grading=grading)
 
     print_route_summary(execute(body))
     run_folder(out)
@@ -230,10 +337,13 @@ def route_summary(
 
 
 def print_route_summary(s: dict) -> None:
-    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget {s['budget']} route evaluations per method")
-    typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}")
+    grading = s.get("grading", "flexible")
+    other = next((g for g in ("strict", "flexible") if g != grading and g in s), None)
+    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget {s['budget']} route evaluations per method"
+               f" (graded {grading}{f', {other} beside' if other else ''})")
+    typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}" + (f"   {other} {s[other]['deployed']:.3f}" if other else ""))
     for m, v in s["oracle_at_k"].items():
-        typer.echo(f"  oracle@K {m:<14}       {v:.3f}")
+        typer.echo(f"  oracle@K {m:<14}       {v:.3f}" + (f"   {other} {s[other]['oracle_at_k'][m]:.3f}" if other else ""))
     for cell, c in s["cells"].items():
         flags = ("  (excluded: format collapse of the full path)" if c["excluded"] else "") + \
                 ("" if c.get("informative", True) else "  (no method beat greedy: tests nothing)")
@@ -249,6 +359,7 @@ def print_route_summary(s: dict) -> None:
         typer.echo(f"  excluded (format collapse of the full path): {', '.join(s['excluded_cells'])}")
     for line in s.get("missing", []):
         typer.echo(f"  not computed: {line}")
+    print_grading(s)
 
 
 def temperature_sweep(
@@ -263,26 +374,37 @@ def temperature_sweep(
     batch_size: BatchOpt = 8,
     task_config: TaskConfigOpt = None,
     on_invalid: OnInvalidOpt = "refuse",
+    grading: GradingOpt = None,
     quiet: QuietOpt = False,
 ):
-    """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals."""
+    """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals, read against the null."""
     from rnr_interp.analyses.sweep import run_temperature_sweep
 
     try:
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
     except ValueError:
         fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
+    check_grading_option(grading)
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
                             size=audit_size(k, batch_size))
-        return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet)
+        return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet,
+                                     grading=grading)
 
     table = execute(body)
-    typer.echo("T\tD\tO_K\tO_K - majority [95% CI]\tO_K - D [95% CI]")
-    for r in table.itertuples():
-        typer.echo(f"{r.temperature:g}\t{r.D:.3f}\t{r.O_K:.3f}\t{fmt_ci(r.oracle_minus_majority, (r.oracle_minus_majority_lo, r.oracle_minus_majority_hi))}"
-                   f"\t{fmt_ci(r.oracle_minus_greedy, (r.oracle_minus_greedy_lo, r.oracle_minus_greedy_hi))}")
+    graded_as = table["grading"].iloc[0] if "grading" in table and len(table) else "flexible"
+    other = "flexible" if graded_as == "strict" else "strict"
+    null = "O_K_null" in table
+    typer.echo(f"graded {graded_as} ({other} beside)")
+    typer.echo(f"T\tD\tO_K\tO_K - majority [95% CI]\tO_K - D [95% CI]\tO_K {other}" + ("\tO_K null\tgap above null [95% CI]" if null else "")
+               + "\tunfinished")
+    for r in table.to_dict("records"):
+        typer.echo(f"{r['temperature']:g}\t{r['D']:.3f}\t{r['O_K']:.3f}\t{fmt_ci(r['oracle_minus_majority'], (r['oracle_minus_majority_lo'], r['oracle_minus_majority_hi']))}"
+                   f"\t{fmt_ci(r['oracle_minus_greedy'], (r['oracle_minus_greedy_lo'], r['oracle_minus_greedy_hi']))}"
+                   f"\t{r.get(f'O_K_{other}', float('nan')):.3f}"
+                   + (f"\t{r['O_K_null']:.3f}\t{fmt_ci(r['gap_above_null'], (r['gap_above_null_lo'], r['gap_above_null_hi']))}" if null else "")
+                   + f"\t{r.get('unfinished_rate', float('nan')):.0%}")
     run_folder(out)
 
 

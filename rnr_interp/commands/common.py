@@ -44,6 +44,10 @@ TempOpt = Annotated[float, typer.Option("--temperature", help="probe sampling te
 MaxTokOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", help="generation length (default: the task's)")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar (model loading included)",
                                         callback=lambda quiet: silence_loading_bars(quiet))]
+GradingOpt = Annotated[Optional[str], typer.Option(
+    "--grading", help="headline grading: strict (the default for a new run: the task's answer format, not cut by the "
+                      "token limit) | flexible (the answer kind's fallbacks too); a resumed run keeps its own, "
+                      "the other is shown beside (docs/grading.md)")]
 AnswerTypeOpt = Annotated[Optional[str], typer.Option(
     "--answer-type", help="jsonl free-form answers: auto (number when every gold is one) | number | text")]
 
@@ -178,6 +182,28 @@ def say_skipped(task: Task) -> None:
         first = task.skipped_rows[0]
         typer.echo(f"skipped {len(task.skipped_rows)} invalid row(s) of {task.source} (listed in the run's manifest and "
                    f"summary; first: row {first['row']}: {first['reason']})", err=True)
+
+
+def check_grading_option(grading: Optional[str]) -> None:
+    """Refuse a --grading that is not one of the gradings (None: not given)."""
+    from rnr_interp.records import GRADINGS
+
+    if grading is not None and grading not in GRADINGS:
+        fail(f"--grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+
+
+def print_grading(summary: dict) -> None:
+    """What a summary says about its grading: the null's reading and the unfinished
+    rates, with their warnings (audit, regrade and pass-at-k alike)."""
+    from rnr_interp.grading import null_line
+
+    if summary.get("null"):
+        typer.echo(f"  {null_line(summary['null'], summary.get('k'))}")
+    rates = summary.get("unfinished_rate")
+    if isinstance(rates, dict) and rates:
+        typer.echo("  stopped by the token limit: " + ", ".join(f"{p} {r:.0%}" for p, r in rates.items()))
+    for warning in summary.get("warnings") or ():
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def fmt_ci(value: float, ci) -> str:

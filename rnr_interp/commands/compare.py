@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import at_least, check_out, execute, fail, out_folder, print_multiple_choice
+from rnr_interp.commands.common import (
+    GradingOpt, at_least, check_grading_option, check_out, execute, fail, out_folder, print_multiple_choice,
+)
 
 
 def compare(
@@ -25,6 +27,7 @@ def compare(
         "--shared-prompt", help="audit run of the trained model in the base prompt format (rnr audit --prompt-like BASE_RUN)")] = None,
     data: Annotated[Optional[Path], typer.Option("--data", help="data file of the runs' task (file tasks, for the control)")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
+    grading: GradingOpt = None,
 ):
     """Base vs trained checkpoint, question by question: gained/lost/kept/never,
     entered/left/stayed/never, propensity bins, McNemar and paired intervals; prompt
@@ -35,6 +38,7 @@ def compare(
     at_least("--factor", factor)
     at_least("--budget-control-k", budget_control_k)
     at_least("--batch-size", batch_size)
+    check_grading_option(grading)
     try:
         edges = DEFAULT_BIN_EDGES if bins is None else check_bin_edges(float(x) for x in bins.split(","))
     except ValueError:
@@ -51,8 +55,14 @@ def compare(
 
             task = load_aligned_task(base.config, data)
             models = {role: load_model(run.config["model"]) for role, run in zip(ROLES, (base, trained))}
-        return compare_runs(base, trained, out, edges=edges, control_models=models, control_task=task, factor=factor,
-                            budget_k=budget_control_k, shared_prompt=shared, batch_size=batch_size)
+        elif data is not None or base.config.get("grading") is None:
+            # records made before both grades were recorded: their strict grades are read from the texts
+            try:
+                task = load_aligned_task(base.config, data)
+            except (OSError, ValueError):
+                task = None
+        return compare_runs(base, trained, out, edges=edges, control_models=models, control_task=task if models else None,
+                            task=task, factor=factor, budget_k=budget_control_k, shared_prompt=shared, batch_size=batch_size, grading=grading)
 
     s = execute(body)
     print_comparison(s)
@@ -61,8 +71,10 @@ def compare(
 
 def print_comparison(s: dict) -> None:
     st = s["stats"]
+    grading = s.get("grading", "flexible")
+    other = next((g for g in ("strict", "flexible") if g != grading and g in s), None)
     typer.echo(f"{s['base_model']} -> {s['trained_model']} on {s['task']}: {s['n_questions']} questions, K={s['k']}, "
-               f"deployed decoding {s['deployed']}")
+               f"deployed decoding {s['deployed']}; graded {grading}{f', {other} beside' if other else ''}")
     pf = s["prompt_formats"]
     for role in ("base", "trained"):
         typer.echo(f"  prompt format ({role}): " + ("not recorded" if pf[role] is None else
@@ -72,6 +84,9 @@ def print_comparison(s: dict) -> None:
     typer.echo("  realized:  " + "  ".join(f"{k} {v}" for k, v in s["realized"].items())
                + f"   (gained from base-reachable {s['gained_from']['base_reachable']}, unreachable {s['gained_from']['base_unreachable']})")
     typer.echo("  reachable: " + "  ".join(f"{k} {v}" for k, v in s["reachable"].items()))
+    if other:
+        typer.echo(f"  {other}: realized " + "  ".join(f"{k} {v}" for k, v in s[other]["realized"].items())
+                   + ";  reachable " + "  ".join(f"{k} {v}" for k, v in s[other]["reachable"].items()))
     for name in ("D", "O_K"):
         m = st[name]
         typer.echo(f"  {name:4s} {m['base']:.3f} -> {m['trained']:.3f}  change {m['change']:+.3f} "

@@ -27,7 +27,7 @@ from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import stable_key
+from rnr_interp.records import DEFAULT_GRADING, stable_key
 from rnr_interp.tasks.base import Question, Task
 
 if TYPE_CHECKING:  # the vLLM backend imports vllm lazily; only its type is named here
@@ -64,12 +64,14 @@ def prompt_ids(lm: LoadedModel, task: Task, q: Question) -> list[int]:
     return lm.encode(lm.render(task.user_message(q)))
 
 
-def run_config(kind: str, lm: LoadedModel, task: Task, **extra: Any) -> dict[str, Any]:
+def run_config(kind: str, lm: LoadedModel, task: Task, grading: str | None = None, **extra: Any) -> dict[str, Any]:
     """What decides a run's records, common part: a run folder resumes only with the
     same config, and two runs are comparable only when model, task and question ids
-    agree. Each analysis adds its own settings as `extra`."""
+    agree. Each analysis adds its own settings as `extra`. `grading` is the headline
+    grading (records.GRADINGS); None: the folder's own when resuming, else the default
+    (`RunDir.create` settles it, and `RunDir.grading` says which)."""
     return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
-            "question_ids_hash": task.ids_hash(), **extra}
+            "question_ids_hash": task.ids_hash(), "grading": grading, **extra}
 
 
 def generator(lm: LoadedModel | VLLMModel, backend: str | None, interventions: Sequence[Intervention] = ()) -> Engine:
@@ -93,17 +95,20 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start:start + size]
 
 
-def candidate_row(task: Task, q: Question, g: Generation, /, **fields) -> dict[str, Any]:
-    # None unless the generation holds a valid answer of the task's kind for q: the
-    # records' unparsed rate (metrics.unparsed_rate) counts exactly these.
-    extracted = task.read_answer(g.text, q)
+def candidate_row(task: Task, q: Question, g: Generation, /, grading: str, **fields) -> dict[str, Any]:
+    """One record of a generation, graded both ways; `correct` is the `grading` one (the run's)."""
+    # `extracted` is None unless the generation holds a valid answer of the task's kind
+    # for q: the records' unparsed rate (metrics.unparsed_rate) counts exactly these.
+    grade = task.grade_candidate(g.text, q, g.finish)
     return {
         **fields,
         "question_id": q.id,
         "text": g.text,
-        "extracted": extracted,
+        "extracted": grade.extracted,
         "gold": q.answer,
-        "correct": bool(task.grade(extracted, q)),
+        "correct": grade.strict if grading == "strict" else grade.flexible,
+        "correct_strict": grade.strict,
+        "correct_flexible": grade.flexible,
         "logprob": float(g.logprob),
         "n_tokens": g.n_tokens,
         "finish": g.finish,
@@ -120,9 +125,13 @@ def sample_questions(
     interventions: Sequence[Intervention] = (),
     run_id: str = "",
     backend: str | None = None,
+    grading: str = DEFAULT_GRADING,
+    deployed_label: str = DEPLOYED,
 ) -> list[dict[str, Any]]:
     """Records for one batch of questions: the deployed candidate and K probe samples each.
-    `backend` ("tl" or "vllm") defaults to the one `lm` was loaded for."""
+    `backend` ("tl" or "vllm") defaults to the one `lm` was loaded for; `grading` is
+    the run's (`RunDir.grading`), the one its records' `correct` holds; `deployed_label`
+    labels the deployed rows (a rotated control's `rotated:SHIFT:deployed`)."""
     engine = generator(lm, backend, interventions)
     max_new = deployed.max_new_tokens
     prompts = [prompt_ids(lm, task, q) for q in questions]
@@ -141,8 +150,8 @@ def sample_questions(
     rows = []
     for q, q_seeds, q_gens in zip(questions, seeds, gens):
         for j, g in enumerate(q_gens):
-            probe_name, cand = (DEPLOYED, 0) if j == 0 else (probe.name, j - 1)
-            rows.append(candidate_row(task, q, g, **common, probe=probe_name, candidate=cand, seed=q_seeds[j]))
+            probe_name, cand = (deployed_label, 0) if j == 0 else (probe.name, j - 1)
+            rows.append(candidate_row(task, q, g, grading, **common, probe=probe_name, candidate=cand, seed=q_seeds[j]))
     return rows
 
 
@@ -158,13 +167,16 @@ def sample_task(
     run_id: str = "",
     progress: bool = True,
     backend: str | None = None,
+    deployed_label: str = DEPLOYED,
 ) -> list[dict[str, Any]]:
-    """Sample every question of `task` not already in `run` (a `RunDir`), writing each
-    chunk as it completes. Returns the rows produced by this call."""
+    """Sample every question of `task` not already in `run` (a `RunDir`) with both
+    labels (`deployed_label`, `probe.name`), writing each chunk as it completes, graded
+    with the run's grading (the default without a run). Returns the rows produced by
+    this call."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     batches = list(chunks(task.questions, batch_size))
-    done = run.done_question_ids() if run is not None else set()
+    done = run.done_question_ids({deployed_label, probe.name}) if run is not None else set()
     produced: list[dict[str, Any]] = []
     bar = tqdm(total=len(task.questions), unit="q", desc=f"{task.name} K={probe.k}", disable=not progress)
     with bar:
@@ -175,7 +187,9 @@ def sample_task(
             if not todo:
                 continue
             rows = sample_questions(lm, task, todo, probe=probe, deployed=deployed, interventions=interventions,
-                                    run_id=run_id, backend=backend)
+                                    run_id=run_id, backend=backend,
+                                    grading=run.grading if run is not None else DEFAULT_GRADING,
+                                    deployed_label=deployed_label)
             if run is not None:
                 run.write_question_batch(rows)
             produced.extend(rows)

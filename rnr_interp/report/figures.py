@@ -64,12 +64,19 @@ def _hline(fig: go.Figure, y: float, text: str, where: str = "top left") -> None
 
 
 def pass_at_k_figure(ks: Iterable[int], passes: Iterable[float], deployed: float | None, label: str,
-                     votes: dict[str, Any] | None = None) -> go.Figure:
+                     votes: dict[str, Any] | None = None, beside: tuple[str, Iterable[float]] | None = None,
+                     null: float | None = None) -> go.Figure:
     """Unbiased pass@k against k (log axis), with the deployed accuracy D for reference:
     the curve's distance above D at k=K is the gap. `votes` (the summary's vote_at_k)
-    adds the answer-blind votes over the same k samples, dashed: the deployable line."""
+    adds the answer-blind votes over the same k samples, dashed: the deployable line.
+    `beside` (grading, curve): the other grading's pass@k, dotted; `null`: the chance
+    null's O_K at k=K."""
     ks, passes = list(ks), list(passes)
     fig = go.Figure(go.Scatter(x=ks, y=passes, mode="lines+markers", name="pass@k (temperature samples)"))
+    if beside is not None:
+        fig.add_scatter(x=ks, y=list(beside[1]), mode="lines", line={"dash": "dot"}, name=f"pass@k, graded {beside[0]}")
+    if null is not None:
+        _hline(fig, null, f"chance null O_K = {null:.3f}", "bottom right")
     for name, values in (votes or {}).items():
         if name != "k":
             fig.add_scatter(x=votes["k"], y=values, mode="lines", line={"dash": "dash"}, name=f"vote@k: {name} (answer-blind)")
@@ -100,7 +107,10 @@ def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figur
     summary = summary_of(run)
     curve = summary.get("pass_at_k") or {}
     if curve.get("k"):
-        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.get("D"), label, summary.get("vote_at_k"))))
+        other = next((g for g in ("strict", "flexible") if g != summary.get("grading") and curve.get(g)), None)
+        null = summary.get("null") if isinstance(summary.get("null"), dict) else {}
+        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.get("D"), label, summary.get("vote_at_k"),
+                                                   beside=(other, curve[other]) if other else None, null=null.get("O_K"))))
     if scores is not None and len(scores):
         figs.append(("hit_counts", hit_count_figure(scores, label)))
     return figs

@@ -91,14 +91,29 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
     rows: list[tuple[str, str]] = []
     if "D" in s and "O_K" in s:
         level = f"{s.get('level', 0.95):.0%} {s.get('ci', '')} interval".strip()
+        grading = s.get("grading", "flexible")
+        other = next((g for g in ("strict", "flexible") if g != grading and isinstance(s.get(g), dict)), None)
         rows += [
             ("D, realized (deployed answer correct)", _ci(s["D"], s.get("D_ci"))),
             (f"O_K, reachable (any of K={s.get('k')} samples correct)", _ci(s["O_K"], s.get("O_K_ci"))),
             ("gap O_K − D (paired)", _ci(s["gap"], s.get("gap_ci"))),
         ]
+        head = ["quantity", f"{grading} [{level}]"]
+        if other:
+            head.append(other)
+            rows = [(*row, _ci(s[other][key], s[other].get(f"{key}_ci"))) for row, key in zip(rows, ("D", "O_K", "gap"))]
+        if isinstance(null := s.get("null"), dict):
+            rows.append((f"chance null ({null.get('method')}): O_K", _ci(null["O_K"], null.get("O_K_ci")), *([""] if other else [])))
+            rows.append(("gap above the null (O_K − D) − (O_K − D)_null", _ci(null["gap_above_null"], null.get("gap_above_null_ci")),
+                         *([""] if other else [])))
         facts = [f"{s.get('n_questions')} questions", f"probe {s.get('probe')}", f"K={s.get('k')}",
-                 f"T={s.get('temperature')}", level, f"unparsed {s.get('unparsed_rate', 0):.1%} of candidates"]
-        body = table_html(["quantity", f"value [{level}]"], rows) + f'<p class="facts">{escape_html(" · ".join(facts))}</p>'
+                 f"T={s.get('temperature')}", level, f"graded {grading}", f"unparsed {s.get('unparsed_rate', 0):.1%} of candidates"]
+        if isinstance(s.get("unfinished_rate"), dict):
+            facts.append("stopped by the token limit: " + ", ".join(f"{p} {r:.0%}" for p, r in s["unfinished_rate"].items()))
+        body = table_html(head, rows) + f'<p class="facts">{escape_html(" · ".join(facts))}</p>'
+        if isinstance(null, dict) and null.get("indistinguishable"):
+            body += '<p class="facts">the reachable set is indistinguishable from chance at this n</p>'
+        body += "".join(f'<p class="facts">warning: {escape_html(w)}</p>' for w in s.get("warnings") or ())
     else:
         body = ""
     body += _localisation_html(s)
@@ -342,7 +357,7 @@ def _config_section(page: Page, summary: dict[str, Any]) -> None:
 def build_index(runs: list[tuple[RunDir, str]], root: Path) -> tuple[str, Figures]:
     """Index page of a sweep (`runs`: run, link to its page): one row per run, and the
     routing figures over every cell of the sweep when its runs hold routing tables."""
-    head = ["run", "kind", "model", "task", "questions", "K", "D", "O_K", "gap"]
+    head = ["run", "kind", "model", "task", "questions", "K", "graded", "D", "O_K", "gap", "O_K null"]
     rows, models, tasks = [], set(), set()
     for run, link in runs:
         s, cfg = summary_of(run), run.config
@@ -350,8 +365,9 @@ def build_index(runs: list[tuple[RunDir, str]], root: Path) -> tuple[str, Figure
         models.add(str(model)), tasks.add(str(task))
         rows.append((
             f'<a href="{escape_html(link)}">{escape_html(str(run.path.relative_to(root)))}</a>', escape_html(s.get("kind", cfg.get("kind", ""))),
-            escape_html(model), escape_html(task), escape_html(s.get("n_questions", "")), escape_html(s.get("k", "")),
+            escape_html(model), escape_html(task), escape_html(s.get("n_questions", "")), escape_html(s.get("k", "")), escape_html(s.get("grading", "")),
             *(_ci(s[key], s.get(f"{key}_ci")) if key in s else "" for key in ("D", "O_K", "gap")),
+            _ci(s["null"]["O_K"], s["null"].get("O_K_ci")) if isinstance(s.get("null"), dict) else "",
         ))
     page = Page(None, f"sweep of {len(runs)} runs · {', '.join(sorted(models))} · {', '.join(sorted(tasks))}")
     page.blocks.append(f"<h1>{len(runs)} runs in {escape_html(str(root))}</h1>" + table_html(head, rows, raw=True))

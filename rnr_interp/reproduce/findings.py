@@ -100,6 +100,45 @@ def _runs(folder: Path, kind: str) -> list[RunDir]:
     return out
 
 
+# -- The realization audit, read against chance ----------------------------------------
+
+
+GAP_CLAIM = "a realization gap beyond chance: O_K - D above what the same samples reach by coincidence"
+GAP_PAPER = "the paper reports O_K - D > 0 on every task, with no chance null"
+
+
+def audit_findings(part: Path) -> list[Finding]:
+    """Per audited task: the gap above the chance null under the strict grading (the
+    headline of a new run), judged on its interval; the flexible grade and, for multiple
+    choice asked circularly, the circular numbers shown beside."""
+    out = []
+    for run in _runs(part, "audit"):
+        s = run.read_summary()
+        null = s.get("null")
+        scope = f"{s.get('task')}: {s.get('model')}, {s.get('n_questions')} q, K={s.get('k')}, graded {s.get('grading', 'flexible')}"
+        if not isinstance(null, dict):
+            out.append(_untestable(GAP_CLAIM, GAP_PAPER, "the audit summary has no chance null (made before it; "
+                                   "`rnr regrade` the run)", scope))
+            continue
+        other = next((g for g in ("strict", "flexible") if g != s.get("grading") and isinstance(s.get(g), dict)), None)
+        measured = (f"O_K {s['O_K']:.3f}, D {s['D']:.3f}, gap {s['gap']:+.3f}; null ({null['method']}) O_K "
+                    f"{null['O_K']:.3f}, D {null['D']:.3f}; O_K - null {null['O_K_minus_null']:+.3f} "
+                    f"[{null['O_K_minus_null_ci'][0]:+.3f}, {null['O_K_minus_null_ci'][1]:+.3f}]")
+        if other:
+            measured += f"; {other}: O_K {s[other]['O_K']:.3f}, D {s[other]['D']:.3f}, gap {s[other]['gap']:+.3f}"
+        circular = s.get("circular") or {}
+        if "O_K" in circular:
+            measured += f"; circular ({len(circular.get('shifts', []))} shifts): O_K {circular['O_K']:.3f}, D {circular['D']:.3f}"
+        value, ci = float(null["gap_above_null"]), (float(null["gap_above_null_ci"][0]), float(null["gap_above_null_ci"][1]))
+        verdict, why = ((REPRODUCED, "the whole interval of the gap above the null is above 0") if ci[0] > 0 else
+                        (NOT_REPRODUCED, "the whole interval of the gap above the null is at or below 0") if ci[1] <= 0 else
+                        (NOT_TESTABLE, f"the interval [{ci[0]:.2f}, {ci[1]:.2f}] of the gap above the null spans 0 at this sample size"))
+        if null.get("indistinguishable"):
+            why += "; the reachable set is indistinguishable from chance at this n"
+        out.append(Finding(GAP_CLAIM, GAP_PAPER, scope, measured, value, ci, int(s.get("n_questions") or 0), verdict, why))
+    return out
+
+
 # -- Experiment 1: routing and selection ---------------------------------------------
 
 
@@ -411,6 +450,12 @@ def _o_change(s: dict[str, Any], claim: str, paper: str, label: str, shrink: boo
     ci = (float(m["change_ci"][0]), float(m["change_ci"][1]))
     change = float(m["change"])
     measured = f"O_K {m['base']:.3f} -> {m['trained']:.3f} (change {change:+.3f}); D {s['stats']['D']['base']:.3f} -> {s['stats']['D']['trained']:.3f}"
+    grading = s.get("grading", "flexible")
+    other = next((g for g in ("strict", "flexible") if g != grading and isinstance(s.get(g), dict)), None)
+    measured += f" (graded {grading})"
+    if other:
+        o = s[other]["stats"]["O_K"]
+        measured += f"; {other}: O_K {o['base']:.3f} -> {o['trained']:.3f} (change {o['change']:+.3f})"
     if shrink:
         verdict, why = at_most(change, ci, 0.0)
     else:
@@ -428,7 +473,7 @@ def findings(root: Path) -> list[Finding]:
     """Every claim's row, from the run folders under `root` (parts that did not run
     give "not testable here" rows saying so)."""
     root = Path(root)
-    return [*routing_findings(root / "2_routing"), *localisation_findings(root / "4_localisation"),
+    return [*audit_findings(root / "1_audit"), *routing_findings(root / "2_routing"), *localisation_findings(root / "4_localisation"),
             *checkpoint_findings(root / "5_checkpoints")]
 
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rnr_interp.models import LoadedModel
+from rnr_interp.records import read_json_file
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 from rnr_interp.reproduce.profiles import Profile
 
@@ -61,9 +62,20 @@ def audit_part(ctx: Context, folder: Path) -> None:
     p = ctx.profile
     lm = ctx.model(p.model)
     for name in p.audit_tasks:
-        ctx.log(f"  audit {name}: {p.audit_n} questions, K={p.k}")
-        run_audit(lm, ctx.task(name, p.audit_n), folder / name, probe=Probe(k=p.k), batch_size=p.batch_size,
-                  progress=ctx.progress)
+        task = ctx.task(name, p.audit_n)
+        # Multiple choice asked under every cyclic shift of its options (a run folder made
+        # before circular evaluation keeps what it was run with, so it resumes).
+        circular = task.answer_kind == "letter" and _stored_or(folder / name, "circular", True)
+        ctx.log(f"  audit {name}: {p.audit_n} questions, K={p.k}{', circular' if circular else ''}")
+        run_audit(lm, task, folder / name, probe=Probe(k=p.k), batch_size=p.batch_size,
+                  progress=ctx.progress, circular=circular)
+
+
+def _stored_or(folder: Path, key: str, default: Any) -> Any:
+    """A run folder's recorded setting `key` (False when its config lacks it), or
+    `default` for a folder not started yet."""
+    manifest = folder / "manifest.json"
+    return read_json_file(manifest)["config"].get(key, False) if manifest.is_file() else default
 
 
 def routing_part(ctx: Context, folder: Path) -> None:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .letter import LETTERS, extract_letter
+from .letter import LETTERS, extract_letter, extract_letter_strict
 
 
 class DataFormatError(ValueError):
@@ -59,6 +59,16 @@ def rotate_options(q: Question, shift: int = 1) -> Question:
         q, choices=tuple(q.choices[(j - shift) % n] for j in range(n)), gold_index=gold, answer=LETTERS[gold],
         meta={**q.meta, "rotated_by": (q.meta.get("rotated_by", 0) + shift) % n},
     )
+
+
+@dataclass(frozen=True)
+class CandidateGrade:
+    """What grading one candidate gives: the answer read flexibly (None: none parses),
+    and whether it is correct under each grading."""
+
+    extracted: str | None
+    flexible: bool
+    strict: bool
 
 
 class Task:
@@ -136,8 +146,25 @@ class Task:
         counts as parsed exactly when this is not None."""
         return self.extract(generation)
 
+    def read_answer_strict(self, generation: str, q: Question, finished: bool) -> str | None:
+        """The answer to `q` stated in this task's declared format (a marked answer, or a
+        reply that is the answer alone), else None; `finished` says the candidate ended
+        on its own rather than at the token limit. Each answer kind's module defines its
+        strict rule (numbers, letters, yes/no, free text); a task that reads its answers
+        its own way (overrides `extract`) and declares no strict rule reads them so."""
+        return self.read_answer(generation, q)
+
     def grade(self, extracted: str | None, q: Question) -> bool:
         return extracted is not None and extracted == q.answer
+
+    def grade_candidate(self, generation: str, q: Question, finish: str) -> "CandidateGrade":
+        """Both grades of one candidate (docs/grading.md). Strict is flexible and more:
+        the answer must also be stated in the declared format and graded right there,
+        so strict <= flexible holds for every candidate."""
+        extracted = self.read_answer(generation, q)
+        flexible = bool(self.grade(extracted, q))
+        strict = flexible and bool(self.grade(self.read_answer_strict(generation, q, finish != "length"), q))
+        return CandidateGrade(extracted, flexible, strict)
 
     def options(self, q: Question) -> tuple[str, ...] | None:
         """The answers `read_answer` can give for q when there are finitely many (a
@@ -180,6 +207,11 @@ class MultipleChoiceTask(Task):
         if type(self).extract is not MultipleChoiceTask.extract:
             return self.extract(generation)  # a subclass that reads its own kind of answer (BoolQ's words)
         return extract_letter(generation, n_options=len(q.choices or LETTERS))
+
+    def read_answer_strict(self, generation: str, q: Question, finished: bool) -> str | None:
+        if type(self).extract is not MultipleChoiceTask.extract:
+            return super().read_answer_strict(generation, q, finished)
+        return extract_letter_strict(generation, n_options=len(q.choices or LETTERS), finished=finished)
 
     def recognition_prompt(self, q: Question) -> str:
         """The context before each option's text when options are ranked by

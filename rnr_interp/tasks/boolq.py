@@ -17,7 +17,7 @@ from typing import Any
 
 from ._io import RowError, get_str, iter_jsonl, parse_all
 from .base import MultipleChoiceTask, Question
-from .letter import extract_yes_no
+from .letter import extract_yes_no, extract_yes_no_strict
 
 CHOICES = ("yes", "no")
 
@@ -31,6 +31,9 @@ class BoolQ(MultipleChoiceTask):
 
     def extract(self, generation: str) -> str | None:
         return extract_yes_no(generation)
+
+    def read_answer_strict(self, generation: str, q: Question, finished: bool) -> str | None:
+        return extract_yes_no_strict(generation, finished)
 
     def options(self, q: Question) -> tuple[str, ...] | None:
         return CHOICES

@@ -35,7 +35,7 @@ from typing import Any
 
 from ._io import RowError, get_str, iter_jsonl, parse_all
 from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
-from .freetext import extract_free_text, normalise
+from .freetext import extract_free_text, extract_free_text_strict, normalise
 from .numeric import NumericTask, canonical_number, numbers_equal
 
 _KNOWN = {"id", "prompt", "question", "context", "choices", "answer"}
@@ -53,6 +53,9 @@ class JsonlTask(Task):
 
     def extract(self, generation: str) -> str | None:
         return extract_free_text(generation)
+
+    def read_answer_strict(self, generation: str, q: Question, finished: bool) -> str | None:
+        return extract_free_text_strict(generation, finished)
 
     def grade(self, extracted: str | None, q: Question) -> bool:
         if extracted is None:

@@ -15,13 +15,18 @@ A letter beyond the question's m options is not an answer and is skipped.
 
 Word rule (BoolQ): the first marked yes/no/true/false, else the first such word anywhere;
 true/false read as yes/no.
+
+Strict rules (`extract_letter_strict`, `extract_yes_no_strict`): the first marked answer
+(rule 1), or a reply that is the letter (word) alone ("B", "(B).", "**yes**"); a marked
+answer at the very end of a candidate the token limit stopped does not count, nor does a
+lone letter in one (`marker.stated_before_cut`).
 """
 
 from __future__ import annotations
 
 import re
 
-from .marker import ANSWER_MARKER
+from .marker import ANSWER_MARKER, stated_before_cut
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -41,6 +46,10 @@ _LEAD_RE = re.compile(r"^[\s*(\[\"'`\u201c\u2018]*" + _ALONE)
 _AFTER_COLON_RE = re.compile(r":[\s*(\[\"'`\u201c\u2018]*" + _ALONE, re.MULTILINE)
 _WORD_MARKED_RE = re.compile(ANSWER_MARKER + _WRAP + r"(yes|no|true|false)\b", re.IGNORECASE)
 _WORD_RE = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
+# A reply that is its answer alone, optionally wrapped ("B", "(B).", "**yes**").
+_ONLY_RE = r"^[\s*_(\[\"'`\u201c\u2018]*({})[\s*_)\].!:\"'`\u201d\u2019]*$"
+_ONLY_LETTER_RE = re.compile(_ONLY_RE.format("[A-J]"))
+_ONLY_WORD_RE = re.compile(_ONLY_RE.format("yes|no|true|false"), re.IGNORECASE)
 
 
 def _lower_case_allowed(match: re.Match[str]) -> bool:
@@ -53,10 +62,9 @@ def _lower_case_allowed(match: re.Match[str]) -> bool:
 def extract_letter(generation: str, n_options: int = len(LETTERS)) -> str | None:
     """The chosen option's letter (upper case) among the first `n_options`, or None."""
     valid = LETTERS[:n_options]
-    for m in _MARKED_RE.finditer(generation):
-        letter = m.group("letter")
-        if (letter.isupper() or _lower_case_allowed(m)) and letter.upper() in valid:
-            return letter.upper()
+    marked = _marked_letter(generation, valid)
+    if marked is not None:
+        return marked.group("letter").upper()
     for m in _MENTION_RE.finditer(generation):
         if m.group("letter") in valid:
             return m.group("letter")
@@ -66,10 +74,39 @@ def extract_letter(generation: str, n_options: int = len(LETTERS)) -> str | None
     return next((m.group(1) for m in _AFTER_COLON_RE.finditer(generation) if m.group(1) in valid), None)
 
 
+def _marked_letter(generation: str, valid: str) -> re.Match[str] | None:
+    for m in _MARKED_RE.finditer(generation):
+        letter = m.group("letter")
+        if (letter.isupper() or _lower_case_allowed(m)) and letter.upper() in valid:
+            return m
+    return None
+
+
+def extract_letter_strict(generation: str, n_options: int = len(LETTERS), finished: bool = True) -> str | None:
+    """The letter stated in the declared format (module docstring, strict rules) among
+    the first `n_options`, or None. `finished`: the candidate ended on its own."""
+    m = _marked_letter(generation, LETTERS[:n_options])
+    if m is not None:
+        return m.group("letter").upper() if stated_before_cut(generation, m.end(), finished) else None
+    alone = _ONLY_LETTER_RE.match(generation) if finished else None
+    return alone.group(1) if alone and alone.group(1) in LETTERS[:n_options] else None
+
+
+def _yes_no(word: str) -> str:
+    word = word.lower()
+    return {"true": "yes", "false": "no"}.get(word, word)
+
+
+def extract_yes_no_strict(generation: str, finished: bool = True) -> str | None:
+    """"yes" or "no" stated in the declared format (module docstring), or None."""
+    m = _WORD_MARKED_RE.search(generation)
+    if m is not None:
+        return _yes_no(m.group(1)) if stated_before_cut(generation, m.end(), finished) else None
+    alone = _ONLY_WORD_RE.match(generation) if finished else None
+    return _yes_no(alone.group(1)) if alone else None
+
+
 def extract_yes_no(generation: str) -> str | None:
     """"yes" or "no" (true/false mapped onto them), or None."""
     m = _WORD_MARKED_RE.search(generation) or _WORD_RE.search(generation)
-    if not m:
-        return None
-    word = m.group(1).lower()
-    return {"true": "yes", "false": "no"}.get(word, word)
+    return _yes_no(m.group(1)) if m else None

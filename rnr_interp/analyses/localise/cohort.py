@@ -38,7 +38,7 @@ from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
 from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognize
-from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir, stable_key
+from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, ProbeLabel, RunDir, stable_key
 from rnr_interp.engine.sampling import candidate_row, chance_summary, chunks, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
 
@@ -63,13 +63,14 @@ def run_rows(
     order = {q: i for i, q in enumerate(dict.fromkeys(r.question.id for r in todo))}
     todo.sort(key=lambda r: order[r.question.id])
     common = {"run_id": run.run_id if run is not None else "", "model": lm.spec, "task": task.name, "candidate": 0, "seed": 0}
+    grading = run.grading if run is not None else DEFAULT_GRADING  # the one the records' `correct` holds
     produced: list[dict[str, Any]] = []
     for chunk in tqdm(list(chunks(todo, batch_size)), desc=desc, unit="batch", disable=not progress):
         prefills.keep_only([r.question.id for r in chunk])
         # A first layer of 0, or none, leaves a row nothing to replay.
         replay = any(first_layer(r.interventions) for r in chunk)
         gens = generate_rows(lm, task, chunk, decoding, prefills if replay else None)
-        recs = [candidate_row(task, r.question, g, **common, probe=r.probe, intervention=set_id(r.interventions))
+        recs = [candidate_row(task, r.question, g, grading, **common, probe=r.probe, intervention=set_id(r.interventions))
                 for r, g in zip(chunk, gens)]
         if run is not None:
             run.write_question_batch(recs)

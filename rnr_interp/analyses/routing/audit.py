@@ -56,7 +56,8 @@ from rnr_interp.engine.rows import PrefillCache, Row, generate_rows
 from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import DEPLOYED, Journal, ProbeLabel, RunDir, RunFolderError
+from rnr_interp.grading import graded, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
+from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, Journal, ProbeLabel, RunDir, RunFolderError
 from rnr_interp.analyses.routing.batching import Lockstep
 from rnr_interp.analyses.routing.search import ADAPTIVE, SEARCHES, round_size
 from rnr_interp.analyses.routing.selectors import search_reward, select
@@ -156,10 +157,12 @@ class RouteEvaluator:
     with blocks 0..p-1 unchanged replays them instead of recomputing its prefill."""
 
     def __init__(self, lm: LoadedModel, task: Task, decoding: Decoding, batch_size: int = 16, reuse_prefix: bool = True,
-                 journal: Journal | None = None, sparse_slots: bool | None = None):
+                 journal: Journal | None = None, sparse_slots: bool | None = None, grading: str = DEFAULT_GRADING):
         self.lm, self.task, self.decoding, self.batch_size = lm, task, decoding, batch_size
         #: rows run only their own route positions (`interventions.applied`; None: where that pays)
         self.sparse_slots = sparse_slots
+        #: the run's grading: the one its records' `correct`, and so the oracle searches' reward, holds
+        self.grading = grading
         self.by_id = {q.id: q for q in task.questions}
         self.cache: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
         #: where each generated batch's rows go as they are made (a stopped chunk's
@@ -191,7 +194,8 @@ class RouteEvaluator:
             self.n_generated += len(group)
             self.n_batches += 1
             for (qid, route), g in zip(group, gens):
-                self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, intervention=set_id([Route(route)]))
+                self.cache[(qid, route)] = candidate_row(self.task, self.by_id[qid], g, self.grading,
+                                                         intervention=set_id([Route(route)]))
             if self.journal is not None:
                 self.journal.append({"question_id": qid, "route": list(route), "row": self.cache[(qid, route)]} for qid, route in group)
         return [self.cache[req] for req in requests]
@@ -199,7 +203,7 @@ class RouteEvaluator:
     def restore(self, entries: list[dict[str, Any]]) -> None:
         """Take back the evaluations a journal holds for this task's questions (a search
         asks for the same routes again, given the same rows)."""
-        self.cache.update(((e["question_id"], tuple(e["route"])), e["row"])
+        self.cache.update(((e["question_id"], tuple(e["route"])), with_both_grades(e["row"], self.task))
                           for e in entries if "route" in e and e["question_id"] in self.by_id)
 
     def _groups(self, pairs: list[tuple[str, tuple[int, ...]]]):
@@ -298,7 +302,7 @@ def verify_rows(lm: LoadedModel, task: Task, questions: Sequence[Question], rows
         for probe in probes:
             first: dict[str, dict[str, Any]] = {}
             for row in rows:
-                if row["question_id"] == q.id and row["probe"] == probe and row["extracted"] is not None:
+                if row["question_id"] == q.id and row["probe"] == probe and isinstance(row["extracted"], str):
                     first.setdefault(row["extracted"], row)
             answers = sorted(first)
             label = str(ProbeLabel.verify(ProbeLabel.parse(probe)))
@@ -368,16 +372,29 @@ def route_decoding(task: Task) -> Decoding:
     return Decoding(max_new_tokens=task.max_new_tokens)
 
 
-def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig) -> dict[str, Any]:
-    """The run config of a route audit: what a run folder stores and a resume checks."""
+def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig, grading: str | None = None) -> dict[str, Any]:
+    """The run config of a route audit: what a run folder stores and a resume checks.
+    `grading` None: the folder's own when resuming, else the default."""
     samplers = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len).sampler for name in cfg.spaces}
-    return run_config("route", lm, task, route=asdict(cfg), deployed=asdict(route_decoding(task)), random_samplers=samplers)
+    return run_config("route", lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)),
+                      random_samplers=samplers)
 
 
-def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True) -> dict[str, Any]:
+def with_both_grades(row: dict[str, Any], task: Task) -> dict[str, Any]:
+    """A journalled row with both grades: a row journalled before they were recorded
+    (its `correct` then the flexible rule's) gets them from its text."""
+    if "correct_strict" in row:
+        return row
+    q = next(q for q in task.questions if q.id == row["question_id"])
+    strict = task.grade_candidate(row["text"], q, row["finish"]).strict and bool(row["correct"])
+    return {**row, "correct_strict": strict, "correct_flexible": bool(row["correct"])}
+
+
+def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True,
+                    grading: str | None = None) -> dict[str, Any]:
     decoding = route_decoding(task)
     spaces = route_spaces(cfg, lm.n_layers)  # refused before the run folder is made
-    run = RunDir.create(out, route_run_config(lm, task, cfg))
+    run = RunDir.create(out, route_run_config(lm, task, cfg, grading))
     run_id = run.run_id
     common = {"run_id": run_id, "model": lm.spec, "task": task.name}
     done = run.done_question_ids()
@@ -385,9 +402,10 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     # A chunk stopped part way left its temperature samples and route evaluations in the
     # run's journal: they are taken back, and the chunk redoes only what is missing.
     saved = read_route_journal(run)
-    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal)
+    evaluator = RouteEvaluator(lm, task, decoding, max(cfg.batch_size, route_rows(lm)), cfg.reuse_prefix, journal=run.journal,
+                               grading=run.grading)
     evaluator.restore(saved)
-    saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
+    saved_samples = {tuple(e["question_ids"]): [with_both_grades(r, task) for r in e["samples"]] for e in saved if "samples" in e}
     searches = audit_searches(spaces, cfg.methods, cfg.proposals)
     n_matched = len(spaces) if "random_matched" in cfg.methods else 0
     verified = [str(ProbeLabel.sample("temperature")), *(str(ProbeLabel.route(name, "random")) for name in spaces)]
@@ -399,7 +417,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         rows = saved_samples.get(tuple(ids))
         if rows is None:
             rows = sample_questions(lm, task, chunk, probe=Probe(k=cfg.samples, temperature=cfg.temperature, seed=cfg.seed),
-                                    deployed=decoding, run_id=run_id)
+                                    deployed=decoding, run_id=run_id, grading=run.grading)
             run.journal.append([{"question_ids": ids, "samples": rows}])
         # Within a chunk (tens of minutes on a CPU for long answers), the searches' budget spent.
         with tqdm(total=(len(searches) + n_matched) * len(chunk) * cfg.budget, unit="route", desc="route evaluations",
@@ -417,7 +435,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
     bar.close()
-    summary = summarize_routes(run, cfg)
+    summary = summarize_routes(run, cfg, task=task)
     run.write_summary(summary)
     return summary
 
@@ -543,6 +561,12 @@ def route_of(intervention: str) -> tuple[int, ...]:
     return tuple(int(i) for i in intervention.removeprefix("route:").split("-"))
 
 
+def verification_stored(run: RunDir) -> bool:
+    """Whether a route run's records hold its self-verification scores (runs made
+    before they were stored do not)."""
+    return bool(run.read_records()["probe"].str.startswith("verify:").any())
+
+
 def _verify_tables(records: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
     """Stored self-verification scores: per verified probe label, per question, answer -> score."""
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -552,15 +576,78 @@ def _verify_tables(records: pd.DataFrame) -> dict[str, dict[str, dict[str, float
     return out
 
 
-def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
+def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, target: RunDir | None = None,
+                     task: Task | None = None, lm: LoadedModel | None = None) -> dict[str, Any]:
     """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
     and mean edit distance per method, random - structured and random_matched -
     structured at K (Newcombe paired), and each selector's accuracy, selection gap and
-    gap recovery (paired). Tables: route_curves, route_cells, route_distances,
-    selectors. Reads the run's records only (no model)."""
+    gap recovery (paired), all under `grading` (default: the run's), with the deployed
+    accuracy, oracles@K and selector accuracies under the other grading beside
+    (`summary[other]`), the chance null of the temperature probe and each probe's
+    unfinished rate. Tables (under `grading`): route_curves, route_cells,
+    route_distances, selectors, written to `target` (default: the run).
+
+    Reads the records only. Records of runs made before both grades were recorded get
+    their strict grade from their texts when `task` is given (`grading.regrade`), and
+    before self-verification scores were stored, from `lm` when it is given (`rnr
+    regrade` passes both); without them those parts are left out and named in
+    `summary["missing"]`."""
+    grading = grading or run.grading
     records = run.read_records()
-    model, task_name = run.config["model"], run.config["task"]["name"]
-    n_layers = int(run.config["model_facts"]["n_layers"])
+    if task is not None:
+        records = regrade(records, task)
+    both = not records["correct_strict"].isna().any()
+    if grading == "strict" and not both:
+        raise RunFolderError(f"{run.path}: its records hold no strict grades (made before they were recorded); "
+                             "`rnr regrade RUN` reads them from the texts")
+    verify = _verify_tables(records)
+    qids = list(question_scores(graded(records, grading), "temperature").index)
+    rand_labels = {space: str(ProbeLabel.route(space, "random")) for space in cfg.spaces}
+    if "temperature" not in verify and lm is not None and task is not None:
+        # a run from before the scores were stored: the model scores them now
+        by_id = {q.id: q for q in task.questions}
+        rows = records[records.probe.isin(["temperature", *rand_labels.values()])].to_dict("records")
+        verify = _verify_tables(pd.DataFrame(verify_rows(lm, task, [by_id[q] for q in qids], rows,
+                                                         ["temperature", *rand_labels.values()])))
+    # The selectors' choices are answer-blind: made once, then graded either way.
+    choices = {"temperature": _selector_choices(_candidates(records, "temperature", qids), {}, verify.get("temperature"))}
+    for space, label in rand_labels.items():
+        choices[space] = _selector_choices(
+            _candidates(records, label, qids),
+            {name: _candidates(records, str(ProbeLabel.route(space, name)), qids) for name in BLIND_SEARCHES},
+            verify.get(label))
+    summary, tables = _graded_routes(graded(records, grading), run.config, cfg, choices)
+    if "temperature" not in verify:
+        summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
+    other = other_grading(grading)
+    if both:
+        beside, _ = _graded_routes(graded(records, other), run.config, cfg, choices)
+        summary[other] = {"deployed": beside["deployed"], "oracle_at_k": beside["oracle_at_k"],
+                          "temperature_oracle": beside["temperature"]["oracle"],
+                          "cells": {cell: {"oracle_at_k": c["oracle_at_k"],
+                                           "selectors": {name: sel["accuracy"] for name, sel in c["selectors"].items()}}
+                                    for cell, c in beside["cells"].items()}}
+    else:
+        summary.setdefault("missing", []).append(f"{other}: these records hold no strict grades (`rnr regrade` reads them)")
+    summary["grading"] = grading
+    if task is not None:
+        null = question_null(graded(records, grading), task, "temperature", grading, cfg.samples, seed=cfg.seed)
+        if null is not None:
+            t_scores = question_scores(graded(records, grading), "temperature")
+            summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
+    summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])
+                                  if not str(p).startswith("verify:")}
+    summary["warnings"] = [w for p, r in summary["unfinished_rate"].items() if (w := unfinished_warning(r, p))]
+    for name, table in tables.items():
+        (target or run).write_table(name, table)
+    return summary
+
+
+def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConfig,
+                   choices: dict[str, dict[str, list[int | None]]]) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """`summarize_routes`' summary and tables from records graded one way (`correct`)."""
+    model, task_name = config["model"], config["task"]["name"]
+    n_layers = int(config["model_facts"]["n_layers"])
     scores = question_scores(records, "temperature")
     qids = list(scores.index)
     d = scores["d"].to_numpy()
@@ -569,7 +656,6 @@ def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
     deployed = records[records.probe == DEPLOYED]
     collapse_rate = unparsed_rate(deployed[deployed.question_id.isin(qids)])
     excluded = bool(collapse_rate > cfg.collapse)
-    verify = _verify_tables(records)
     curves, cells, distances, selectors = [], [], [], []
     summary: dict[str, Any] = {"kind": "route", "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy,
@@ -578,10 +664,8 @@ def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
                                "exclusion": {"rule": "full path's unparsed rate > collapse", "collapse": cfg.collapse,
                                              "full_path_unparsed_rate": collapse_rate},
                                "cells": {}}
-    if "temperature" not in verify:  # a run from before the scores were stored
-        summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
     # Plain sampling's selection gap, the same for every cell.
-    temperature = _selector_picks(_candidates(records, "temperature", qids), {}, verify.get("temperature"))
+    temperature = _picks_correct(choices["temperature"], _candidates(records, "temperature", qids), {})
     t_oracle = scores["o"].to_numpy()
     summary["temperature"] = {"oracle": float(t_oracle.mean()),
                               "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
@@ -606,7 +690,7 @@ def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
         for vote, weighted in VOTES.items():
             curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.budget + 1), weighted, 1, cfg.seed), cfg.seed)
         blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in BLIND_SEARCHES}
-        picks = _selector_picks(rand, blind, verify.get(rand_label))
+        picks = _picks_correct(choices[space_name], rand, blind)
         oracle = at_k["random"]
         oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
         #: no method beat greedy anywhere: the comparison could not have gone either way
@@ -636,18 +720,15 @@ def summarize_routes(run: RunDir, cfg: RouteConfig) -> dict[str, Any]:
             "random_minus_structured": diffs.get("random", {}), "matched_minus_structured": diffs.get("random_matched", {}),
             "selectors": cell_sel,
         }
-    run.write_table("route_curves", pd.DataFrame(curves))
-    run.write_table("route_cells", pd.DataFrame(cells))
-    run.write_table("route_distances", pd.DataFrame(distances))
     sel = pd.DataFrame(selectors)
-    run.write_table("selectors", sel)
+    tables = {"route_curves": pd.DataFrame(curves), "route_cells": pd.DataFrame(cells), "selectors": sel}
     kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
     summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
     summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in methods}
     routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
     summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
                             for name, g in routes_sel.groupby("selector", sort=False)} if len(routes_sel) else {}
-    return summary
+    return summary, tables
 
 
 def _flat(sel: dict[str, Any]) -> dict[str, Any]:
@@ -661,23 +742,35 @@ def _flat(sel: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _selector_picks(cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]],
-                    verify: dict[str, dict[str, float]] | None) -> dict[str, np.ndarray]:
-    """Per selector, whether its pick is correct for each question (an abstention is
-    wrong): the candidate selectors over `cands` (self-verification from the stored
-    per-answer scores `verify`, question -> answer -> score; left out when None), and
-    each search selector over its blind search's candidates in `blind`."""
+def _selector_choices(cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]],
+                      verify: dict[str, dict[str, float]] | None) -> dict[str, list[int | None]]:
+    """Per selector, the candidate it picks for each question (None: it abstains): the
+    candidate selectors over `cands` (self-verification from the stored per-answer
+    scores `verify`, question -> answer -> score; left out when None), and each search
+    selector over its blind search's candidates in `blind`. Answer-blind: no grade is
+    read, so one choice serves both gradings."""
     names = [n for n in CANDIDATE_SELECTORS if verify is not None or n != "self_verification"]
-    picks: dict[str, list[bool]] = {name: [] for name in names}
+    choices: dict[str, list[int | None]] = {name: [] for name in names}
     for g in cands:
         if verify is not None:
             by_answer = verify.get(g["question_id"].iloc[0], {})
             g = g.assign(verify_yes_logprob=[by_answer.get(a, -math.inf) if isinstance(a, str) else -math.inf
                                              for a in g["extracted"]])
         for name in names:
-            i = select(g, name)
-            picks[name].append(bool(g.loc[i, "correct"]) if i is not None else False)
+            choices[name].append(select(g, name))
     for name, (probe, selector) in SEARCH_SELECTORS.items():
         if probe in blind:
-            picks[name] = [bool(g.loc[i, "correct"]) if (i := select(g, selector)) is not None else False for g in blind[probe]]
-    return {name: np.asarray(v, dtype=bool) for name, v in picks.items()}
+            choices[name] = [select(g, selector) for g in blind[probe]]
+    return choices
+
+
+def _picks_correct(choices: dict[str, list[int | None]], cands: list[pd.DataFrame],
+                   blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+    """Per selector, whether its pick is correct (`correct`) for each question; an
+    abstention is wrong."""
+    def pool(name: str) -> list[pd.DataFrame]:
+        return blind[SEARCH_SELECTORS[name][0]] if name in SEARCH_SELECTORS else cands
+
+    return {name: np.asarray([bool(g.loc[i, "correct"]) if i is not None else False
+                              for i, g in zip(picked, pool(name))], dtype=bool)
+            for name, picked in choices.items()}
