@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from rnr_interp.metrics import answer_changes, chance_baselines, chance_lines
+from rnr_interp.metrics import answer_changes, chance_baselines
+from rnr_interp.report.text import chance_lines
 
 ABCD = ("A", "B", "C", "D")
 

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 #: (layer, its entries in import order): a dotted name below rnr_interp names a module or a
 #: whole package
 LAYERS: list[tuple[str, list[str]]] = [
-    ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records", "tasks", "metrics",
+    ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
+                         "records.journal", "records.config", "records.lock", "records.rundir", "records", "tasks", "metrics",
                          "grading", "interventions"]),
     ("engine and rows", ["engine.decoding", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",

@@ -217,7 +217,7 @@ def run_folder(out: Path) -> None:
 def print_multiple_choice(summary: dict) -> None:
     """What a multiple-choice summary carries to read it against chance: the baselines,
     the deployed answer counts and warning, and how interventions moved answers."""
-    from rnr_interp.metrics import answer_change_line, chance_blocks, chance_lines, permutation_lines
+    from rnr_interp.report.text import answer_change_line, chance_blocks, chance_lines, permutation_lines
 
     for label, block in chance_blocks(summary).items():
         for line in chance_lines(block):

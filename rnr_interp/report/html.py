@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from rnr_interp.metrics import answer_change_line, chance_blocks
+from rnr_interp.report.text import answer_change_line, chance_blocks
 from rnr_interp.records import DEPLOYED, RunDir, load_runs
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables

@@ -1,0 +1,170 @@
+"""Files written whole or not at all (a `*.tmp` beside, then `os.replace`), and run
+files read back with one-line errors naming the file: JSON (depth-bounded) and Parquet."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rnr_interp.records.schema import LATER_COLUMNS, RECORD_SCHEMA, RunFolderError
+
+# -- atomic files -----------------------------------------------------------------
+
+
+def fsync_dir(folder: Path) -> None:
+    # The rename is only durable once the directory entry is; not all platforms allow it.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write through a temp file in the same folder (so os.replace cannot cross
+    filesystems) and move it into place; on any error the temp file is removed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def json_default(obj: Any) -> Any:
+    # numpy scalars and arrays turn up in summaries computed with numpy/pandas.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=json_default)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Serialise first (a failing encode never touches the file), then write atomically."""
+    data = (_to_json(obj) + "\n").encode()
+    return _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    data = text.encode()
+    return _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def write_parquet_atomic(path: Path, table: pa.Table) -> Path:
+    return _atomic_write(path, lambda f: pq.write_table(table, f))
+
+
+def remove_temp_files(*folders: Path) -> None:
+    for folder in folders:
+        if folder.is_dir():
+            for tmp in folder.glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+
+
+# -- reading run files -------------------------------------------------------------
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+#: the deepest nesting of arrays and objects a JSON file we read may have (run configs
+#: nest 4 deep, data rows 3): deeper is not data of ours, and Python's parser would
+#: fail on it with a RecursionError instead of a message
+MAX_JSON_DEPTH = 100
+
+
+class JSONTooDeepError(ValueError):
+    """JSON nested deeper than MAX_JSON_DEPTH."""
+
+
+def parse_json(text: str | bytes) -> Any:
+    """json.loads, refusing nesting deeper than MAX_JSON_DEPTH with JSONTooDeepError
+    (json.JSONDecodeError for what is not JSON), whatever the depth."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JSONTooDeepError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    # Measured without recursion, so a value Python could parse but not walk is refused too.
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+        if not level:
+            return value
+    raise JSONTooDeepError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def read_json_file(path: Path) -> Any:
+    """A JSON file's content, or RunFolderError naming the file and what is wrong."""
+    try:
+        return parse_json(path.read_bytes().decode("utf-8"))
+    except JSONTooDeepError as exc:
+        raise RunFolderError(f"{path}: {exc}") from None
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except OSError as exc:
+        raise RunFolderError(f"{path}: cannot be read ({exc.strerror or first_line(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.Table:
+    """A Parquet file as a table. With `schema`, the file must hold every one of its
+    columns with its type (extra columns are ignored). Damaged or foreign files raise
+    RunFolderError naming the file."""
+    try:
+        found = pq.read_schema(path)
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise RunFolderError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+    if schema is not None:
+        for field in schema:
+            i = found.get_field_index(field.name)
+            if i < 0 and schema is RECORD_SCHEMA and field.name in LATER_COLUMNS:
+                continue
+            if i < 0:
+                raise RunFolderError(f"{path}: not a records part of this format (no column {field.name!r})")
+            if not found.field(i).type.equals(field.type):
+                raise RunFolderError(
+                    f"{path}: not a records part of this format (column {field.name!r} is {found.field(i).type}, "
+                    f"expected {field.type})"
+                )
+    if schema is RECORD_SCHEMA:
+        schema = pa.schema([f for f in schema if f.name not in LATER_COLUMNS or found.get_field_index(f.name) >= 0])
+        if kw.get("columns") is not None:
+            kw["columns"] = [c for c in kw["columns"] if c in schema.names]
+    try:
+        return pq.read_table(path, schema=schema, **kw)
+    except (pa.ArrowException, OSError) as exc:
+        raise RunFolderError(f"{path}: damaged Parquet file ({first_line(exc)})") from None

@@ -1,0 +1,477 @@
+"""Run folders (`RunDir`): create or resume, write record parts and tables, read them
+back checked to belong to the run; `--out` checks; `load_runs`."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import pyarrow as pa
+
+from rnr_interp.records.schema import (
+    ARTEFACTS_DIR, DEFAULT_GRADING, GRADINGS, JOURNAL, LOCK, MANIFEST, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY,
+    RECORD_SCHEMA, RunFolderError, SUMMARY, short_repr,
+)
+from rnr_interp.records.files import (
+    fsync_dir, read_json_file, read_parquet, remove_temp_files, write_json_atomic, write_parquet_atomic,
+)
+from rnr_interp.records.journal import Journal
+from rnr_interp.records.config import (
+    ConfigMismatchError, comparable, comparable_hash, config_diff, config_grading, config_hash, run_environment,
+    hashes_of, normalise, package_versions,
+)
+from rnr_interp.records.lock import WriterLock, writer_lock
+
+WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR)
+#: how deep `check_out_folder` looks for this tool's folders inside an output folder
+_OUT_DEPTH = 6
+
+
+def check_out_folder(path: str | os.PathLike[str], option: str = "--out", marks: tuple[str, ...] | None = None) -> None:
+    """Refuse, with one line naming the problem, a folder that cannot be a run folder:
+    an existing file, a path under a file, a folder that cannot be created or written.
+    Creates nothing, so commands call it before they start.
+
+    With `marks` (the files that mark a folder as this tool's output: a run folder's
+    manifest, a sweep's index, ...), an existing folder must also be this tool's: one
+    holding a mark, or holding nothing but such folders and what a killed writer leaves
+    (its lock, temp files, empty folders). Anything else is a user's folder, refused
+    naming a file in it (first one the run would overwrite), so nothing of theirs is
+    overwritten or mixed into a run."""
+    root = Path(path)
+    if str(path) == "":
+        raise RunFolderError(f"{option} must name a folder, got the empty string")
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f"{option} {root} is a file, not a folder")
+    existing = root
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise RunFolderError(f"{option} {root} is under a file ({existing})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{option} {root}: {existing} is not writable")
+    if marks is not None and root.is_dir() and (foreign := _not_ours(root, marks, _OUT_DEPTH)) is not None:
+        held = foreign.relative_to(root)
+        overwritten = f" ({held} would be overwritten)" if foreign.parent == root and foreign.name in WRITTEN else ""
+        raise RunFolderError(
+            f"{option} {root} holds {held} but no {' or '.join(marks)}: not a folder of this tool{overwritten}; "
+            "use a new or empty folder, or a run folder of this tool to resume it")
+
+
+def _not_ours(folder: Path, marks: tuple[str, ...], depth: int) -> Path | None:
+    """The first entry of `folder` that makes it not this tool's (None: it is); names
+    a run would write come first, so the message names what would be overwritten."""
+    if any((folder / mark).is_file() for mark in marks):
+        return None
+    try:
+        entries = sorted(folder.iterdir(), key=lambda p: (p.name not in WRITTEN, p.name))
+    except OSError:
+        return folder
+    for entry in entries:
+        if entry.name == LOCK or entry.name.endswith(".tmp"):
+            continue  # what a killed writer leaves
+        if entry.is_dir() and not entry.is_symlink() and depth > 0:
+            found = _not_ours(entry, marks, depth - 1)
+            if found is None:
+                continue
+            return found
+        return entry
+    return None
+
+
+def _make_folder(root: Path) -> list[Path]:
+    """mkdir -p, returning the folders it created (deepest last) so a failed start can
+    remove them again; OS errors become one-line RunFolderErrors."""
+    check_out_folder(root, "run folder")
+    created = []
+    for folder in [*reversed(root.parents), root]:
+        if not folder.exists():
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                _remove_empty(created)
+                raise RunFolderError(f"run folder {root}: cannot create {folder} ({exc.strerror})") from None
+            created.append(folder)
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+# -- run folders ----------------------------------------------------------------------
+
+_PART_RE = re.compile(r"^part-(\d+)\.parquet$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class RunDir:
+    """An existing run folder. `RunDir(path)` opens it for reading (it never deletes
+    anything); `RunDir.create(path, config)` starts or resumes one for writing."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if not (self.path / MANIFEST).is_file():
+            raise FileNotFoundError(f"{self.path} is not a run folder (no {MANIFEST})")
+        self._manifest: dict[str, Any] = self._read_manifest()
+        # (question_id, probe) groups stored in parts; loaded on first use
+        self._stored: set[tuple[str, str]] | None = None
+        # the writer lock, for a RunDir from `create`
+        self._lock: WriterLock | None = None
+
+    def _read_manifest(self) -> dict[str, Any]:
+        path = self.path / MANIFEST
+        manifest = read_json_file(path)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
+                or not isinstance(manifest.get("config_hash"), str):
+            raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
+        # A config edited after the run started (a K, a probe, a seed, the questions)
+        # describes records made under another one. Where the data file lives may be
+        # edited (PROVENANCE_KEYS): manifests that carry `comparable_hash` allow that.
+        key, allowed = ("comparable_hash", (comparable_hash(manifest["config"]),)) if "comparable_hash" in manifest \
+            else ("config_hash", hashes_of(manifest["config"]))
+        if manifest[key] not in allowed:
+            raise RunFolderError(f"{path}: its config does not match its {key} (edited after the run started?); "
+                                 "the records were made under another config, so the folder is refused")
+        return manifest
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], config: dict[str, Any], resume: bool = True) -> "RunDir":
+        """Start a run in `path`, or resume the one there.
+
+        Same config (up to PROVENANCE_KEYS) and resume=True: resume, after removing stray temp
+        files a killed writer left. Same config and resume=False: FileExistsError.
+        Different config: ConfigMismatchError naming the differing keys. Another process
+        writing the folder: RunLockedError naming it. Nothing already written is ever
+        deleted or overwritten, and a refused start leaves no folder behind that it made.
+
+        The data file's path does not count: the same questions read from another path
+        resume the run (under its first id). The returned RunDir holds the writer lock
+        until it is released or dropped.
+        """
+        root = Path(path)
+        config = normalise(config)
+        if "grading" in config and config["grading"] is None:
+            # Unspecified: the folder's own grading when resuming it, else the default.
+            stored = cls(root).config if (root / MANIFEST).is_file() else None
+            config["grading"] = config_grading(stored) if stored is not None else DEFAULT_GRADING
+        if config.get("grading", DEFAULT_GRADING) not in GRADINGS:
+            raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {config['grading']!r}")
+        digest = config_hash(config)
+        created = _make_folder(root)
+        try:
+            lock = writer_lock(root)
+            if (root / MANIFEST).is_file():
+                run = cls(root)
+                differ = config_diff(comparable(run.config), comparable(config))
+                if differ:
+                    raise ConfigMismatchError(root, differ, comparable(run.config), config)
+                if not resume:
+                    raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
+                run.stored_groups()  # every part must be the run's own before anything is added
+                run._lock = lock
+                remove_temp_files(root, run.records_dir, run.artefacts_dir)
+                return run
+            records = root / RECORDS_DIR
+            if records.is_dir() and any(_PART_RE.match(p.name) for p in records.iterdir()):
+                raise FileExistsError(f"{root} holds records but no {MANIFEST}; refusing to mix runs")
+            records.mkdir(exist_ok=True)
+            created.append(records)
+            remove_temp_files(root, records)
+            manifest = {
+                "config": config,
+                "config_hash": digest,
+                "comparable_hash": comparable_hash(config),
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "versions": package_versions(),
+                "environment": run_environment(),
+                "record_columns": list(RECORD_COLUMNS),
+            }
+            # The manifest goes last: its presence is what marks the folder as a run.
+            write_json_atomic(root / MANIFEST, manifest)
+        except BaseException:
+            # Drop our reference, not the lock: another RunDir of this process may hold
+            # it; the lock goes when the last one does.
+            # The lock of a folder made just now has no other holder: dropping it here
+            # removes its file, so the folders made can go too.
+            lock = None
+            _remove_empty(created)
+            raise
+        run = cls(root)
+        run._lock = lock
+        return run
+
+    def release(self) -> None:
+        """Give up this process's writer lock on the folder now, for every RunDir of it
+        (the lock also goes with the last such RunDir, and with the process)."""
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    # -- metadata --------------------------------------------------------------------
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self._manifest
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.manifest["config"]
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest["config_hash"]
+
+    @property
+    def grading(self) -> str:
+        """The grading the run's headline and its records' `correct` use."""
+        return config_grading(self.config)
+
+    @property
+    def run_id(self) -> str:
+        """The records' `run_id`: the config hash, so a resumed run keeps its id."""
+        return self.config_hash
+
+    @property
+    def records_dir(self) -> Path:
+        return self.path / RECORDS_DIR
+
+    @property
+    def artefacts_dir(self) -> Path:
+        return self.path / ARTEFACTS_DIR
+
+    @property
+    def journal(self) -> Journal:
+        """The run's work in progress (`Journal`); empty between batches."""
+        return Journal(self.path / JOURNAL, self.run_id)
+
+    # -- records ---------------------------------------------------------------------
+    def parts(self) -> list[Path]:
+        """Record part files in write order (by part number, not by name)."""
+        if not self.records_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.records_dir.iterdir() if (m := _PART_RE.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def _next_part_path(self) -> Path:
+        # One past the highest number, so a part never replaces another (gaps are fine).
+        numbers = [int(m.group(1)) for p in self.parts() if (m := _PART_RE.match(p.name))]
+        return self.records_dir / f"part-{max(numbers, default=-1) + 1:05d}.parquet"
+
+    def _read_part(self, part: Path, **kw: Any) -> pa.Table:
+        """A records part of this run: every row's run_id must be the run's, filtered
+        out or not (rows copied from another run, or a part made under a config since
+        edited, are refused naming the part). `kw` goes to pyarrow (columns, filters)."""
+        ids = read_parquet(part, RECORD_SCHEMA, columns=["run_id"])["run_id"]
+        foreign = set(ids.unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
+        if foreign:
+            raise RunFolderError(
+                f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
+                f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
+        return read_parquet(part, RECORD_SCHEMA, **kw)
+
+    def _legacy_run_ids(self) -> tuple[str, ...]:
+        """run_id values this run's own parts held before every writer stamped the run's
+        id: a checkpoint comparison's budget controls were written as "budget_control"."""
+        return ("budget_control",) if self.config.get("kind") == "compare" else ()
+
+    def stored_groups(self) -> set[tuple[str, str]]:
+        """The (question_id, probe) groups already written (cached after the first read)."""
+        if self._stored is None:
+            self._stored = set()
+            for part in self.parts():
+                t = self._read_part(part, columns=["question_id", "probe"])
+                self._stored.update(zip(t["question_id"].to_pylist(), t["probe"].to_pylist()))
+        return self._stored
+
+    def write_question_batch(self, rows: list[dict[str, Any]]) -> Path | None:
+        """Write the rows as one new part, atomically; returns its path (None for no rows).
+
+        The rows must hold every row of each (question, probe) group they touch: a group
+        already stored raises ValueError (a resumed run must skip `done_question_ids()`),
+        as do missing or unknown columns, values that do not fit RECORD_SCHEMA, and a
+        key (question_id, probe, candidate, intervention) repeated in the batch. Every
+        row is written with this run's `run_id`, whatever it held: that is what marks
+        a part as the run's own when it is read back.
+        """
+        if not rows:
+            return None
+        expected = set(RECORD_COLUMNS)
+        for i, row in enumerate(rows):
+            if row.keys() != expected:
+                missing, extra = sorted(expected - row.keys()), sorted(row.keys() - expected)
+                raise ValueError(
+                    f"row {i} (question {row.get('question_id')!r}): missing columns {missing}, "
+                    f"unknown columns {extra}"
+                )
+        rows = [{**row, "run_id": self.run_id} for row in rows]
+        try:
+            table = pa.Table.from_pylist(list(rows), schema=RECORD_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ValueError(f"rows do not fit RECORD_SCHEMA: {err}") from err
+        # Arrow does not enforce nullable=False on conversion.
+        nulls = [f.name for f in RECORD_SCHEMA if not f.nullable and table[f.name].null_count]
+        if nulls:
+            raise ValueError(f"None in non-nullable columns {nulls}")
+        repeated = [key for key, n in Counter(tuple(r[c] for c in RECORD_KEY) for r in rows).items() if n > 1]
+        if repeated:
+            raise ValueError(f"batch repeats record keys {RECORD_KEY}: {repeated[:3]}")
+        groups = {(r["question_id"], r["probe"]) for r in rows}
+        already = groups & self.stored_groups()
+        if already:
+            raise ValueError(
+                f"(question, probe) groups already stored: {sorted(already)[:5]}; "
+                "a part must hold complete groups, so skip done_question_ids() when resuming"
+            )
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        path = write_parquet_atomic(self._next_part_path(), table)
+        self.stored_groups().update(groups)
+        return path
+
+    def done_question_ids(self, probe_set: Iterable[str] | None = None) -> set[str]:
+        """Questions already stored (with every probe in `probe_set`, when given)."""
+        groups = self.stored_groups()
+        if probe_set is None:
+            return {q for q, _ in groups}
+        need = {probe_set} if isinstance(probe_set, str) else set(probe_set)
+        have: dict[str, set[str]] = {}
+        for q, probe in groups:
+            have.setdefault(q, set()).add(probe)
+        return {q for q, probes in have.items() if need <= probes}
+
+    def read_records(self, filters: Any = None) -> pd.DataFrame:
+        """All records as one DataFrame, sorted stably by RECORD_KEY.
+
+        `filters` is passed to pyarrow (DNF list, e.g. [("probe", "in", ["deployed",
+        "temperature"])], or an expression). Rows repeating a key are dropped keeping
+        the first (earliest part) with a warning; they should not occur, but a crash
+        during `compact` can leave them.
+        """
+        tables = [_with_later_columns(self._read_part(p, filters=filters)) for p in self.parts()]
+        table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
+        df = table.to_pandas()
+        dup = df.duplicated(list(RECORD_KEY))
+        if dup.any():
+            warnings.warn(f"{self.path}: dropping {int(dup.sum())} duplicate record rows", stacklevel=2)
+            df = df[~dup]
+        return df.sort_values(list(RECORD_KEY), kind="stable").reset_index(drop=True)
+
+    def compact(self) -> Path | None:
+        """Merge all parts into one, atomically: the merged part is in place before the
+        old ones are removed, so a crash in between only leaves duplicates that
+        read_records drops."""
+        old = self.parts()
+        if len(old) <= 1:
+            return old[0] if old else None
+        table = pa.Table.from_pandas(self.read_records(), schema=RECORD_SCHEMA, preserve_index=False)
+        merged = write_parquet_atomic(self._next_part_path(), table)
+        for part in old:
+            part.unlink()
+        fsync_dir(self.records_dir)
+        return merged
+
+    def snapshot(self, out: str | os.PathLike[str]) -> "RunDir":
+        """A new run folder `out` with this run's config and the records it holds now, in
+        one part: a frozen copy of a run in progress, to summarise while the run goes on.
+        This folder is only read (its journal, work in progress, is not copied); `out`
+        must not be a run folder already."""
+        target = Path(out)
+        if (target / MANIFEST).exists() or target.resolve() == self.path.resolve():
+            raise FileExistsError(f"{target} is already a run folder; choose another --out for the snapshot")
+        records = self.read_records()
+        snap = RunDir.create(target, self.config, resume=False)
+        if len(records):
+            write_parquet_atomic(snap._next_part_path(), pa.Table.from_pandas(records, schema=RECORD_SCHEMA, preserve_index=False))
+        snap._stored = None
+        return snap
+
+    # -- summary and named artefacts ------------------------------------------------
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        """summary.json, with the data rows the task skipped as invalid (from the
+        config), so every analysis's summary says what it left out."""
+        skipped = (self.config.get("task") or {}).get("skipped_rows")
+        return write_json_atomic(self.path / SUMMARY, {**summary, "skipped_rows": skipped} if skipped else summary)
+
+    def read_summary(self) -> dict[str, Any]:
+        path = self.path / SUMMARY
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.path} has no {SUMMARY} yet (run not finished?)")
+        summary = read_json_file(path)
+        if not isinstance(summary, dict) or not summary:
+            raise RunFolderError(f"{path}: not a run summary (expected a non-empty JSON object)")
+        return summary
+
+    def _artefact(self, name: str, suffix: str) -> Path:
+        if not _NAME_RE.match(name) or name.endswith(".tmp"):
+            raise ValueError(f"artefact name {name!r} must match {_NAME_RE.pattern} (no folders)")
+        return self.artefacts_dir / f"{name}{suffix}"
+
+    def _existing_artefact(self, name: str, suffix: str) -> Path:
+        path = self._artefact(name, suffix)
+        if not path.is_file():
+            have = sorted(p.stem for p in self.artefacts_dir.glob(f"*{suffix}")) if self.artefacts_dir.is_dir() else []
+            raise FileNotFoundError(f"{self.path}: no {suffix} artefact {name!r}; have {have}")
+        return path
+
+    def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        """Store a named DataFrame (a non-default index is kept and restored)."""
+        path = self._artefact(name, ".parquet")
+        self.artefacts_dir.mkdir(exist_ok=True)
+        return write_parquet_atomic(path, pa.Table.from_pandas(df))
+
+    def read_table(self, name: str) -> pd.DataFrame:
+        return read_parquet(self._existing_artefact(name, ".parquet")).to_pandas()
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self._artefact(name, ".json")
+        self.artefacts_dir.mkdir(exist_ok=True)
+        return write_json_atomic(path, obj)
+
+    def read_json(self, name: str) -> Any:
+        return read_json_file(self._existing_artefact(name, ".json"))
+
+
+def _with_later_columns(table: pa.Table) -> pa.Table:
+    """A part's table in RECORD_SCHEMA: a part written before LATER_COLUMNS gets
+    `correct_flexible` = its `correct` (the only rule then) and a null `correct_strict`."""
+    if "correct_flexible" not in table.column_names:
+        table = table.append_column(RECORD_SCHEMA.field("correct_flexible"), table["correct"])
+    if "correct_strict" not in table.column_names:
+        table = table.append_column(RECORD_SCHEMA.field("correct_strict"), pa.nulls(len(table), pa.bool_()))
+    return table.select(list(RECORD_COLUMNS))
+
+
+def load_runs(path: str | os.PathLike[str]) -> list[RunDir]:
+    """The runs under `path` (a sweep folder, searched recursively, sorted by path), or
+    `[RunDir(path)]` when `path` is itself a run."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder")
+    if (root / MANIFEST).is_file():
+        return [RunDir(root)]
+    runs: list[RunDir] = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        runs.extend(load_runs(sub))
+    return runs

@@ -1,0 +1,169 @@
+"""What a run folder holds: its file names, the record schema and columns, the
+gradings, the probe labels (`ProbeLabel`), and the errors a folder raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+
+
+MANIFEST = "manifest.json"
+#: work in progress not yet in a record part (`Journal`)
+JOURNAL = "journal.jsonl"
+SUMMARY = "summary.json"
+RECORDS_DIR = "records"
+ARTEFACTS_DIR = "artefacts"
+LOCK = ".lock"
+
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("question_id", pa.string(), nullable=False),
+        # a `ProbeLabel`: "deployed", "temperature", "ablate:mlp:3", "native:mcts", ...
+        pa.field("probe", pa.string(), nullable=False),
+        # index of the candidate within its probe for this question
+        pa.field("candidate", pa.int64(), nullable=False),
+        # JSON id of the intervention set or route; "" for none
+        pa.field("intervention", pa.string(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        # None when no answer parses out of the text
+        pa.field("extracted", pa.string(), nullable=True),
+        pa.field("gold", pa.string(), nullable=False),
+        # the grade the run's headline uses (its manifest's `grading`): one of the two below
+        pa.field("correct", pa.bool_(), nullable=False),
+        # sum of the generated tokens' log-probabilities
+        pa.field("logprob", pa.float64(), nullable=False),
+        pa.field("n_tokens", pa.int64(), nullable=False),
+        # "stop" | "length"
+        pa.field("finish", pa.string(), nullable=False),
+        # both grades (docs/grading.md); parts written before they were recorded lack
+        # them: `read_records` fills `correct_flexible` from `correct` (then the only
+        # rule) and leaves `correct_strict` null (`grading.regrade` reads it from the text)
+        pa.field("correct_strict", pa.bool_(), nullable=True),
+        pa.field("correct_flexible", pa.bool_(), nullable=True),
+    ]
+)
+RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+#: columns that parts written before them lack
+LATER_COLUMNS: tuple[str, ...] = ("correct_strict", "correct_flexible")
+
+#: the two gradings of a candidate (docs/grading.md)
+GRADINGS: tuple[str, ...] = ("strict", "flexible")
+#: the headline grading of a new run
+DEFAULT_GRADING = "strict"
+#: the headline grading of a run whose config records none: every run made before both
+#: grades were recorded was graded by the flexible rule alone
+LEGACY_GRADING = "flexible"
+#: what identifies a row; read_records drops later duplicates of it
+RECORD_KEY: tuple[str, ...] = ("question_id", "probe", "candidate", "intervention")
+
+
+#: the `probe` value of the deployed candidate
+DEPLOYED = "deployed"
+
+
+@dataclass(frozen=True)
+class ProbeLabel:
+    """A value of the records' `probe` column: which probe produced a candidate. Built
+    and parsed here only, so every module agrees on the formats:
+
+    - ``deployed``: the deployed (greedy unless configured) candidate;
+    - ``NAME``: K samples of a sampling probe (`sampling.Probe.name`, e.g. ``temperature``);
+    - ``ablate:COMPONENT:LAYER``: the deployed decoding with one block silenced;
+    - ``steer:rescue|induction:ALPHA``: the deployed decoding steered along v;
+    - ``units:top:K`` / ``units:random:K:DRAW``: the deployed decoding with K MLP units
+      silenced (the top K, or random draw DRAW of K);
+    - ``SPACE:METHOD``: the routes a search evaluated, METHOD one of random,
+      random_matched (random routes at the searches' distances), mcts, hill_climb,
+      genetic (oracle reward) or mcts_blind, hill_climb_blind, genetic_blind (the
+      answer-blind confidence reward);
+    - ``rotated:SHIFT:LABEL``: probe LABEL (deployed, ablate, steer) asked with each
+      question's options rotated by SHIFT positions (`tasks.rotate_options`), the
+      letter-permutation control;
+    - ``verify:LABEL``: self-verification of the answers of probe LABEL (a sampling or
+      route probe): one row per distinct answer, `extracted` the answer, `logprob` the
+      model's log P(yes) - log P(no) when asked whether it is correct, `correct` its
+      grade, `text` "" and `n_tokens` 0 (nothing is generated). Stored so that the
+      self-verification selector recomputes from the records alone.
+    """
+
+    kind: str  # "deployed" | "sample" | "ablate" | "steer" | "units" | "route" | "rotated" | "verify"
+    parts: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "deployed":
+            return DEPLOYED
+        if self.kind in ("sample", "route"):
+            return ":".join(self.parts)
+        return ":".join((self.kind, *self.parts))
+
+    @classmethod
+    def deployed(cls) -> "ProbeLabel":
+        return cls("deployed")
+
+    @classmethod
+    def sample(cls, name: str) -> "ProbeLabel":
+        return cls("sample", (name,))
+
+    @classmethod
+    def ablate(cls, component: str, layer: int) -> "ProbeLabel":
+        return cls("ablate", (component, str(layer)))
+
+    @classmethod
+    def steer(cls, direction: str, alpha: float) -> "ProbeLabel":
+        return cls("steer", (direction, f"{alpha:g}"))
+
+    @classmethod
+    def units(cls, selection: str, k: int, draw: int | None = None) -> "ProbeLabel":
+        return cls("units", (selection, str(k)) if draw is None else (selection, str(k), str(draw)))
+
+    @classmethod
+    def route(cls, space: str, method: str) -> "ProbeLabel":
+        return cls("route", (space, method))
+
+    @classmethod
+    def rotated(cls, label: "ProbeLabel", shift: int) -> "ProbeLabel":
+        return cls("rotated", (str(shift), *str(label).split(":")))
+
+    @classmethod
+    def verify(cls, label: "ProbeLabel") -> "ProbeLabel":
+        return cls("verify", tuple(str(label).split(":")))
+
+    @classmethod
+    def parse(cls, text: str) -> "ProbeLabel":
+        if text == DEPLOYED:
+            return cls.deployed()
+        head, *rest = text.split(":")
+        if head == "verify" and rest and cls.parse(":".join(rest)).kind in ("sample", "route"):
+            return cls("verify", tuple(rest))
+        if head == "rotated" and len(rest) >= 2 and rest[0].lstrip("-").isdigit() \
+                and cls.parse(":".join(rest[1:])).kind != "rotated":
+            return cls("rotated", tuple(rest))
+        if head in ("ablate", "steer", "units") and len(rest) == 2 or head == "units" and len(rest) == 3:
+            return cls(head, tuple(rest))
+        if len(rest) == 1:
+            return cls("route", (head, rest[0]))
+        if not rest:
+            return cls.sample(head)
+        raise ValueError(f"unrecognised probe label {text!r}")
+
+
+class RunFolderError(ValueError):
+    """A run folder, or one of its files, that cannot be used as one; the message is one
+    line naming the path and the problem."""
+
+
+class RunLockedError(RunFolderError):
+    """Another live process holds the run folder's writer lock."""
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr clipped to `limit` characters, for one-line messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
