@@ -1,4 +1,4 @@
-"""The three answer kinds' extraction rules, case by case (README, "Grading").
+"""The three answer kinds' extraction rules, case by case (docs/grading.md).
 
 Each table row is a generation a model could write and what the rule reads from it;
 None means no valid answer (the candidate counts as unparsed)."""

@@ -12,7 +12,7 @@ the first command; the rest did not finish on the shared 2-core machine) and the
 benchmark text). References: lm-eval-harness's GSM8K strict and flexible filters and its
 generative multiple-choice filter (verbatim copies in `grading_references.py`), and
 math-verify. Each test prints its agreement rate (pytest -s) and fails on any
-disagreement that is not one of the kinds explained in the README ("Grading").
+disagreement that is not one of the kinds explained in docs/grading.md.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _reference_value(token: str | None) -> str | None:
 
 def _why_numbers_differ(text: str, ours: str | None, token: str | None, theirs: str | None) -> str | None:
     """The kind of a disagreement between our number and a reference's, each kind a
-    documented choice (README, "Grading"); None when it is none of them."""
+    documented choice (docs/grading.md); None when it is none of them."""
     marked = MARKED_RE.search(text)
     numbers = [canonical_number(n) for n in NUMBER_RE.findall(text)]
     if token is not None and not re.search(r"\d", token) and token != ref.FALLBACK:

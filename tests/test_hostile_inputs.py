@@ -400,7 +400,7 @@ def test_lock_holder_named_when_its_details_land_just_after_the_flock(tmp_path):
     import fcntl
     import threading
 
-    from rnr_interp.records import RunLockedError, _writer_lock
+    from rnr_interp.records import RunLockedError, writer_lock
 
     tmp_path.mkdir(exist_ok=True)
     fd = os.open(tmp_path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -410,7 +410,7 @@ def test_lock_holder_named_when_its_details_land_just_after_the_flock(tmp_path):
     late.start()
     try:
         with pytest.raises(RunLockedError, match="being written by pid 4242 on h"):
-            _writer_lock(tmp_path)
+            writer_lock(tmp_path)
     finally:
         late.join()
         os.close(fd)

@@ -115,7 +115,7 @@ def test_every_section_the_run_holds_is_shown(full_run, tmp_path):
     # model, task and budget in every title
     run = RunDir(full_run)
     label = run_label(run.config, run.read_summary())
-    assert label == "tiny-llama · arithmetic (6 q) · K=4, T=0.7"
+    assert label == "tiny-llama · arithmetic (6 q) · K=4, T=1"  # the probes' one default temperature
     ours = {"pass_at_k", "hit_counts", "route_curves", "route_cell_difference", "selector_recovery"}
     for name, fig in build_page(run)[1]:
         if name in ours:

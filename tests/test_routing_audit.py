@@ -155,6 +155,12 @@ def test_random_matched_draws_at_the_searches_distances(routed_run):
         row = cells[cells.space == space_name].set_index("method")
         for m in cfg.methods:
             assert row.loc[m, "edits_mean"] == pytest.approx(np.mean(edits[m]))
+    # the distance profiles behind the figure: every evaluated route counted once
+    distances = RunDir(records.attrs["run"]).read_table("route_distances")
+    for space_name in cfg.spaces:
+        for m in cfg.methods:
+            mine = distances[(distances.space == space_name) & (distances.method == m)]
+            assert mine.routes.sum() == (records.probe == f"{space_name}:{m}").sum()
 
 
 def test_every_method_spends_exactly_k_distinct_routes_batched_and_sequential():

@@ -721,7 +721,8 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
             "selectors": cell_sel,
         }
     sel = pd.DataFrame(selectors)
-    tables = {"route_curves": pd.DataFrame(curves), "route_cells": pd.DataFrame(cells), "selectors": sel}
+    tables = {"route_curves": pd.DataFrame(curves), "route_cells": pd.DataFrame(cells),
+              "route_distances": pd.DataFrame(distances), "selectors": sel}
     kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
     summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
     summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in methods}
