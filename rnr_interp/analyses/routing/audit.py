@@ -601,7 +601,9 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
         raise RunFolderError(f"{run.path}: its records hold no strict grades (made before they were recorded); "
                              "`rnr regrade RUN` reads them from the texts")
     verify = _verify_tables(records)
-    qids = list(question_scores(graded(records, grading), "temperature").index)
+    headline = graded(records, grading)  # a copy of the records: made once
+    t_scores = question_scores(headline, "temperature")
+    qids = list(t_scores.index)
     rand_labels = {space: str(ProbeLabel.route(space, "random")) for space in cfg.spaces}
     if "temperature" not in verify and lm is not None and task is not None:
         # a run from before the scores were stored: the model scores them now
@@ -616,7 +618,7 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
             _candidates(records, label, qids),
             {name: _candidates(records, str(ProbeLabel.route(space, name)), qids) for name in BLIND_SEARCHES},
             verify.get(label))
-    summary, tables = _graded_routes(graded(records, grading), run.config, cfg, choices)
+    summary, tables = _graded_routes(headline, run.config, cfg, choices)
     if "temperature" not in verify:
         summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
     other = other_grading(grading)
@@ -631,9 +633,8 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
         summary.setdefault("missing", []).append(f"{other}: these records hold no strict grades (`rnr regrade` reads them)")
     summary["grading"] = grading
     if task is not None:
-        null = question_null(graded(records, grading), task, "temperature", grading, cfg.samples, seed=cfg.seed)
+        null = question_null(headline, task, "temperature", grading, cfg.samples, seed=cfg.seed)
         if null is not None:
-            t_scores = question_scores(graded(records, grading), "temperature")
             summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
     summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])
                                   if not str(p).startswith("verify:")}
