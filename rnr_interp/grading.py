@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any, Sequence
@@ -27,7 +28,7 @@ import pandas as pd
 
 from rnr_interp.metrics import bootstrap_ci, question_scores
 from rnr_interp.records import DEPLOYED, GRADINGS, ProbeLabel
-from rnr_interp.tasks.base import Question, Task
+from rnr_interp.tasks.base import Question, Task, rotate_options
 
 #: derangements averaged for a free-form null
 N_DERANGEMENTS = 20
@@ -161,25 +162,31 @@ def derangement_null(records: pd.DataFrame, task: Task, probe: str, grading: str
 # -- the multiple-choice null: guessing ------------------------------------------------
 
 
-def letter_null(records: pd.DataFrame, task: Task, probe: str, k: int) -> dict[str, np.ndarray]:
+def letter_null(records: pd.DataFrame, task: Task, probe: str, k: int, grading: str = "flexible") -> dict[str, np.ndarray]:
     """Per question (in `question_scores` order), what guessing reaches: `uniform` (d =
-    1/m, o = 1 - (1 - 1/m)^K) and `model` (d from the model's deployed answer
-    distribution, o from its probe samples' answer distribution, each restricted to the
-    question's options and renormalised; uniform where it puts nothing on them)."""
+    1/m, o = 1 - (1 - 1/m)^K) and `model` (d from the model's deployed answers, o from
+    its probe samples, each pooled over the questions: p(gold) is the share of all its
+    candidates that answer the gold, so a candidate with no answer under `grading` (the
+    flexible reading found none; under strict, also one not stated in the declared format
+    or cut off first) is a miss, as it is for O_K itself)."""
+    check_grading(grading)
     scores = question_scores(records, probe)
     by_id = {q.id: q for q in task.questions}
     options = [task.options(by_id[qid]) for qid in scores.index]
     gold = [by_id[qid].answer for qid in scores.index]
 
-    def shares(rows: pd.DataFrame) -> dict[str, int]:
-        answers = [a for a in rows["extracted"] if isinstance(a, str)]
-        return {a: answers.count(a) for a in set(answers)}
+    def answers(rows: pd.DataFrame) -> list[str | None]:
+        flexible = [a if isinstance(a, str) else None for a in rows["extracted"]]
+        if grading == "flexible":
+            return flexible
+        strict = [task.read_answer_strict(text, by_id[qid], finish != "length")
+                  for text, qid, finish in zip(rows["text"], rows["question_id"], rows["finish"])]
+        return [f if f is not None and f == s else None for f, s in zip(flexible, strict)]
 
-    def p_gold(counts: dict[str, int], opts: Sequence[str], g: str) -> float:
-        mass = sum(counts.get(o, 0) for o in opts)
-        return counts.get(g, 0) / mass if mass else 1 / len(opts)
+    def p_gold(given: list[str | None], opts: Sequence[str], g: str) -> float:
+        return given.count(g) / len(given) if given else 1 / len(opts)
 
-    dep, samples = shares(records[records["probe"] == DEPLOYED]), shares(records[records["probe"] == probe])
+    dep, samples = answers(records[records["probe"] == DEPLOYED]), answers(records[records["probe"] == probe])
     m = np.array([len(o) for o in options], dtype=float)
     return {
         "uniform_d": 1 / m, "uniform_o": 1 - (1 - 1 / m) ** k,
@@ -191,25 +198,51 @@ def letter_null(records: pd.DataFrame, task: Task, probe: str, k: int) -> dict[s
 # -- circular evaluation ------------------------------------------------------------------
 
 
+def shift_records(records: pd.DataFrame, probe: str, shift: int) -> pd.DataFrame:
+    """The deployed and `probe` rows asked under `shift`, under the plain labels (shift 0
+    is the question as loaded; other shifts are labelled ``rotated:SHIFT:...``)."""
+    if shift == 0:
+        return records[records["probe"].isin([DEPLOYED, probe])]
+    names = {str(ProbeLabel.rotated(ProbeLabel.deployed(), shift)): DEPLOYED,
+             str(ProbeLabel.rotated(ProbeLabel.parse(probe), shift)): probe}
+    return records[records["probe"].isin(list(names))].assign(probe=lambda r: r["probe"].map(names))
+
+
+def rotated_task(task: Task, shift: int) -> Task:
+    """`task` with every question's options rotated by `shift` (`rotate_options`)."""
+    rotated = copy.copy(task)
+    rotated.questions = [rotate_options(q, shift % len(q.choices or (0,))) for q in task.questions]
+    return rotated
+
+
 def circular_scores(records: pd.DataFrame, probe: str, shifts: Sequence[int]) -> pd.DataFrame:
     """Per question, d, o and c/n under circular evaluation: the question asked under
-    every cyclic shift of its options (probe labels `rotated:SHIFT:deployed` and
-    `rotated:SHIFT:PROBE`; shift 0 is the question as loaded, under the plain labels).
-    d = the deployed answer right under every shift; o = under every shift some sample
-    right. A model that always answers one letter is right under one shift only."""
-    per_shift = []
-    for shift in shifts:
-        if shift == 0:
-            part = records[records["probe"].isin([DEPLOYED, probe])]
-        else:
-            names = {str(ProbeLabel.rotated(ProbeLabel.deployed(), shift)): DEPLOYED,
-                     str(ProbeLabel.rotated(ProbeLabel.parse(probe), shift)): probe}
-            part = records[records["probe"].isin(list(names))].assign(probe=lambda r: r["probe"].map(names))
-        per_shift.append(question_scores(part, probe))
+    every cyclic shift of its options (`shift_records`). d = the deployed answer right
+    under every shift; o = under every shift some sample right. A model that always
+    answers one letter is right under one shift only."""
+    per_shift = [question_scores(shift_records(records, probe, shift), probe) for shift in shifts]
     d = np.logical_and.reduce([s["d"].to_numpy() for s in per_shift])
     o = np.logical_and.reduce([s["o"].to_numpy() for s in per_shift])
     first = per_shift[0]
     return pd.DataFrame({"d": d, "o": o, "c": first["c"], "n": first["n"]}, index=first.index)
+
+
+def circular_null(records: pd.DataFrame, task: Task, probe: str, shifts: Sequence[int], k: int,
+                  grading: str) -> tuple[np.ndarray, np.ndarray]:
+    """The guessing null of circular evaluation, per question in `circular_scores` order:
+    under each shift, guessing from the model's own answers under that shift
+    (`letter_null`, `grading`), right under every shift with the product of the shifts'
+    chances (each shift guessed independently). A model with one letter habit has a
+    circular null of 0; 32 uniform guesses over 4 options still reach about 1."""
+    index = question_scores(shift_records(records, probe, shifts[0]), probe).index
+    d, o = pd.Series(1.0, index=index), pd.Series(1.0, index=index)
+    for shift in shifts:
+        part = shift_records(records, probe, shift)
+        guess = letter_null(part, rotated_task(task, shift), probe, k, grading)
+        ids = question_scores(part, probe).index
+        d *= pd.Series(guess["model_d"], index=ids).reindex(index)
+        o *= pd.Series(guess["model_o"], index=ids).reindex(index)
+    return d.to_numpy(), o.to_numpy()
 
 
 def circular_shifts(task: Task) -> list[int]:
@@ -260,7 +293,7 @@ def question_null(records: pd.DataFrame, task: Task | None, probe: str, grading:
     by_id = {q.id: q for q in task.questions}
     first = by_id.get(records["question_id"].iloc[0]) if len(records) else None
     if first is not None and task.options(first) is not None:
-        guess = letter_null(records, task, probe, k)
+        guess = letter_null(records, task, probe, k, grading)
         return guess["model_d"], guess["model_o"], "guessing from the model's own answer distribution"
     if n_questions < 2:
         return None
@@ -280,7 +313,7 @@ def null_line(null: dict[str, Any], k: int | None) -> str:
 
 
 __all__ = [
-    "N_DERANGEMENTS", "UNFINISHED_WARN", "check_grading", "circular_scores", "circular_shifts", "derangement_null",
-    "derangements", "graded", "letter_null", "null_line", "null_summary", "other_grading", "question_null", "regrade",
+    "N_DERANGEMENTS", "UNFINISHED_WARN", "check_grading", "circular_null", "circular_scores", "circular_shifts", "derangement_null",
+    "derangements", "graded", "letter_null", "null_line", "null_summary", "other_grading", "question_null", "regrade", "rotated_task", "shift_records",
     "unfinished_rate", "unfinished_warning",
 ]

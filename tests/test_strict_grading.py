@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rnr_interp.grading import (circular_scores, derangement_null, derangements, graded, letter_null, null_line,
+from rnr_interp.grading import (circular_null, circular_scores, derangement_null, derangements, graded, letter_null, null_line,
                                 null_summary, question_null, regrade, unfinished_rate, unfinished_warning)
 from rnr_interp.metrics import question_scores
 from rnr_interp.records import DEPLOYED, RECORD_COLUMNS, RECORD_SCHEMA, ProbeLabel, RunDir
@@ -148,6 +148,50 @@ def test_letter_null_follows_the_models_own_letters():
     np.testing.assert_array_equal(guess["model_o"], [1, 0, 1, 0])  # always "A": right exactly where A is gold
     d_null, o_null, _ = question_null(records, task, "temperature", "strict", 4)
     np.testing.assert_array_equal(o_null, question_scores(records, "temperature")["o"].to_numpy(float))
+
+
+def test_the_strict_letter_null_counts_only_strictly_stated_answers():
+    """A null read under strict grading guesses with the strictly stated answers only: the
+    same letters cut off by the token limit, or unmarked in prose, hit nothing strictly."""
+    task = MultipleChoiceTask([Question(id=f"m{i}", text="?", answer="AB"[i % 2], choices=("x", "y", "z", "w"),
+                                        gold_index=i % 2) for i in range(4)])
+    cut = records_of(task, {f"m{i}": ["Answer: A"] * 5 for i in range(4)}, finish="length")
+    assert not cut["correct_strict"].any() and cut["correct_flexible"].sum() == 10
+    for grading, expected in (("flexible", [1, 0, 1, 0]), ("strict", [0, 0, 0, 0])):
+        d_null, o_null, _ = question_null(graded(cut, grading), task, "temperature", grading, 4)
+        np.testing.assert_array_equal(o_null, expected)
+        np.testing.assert_array_equal(o_null, question_scores(graded(cut, grading), "temperature")["o"].to_numpy(float))
+    # a candidate with no answer is a miss for the null too: half the samples unparsed halve p(gold)
+    half = records_of(task, {f"m{i}": ["Answer: A", "Answer: A", "Answer: A", "no idea", "no idea"] for i in range(4)})
+    guess = letter_null(half, task, "temperature", k=1, grading="strict")
+    np.testing.assert_allclose(guess["model_o"], [0.5, 0, 0.5, 0])
+
+
+def circular_records(task: MultipleChoiceTask, texts: list[str]) -> pd.DataFrame:
+    """Every question asked under shifts 0..3, answered with the same texts under each."""
+    frames = []
+    for shift in range(4):
+        rotated = MultipleChoiceTask([q if shift == 0 else rotate_options(q, shift) for q in task.questions])
+        part = records_of(rotated, {q.id: texts for q in task.questions})
+        if shift:
+            part["probe"] = [str(ProbeLabel.rotated(ProbeLabel.parse(p), shift)) for p in part["probe"]]
+        frames.append(part)
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_the_circular_null_is_zero_for_a_letter_habit_and_the_product_of_guesses_otherwise():
+    task = MultipleChoiceTask([Question(id=f"m{i}", text="?", answer="ABCD"[i % 4], choices=("w", "x", "y", "z"),
+                                        gold_index=i % 4) for i in range(8)])
+    habit = circular_records(task, ["Answer: A"] * 5)
+    d_null, o_null = circular_null(graded(habit, "strict"), task, "temperature", range(4), 4, "strict")
+    assert d_null.sum() == 0 and o_null.sum() == 0
+    # samples spread evenly over the four letters: p(gold) = 1/4 under every shift
+    spread = circular_records(task, ["Answer: A", "Answer: A", "Answer: B", "Answer: C", "Answer: D"])
+    d_null, o_null = circular_null(graded(spread, "flexible"), task, "temperature", range(4), 4, "flexible")
+    np.testing.assert_allclose(o_null, (1 - 0.75 ** 4) ** 4)
+    # the deployed answer is always "A": right under one shift of each question, never under all four
+    np.testing.assert_allclose(d_null, 0)
+    assert circular_scores(graded(spread, "flexible"), "temperature", range(4))["o"].all()
 
 
 def test_a_model_that_always_answers_a_has_circular_d_zero():

@@ -16,7 +16,6 @@ questions are also asked under every cyclic shift of their options (`circular`).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -25,15 +24,15 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.engine.decoding import Decoding
-from rnr_interp.grading import (circular_scores, circular_shifts, graded, question_null, regrade,
-                                null_summary, unfinished_rate, unfinished_warning)
+from rnr_interp.grading import (circular_null, circular_scores, circular_shifts, graded, null_summary, question_null,
+                                regrade, rotated_task, unfinished_rate, unfinished_warning)
 from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import (audit_summary, mean_pass_at_k, paired_diff_ci, question_scores, selection_summary,
                                 unparsed_rate, vote_matrix, wilson_interval)
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import DEPLOYED, GRADINGS, ProbeLabel, RunDir
 from rnr_interp.engine.sampling import Probe, chance_summary, deployed_decoding, run_config, sample_task
-from rnr_interp.tasks.base import Task, rotate_options
+from rnr_interp.tasks.base import Task
 
 if TYPE_CHECKING:  # vLLM loads on first use
     from rnr_interp.engine.vllm_backend import VLLMModel
@@ -73,7 +72,7 @@ def run_audit(
     run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size, grading, circular))
     for shift in shifts:
         # shift 0: the questions as loaded, under the plain labels; else rotated ones under rotated:SHIFT:...
-        asked = task if shift == 0 else _rotated_task(task, shift)
+        asked = task if shift == 0 else rotated_task(task, shift)
         label = (lambda name: name) if shift == 0 else \
             (lambda name: str(ProbeLabel.rotated(ProbeLabel.parse(name), shift)))
         sample_task(lm, asked, probe=replace(probe, name=label(probe.name)), deployed=deployed, run=run,
@@ -109,7 +108,7 @@ def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task:
         if chance is not None:
             summary["chance"] = chance
     if config.get("circular"):
-        summary["circular"] = circular_summary(records, probe, grading)
+        summary["circular"] = circular_summary(records, probe, grading, task)
     return summary
 
 
@@ -148,16 +147,10 @@ def _graded_summary(records: pd.DataFrame, probe: str, ci: str, grading: str, ta
     return summary
 
 
-def _rotated_task(task: Task, shift: int) -> Task:
-    """`task` with every question's options rotated by `shift` (`rotate_options`)."""
-    rotated = copy.copy(task)
-    rotated.questions = [rotate_options(q, shift % len(q.choices or (0,))) for q in task.questions]
-    return rotated
-
-
-def circular_summary(records: pd.DataFrame, probe: str, grading: str) -> dict[str, Any]:
+def circular_summary(records: pd.DataFrame, probe: str, grading: str, task: Task | None = None) -> dict[str, Any]:
     """D, O_K and gap under circular evaluation, per grading (`grading.circular_scores`),
-    with Wilson intervals and the paired gap interval."""
+    with Wilson intervals and the paired gap interval, and (given the task) the guessing
+    null read the same way (`grading.circular_null`)."""
     shifts = sorted({int(ProbeLabel.parse(p).parts[0]) for p in records["probe"] if _is_rotated(p)} | {0})
     out: dict[str, Any] = {"shifts": shifts}
     for g in GRADINGS:
@@ -168,8 +161,14 @@ def circular_summary(records: pd.DataFrame, probe: str, grading: str) -> dict[st
         out[g] = {"D": float(d.mean()), "O_K": float(o.mean()), "gap": float((o - d).mean()),
                   "D_ci": list(wilson_interval(d.sum(), len(d))), "O_K_ci": list(wilson_interval(o.sum(), len(o))),
                   "gap_ci": [float(x) for x in paired_diff_ci(d, o)]}
+        if task is not None:
+            k = int(s["n"].min()) if len(s) else 0
+            d_null, o_null = circular_null(graded(records, g), task, probe, shifts, k, g)
+            out[g]["null"] = null_summary(d, o, d_null, o_null, "guessing from the model's own answers under each shift")
     if grading in out:
         out.update({key: out[grading][key] for key in ("D", "O_K", "gap")})
+        if "null" in out[grading]:
+            out["null"] = out[grading]["null"]
     return out
 
 

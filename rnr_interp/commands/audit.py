@@ -122,6 +122,10 @@ def print_audit_table(s: dict) -> None:
         c = s["circular"][grading]
         typer.echo(f"  circular ({len(s['circular']['shifts'])} shifts, right under every one): D {fmt_ci(c['D'], c['D_ci'])}"
                    f"  O_K {fmt_ci(c['O_K'], c['O_K_ci'])}  gap {fmt_ci(c['gap'], c['gap_ci'])}")
+        if "null" in c:
+            from rnr_interp.grading import null_line  # the CLI starts without the analyses
+
+            typer.echo(f"  circular {null_line(c['null'], s['k'])}")
     if "majority" in s:
         m = s["majority"]
         typer.echo(f"  majority@K (answer-blind vote, ties to the first sample)  {fmt_ci(m['accuracy'], m['accuracy_ci'])}")

@@ -14,18 +14,15 @@ from typing import Any, Sequence
 
 from rnr_interp.records import MANIFEST, read_json_file, write_text_atomic
 from rnr_interp.report.reproduction import where_spent
+from rnr_interp.report.text import interval
 
 FINDINGS_PAGE = "findings.md"
-
-
-def _ci(ci: Sequence[float] | None) -> str:
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
 
 
 def _value(row: dict[str, Any]) -> str:
     if row.get("value") is None:
         return "—"
-    return f"{row['value']:.3f} {_ci(row.get('ci'))}".strip()
+    return f"{row['value']:.3f} {interval(row.get('ci'))}".strip()
 
 
 def _cell(text: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from rnr_interp.report.text import answer_change_line, chance_blocks
+from rnr_interp.report.text import answer_change_line, chance_blocks, interval
 from rnr_interp.records import DEPLOYED, RunDir, load_runs
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
@@ -471,9 +471,7 @@ def _num(value: Any) -> str:
 
 
 def _ci(value: float, ci: Any) -> str:
-    if ci is None or len(ci) != 2:
-        return f"{value:.3f}"
-    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return f"{value:.3f} {interval(ci)}".rstrip()
 
 
 def _table(run: RunDir, name: str) -> pd.DataFrame | None:

@@ -37,6 +37,7 @@ from rnr_interp.report.figures import (
 from rnr_interp.report.html import INDEX_NAME, Page, document, escape_html, table_html, write_page, write_report
 from rnr_interp.report.registry import REGISTRY, present_tables
 from rnr_interp.report.reproduction_figures import task_curves_figure
+from rnr_interp.report.text import interval
 
 #: the run folders a part writes beside its cells: the routing part's cross-cell
 #: aggregate and the localisation part's cell-level screen
@@ -84,14 +85,10 @@ def write_reproduction_report(root: Path, profile: str, model: str, why: dict[st
     return write_page(root / INDEX_NAME, text, page.figures, images=False)
 
 
-def _ci(ci: Any) -> str:
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—"
-
-
 def _findings_section(page: Page, findings: Sequence[dict[str, Any]]) -> None:
     head = ["claim (paper)", "paper", "scope", "this model", "value", "95% interval", "n", "verdict", "why"]
     rows = [(f["claim"], f["paper"], f["scope"], f["measured"] or "—",
-             "—" if f["value"] is None else f"{f['value']:.3f}", _ci(f["ci"]), "—" if f["n"] is None else f["n"],
+             "—" if f["value"] is None else f"{f['value']:.3f}", interval(f["ci"], "—"), "—" if f["n"] is None else f["n"],
              f'<b class="verdict">{escape_html(f["verdict"])}</b>', f["why"]) for f in findings]
     rows = [tuple(c if isinstance(c, str) and c.startswith("<b") else escape_html(c) for c in r) for r in rows]
     page.section("Findings: the paper's claims on this model", table_html(head, rows, raw=True),

@@ -7,6 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 
+def interval(ci: Any, missing: str = "") -> str:
+    """A 95% interval as ``[lo, hi]`` at three decimals; `missing` when there is none."""
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci is not None and len(ci) == 2 else missing
+
+
 def chance_lines(chance: dict[str, Any]) -> list[str]:
     """`chance_baselines` as the lines every summary prints (CLI and report alike)."""
     k = chance.get("k")

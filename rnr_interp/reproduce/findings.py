@@ -129,6 +129,8 @@ def audit_findings(part: Path) -> list[Finding]:
         circular = s.get("circular") or {}
         if "O_K" in circular:
             measured += f"; circular ({len(circular.get('shifts', []))} shifts): O_K {circular['O_K']:.3f}, D {circular['D']:.3f}"
+            if isinstance(circular.get("null"), dict):
+                measured += f", its null O_K {circular['null']['O_K']:.3f}"
         value, ci = float(null["gap_above_null"]), (float(null["gap_above_null_ci"][0]), float(null["gap_above_null_ci"][1]))
         verdict, why = ((REPRODUCED, "the whole interval of the gap above the null is above 0") if ci[0] > 0 else
                         (NOT_REPRODUCED, "the whole interval of the gap above the null is at or below 0") if ci[1] <= 0 else
