@@ -163,7 +163,7 @@ def derangement_null(records: pd.DataFrame, task: Task, probe: str, grading: str
 
 
 def letter_null(records: pd.DataFrame, task: Task, probe: str, k: int, grading: str = "flexible") -> dict[str, np.ndarray]:
-    """Per question (in `question_scores` order), what guessing reaches: `uniform` (d =
+    """Per question (`question_id`, in `question_scores` order), what guessing reaches: `uniform` (d =
     1/m, o = 1 - (1 - 1/m)^K) and `model` (d from the model's deployed answers, o from
     its probe samples, each pooled over the questions: p(gold) is the share of all its
     candidates that answer the gold, so a candidate with no answer under `grading` (the
@@ -189,6 +189,7 @@ def letter_null(records: pd.DataFrame, task: Task, probe: str, k: int, grading: 
     dep, samples = answers(records[records["probe"] == DEPLOYED]), answers(records[records["probe"] == probe])
     m = np.array([len(o) for o in options], dtype=float)
     return {
+        "question_id": scores.index,
         "uniform_d": 1 / m, "uniform_o": 1 - (1 - 1 / m) ** k,
         "model_d": np.array([p_gold(dep, o, g) for o, g in zip(options, gold)]),
         "model_o": 1 - (1 - np.array([p_gold(samples, o, g) for o, g in zip(options, gold)])) ** k,
@@ -234,14 +235,13 @@ def circular_null(records: pd.DataFrame, task: Task, probe: str, shifts: Sequenc
     (`letter_null`, `grading`), right under every shift with the product of the shifts'
     chances (each shift guessed independently). A model with one letter habit has a
     circular null of 0; 32 uniform guesses over 4 options still reach about 1."""
-    index = question_scores(shift_records(records, probe, shifts[0]), probe).index
+    guesses = [letter_null(shift_records(records, probe, shift), rotated_task(task, shift), probe, k, grading)
+               for shift in shifts]
+    index = guesses[0]["question_id"]
     d, o = pd.Series(1.0, index=index), pd.Series(1.0, index=index)
-    for shift in shifts:
-        part = shift_records(records, probe, shift)
-        guess = letter_null(part, rotated_task(task, shift), probe, k, grading)
-        ids = question_scores(part, probe).index
-        d *= pd.Series(guess["model_d"], index=ids).reindex(index)
-        o *= pd.Series(guess["model_o"], index=ids).reindex(index)
+    for guess in guesses:
+        d *= pd.Series(guess["model_d"], index=guess["question_id"]).reindex(index)
+        o *= pd.Series(guess["model_o"], index=guess["question_id"]).reindex(index)
     return d.to_numpy(), o.to_numpy()
 
 
