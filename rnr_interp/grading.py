@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from rnr_interp.metrics import bootstrap_ci, question_scores
+from rnr_interp.metrics import bootstrap_ci, guess_gold_share, question_scores
 from rnr_interp.records import DEPLOYED, GRADINGS, ProbeLabel
 from rnr_interp.tasks.base import Question, Task, rotate_options
 
@@ -162,37 +162,37 @@ def derangement_null(records: pd.DataFrame, task: Task, probe: str, grading: str
 # -- the multiple-choice null: guessing ------------------------------------------------
 
 
+def graded_answers(rows: pd.DataFrame, task: Task, grading: str) -> list[str | None]:
+    """Each row's answer as `grading` reads it: the flexible reading, and under strict
+    only where the answer is stated in the declared format and not cut off first (None:
+    no answer)."""
+    check_grading(grading)
+    flexible = [a if isinstance(a, str) else None for a in rows["extracted"]]
+    if grading == "flexible":
+        return flexible
+    by_id = {q.id: q for q in task.questions}
+    strict = [task.read_answer_strict(text, by_id[qid], finish != "length")
+              for text, qid, finish in zip(rows["text"], rows["question_id"], rows["finish"])]
+    return [f if f is not None and f == s else None for f, s in zip(flexible, strict)]
+
+
 def letter_null(records: pd.DataFrame, task: Task, probe: str, k: int, grading: str = "flexible") -> dict[str, np.ndarray]:
     """Per question (`question_id`, in `question_scores` order), what guessing reaches: `uniform` (d =
     1/m, o = 1 - (1 - 1/m)^K) and `model` (d from the model's deployed answers, o from
-    its probe samples, each pooled over the questions: p(gold) is the share of all its
-    candidates that answer the gold, so a candidate with no answer under `grading` (the
-    flexible reading found none; under strict, also one not stated in the declared format
-    or cut off first) is a miss, as it is for O_K itself)."""
-    check_grading(grading)
+    its probe samples, each pooled over the questions: `metrics.guess_gold_share` of the
+    answers as `grading` reads them (`graded_answers`), so a candidate with no answer
+    under the grading is a miss, as it is for O_K itself)."""
     scores = question_scores(records, probe)
     by_id = {q.id: q for q in task.questions}
     options = [task.options(by_id[qid]) for qid in scores.index]
     gold = [by_id[qid].answer for qid in scores.index]
-
-    def answers(rows: pd.DataFrame) -> list[str | None]:
-        flexible = [a if isinstance(a, str) else None for a in rows["extracted"]]
-        if grading == "flexible":
-            return flexible
-        strict = [task.read_answer_strict(text, by_id[qid], finish != "length")
-                  for text, qid, finish in zip(rows["text"], rows["question_id"], rows["finish"])]
-        return [f if f is not None and f == s else None for f, s in zip(flexible, strict)]
-
-    def p_gold(given: list[str | None], opts: Sequence[str], g: str) -> float:
-        return given.count(g) / len(given) if given else 1 / len(opts)
-
-    dep, samples = answers(records[records["probe"] == DEPLOYED]), answers(records[records["probe"] == probe])
+    dep, samples = (graded_answers(records[records["probe"] == p], task, grading) for p in (DEPLOYED, probe))
     m = np.array([len(o) for o in options], dtype=float)
     return {
         "question_id": scores.index,
         "uniform_d": 1 / m, "uniform_o": 1 - (1 - 1 / m) ** k,
-        "model_d": np.array([p_gold(dep, o, g) for o, g in zip(options, gold)]),
-        "model_o": 1 - (1 - np.array([p_gold(samples, o, g) for o, g in zip(options, gold)])) ** k,
+        "model_d": guess_gold_share(dep, gold, options),
+        "model_o": 1 - (1 - guess_gold_share(samples, gold, options)) ** k,
     }
 
 
@@ -314,6 +314,6 @@ def null_line(null: dict[str, Any], k: int | None) -> str:
 
 __all__ = [
     "N_DERANGEMENTS", "UNFINISHED_WARN", "check_grading", "circular_null", "circular_scores", "circular_shifts", "derangement_null",
-    "derangements", "graded", "letter_null", "null_line", "null_summary", "other_grading", "question_null", "regrade", "rotated_task", "shift_records",
+    "derangements", "graded", "graded_answers", "letter_null", "null_line", "null_summary", "other_grading", "question_null", "regrade", "rotated_task", "shift_records",
     "unfinished_rate", "unfinished_warning",
 ]

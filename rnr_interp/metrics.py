@@ -44,6 +44,7 @@ __all__ = [
     "proportion",
     "unparsed_rate",
     "chance_baselines",
+    "guess_gold_share",
     "answer_changes",
     "gap_recovery_ci",
     "oracle_curve_after_first",
@@ -485,6 +486,18 @@ def unparsed_rate(records: pd.DataFrame) -> float:
 DOMINANT_SHARE = 0.6
 
 
+def guess_gold_share(answers: Sequence[str | None], gold: Sequence[str], options: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per question, the chance that one answer drawn from `answers` (the model's own,
+    pooled over the questions) is its gold: the share of ALL answers that name the
+    gold, so an answer with no option (None) or one the question lacks is a miss, as it
+    would be for the model; uniform over the question's options when there are no
+    answers at all."""
+    given = list(answers)
+    counts = {a: given.count(a) for a in set(given) if a is not None}
+    return np.array([counts.get(g, 0) / len(given) if given else 1 / len(opts) for g, opts in zip(gold, options)],
+                    dtype=float)
+
+
 def chance_baselines(
     deployed: Sequence[str | None],
     gold: Sequence[str],
@@ -497,10 +510,10 @@ def chance_baselines(
     Per question i with options `options[i]` (m_i of them) and gold `gold[i]`:
     - uniform guessing: D = mean 1/m_i, O_K = mean 1 - (1 - 1/m_i)^K (K independent
       uniform draws);
-    - guessing from the model's own deployed distribution p (the share of each option
-      among the parsed deployed answers, restricted to question i's options and
-      renormalised; uniform where p puts nothing on them): D = mean p_i(gold_i),
-      O_K = mean 1 - (1 - p_i(gold_i))^K.
+    - guessing like the deployed answers: p_i = `guess_gold_share` (the share of all
+      deployed answers that name gold_i; an unanswered one is a miss), D = mean p_i,
+      O_K = mean 1 - (1 - p_i)^K: the D of the audit's chance null (`grading.letter_null`),
+      which draws its O_K from the probe samples instead.
     `k` None or 0 gives no O_K. `deployed_counts` counts each option (and None as
     "unparsed"); `warning` names an option that takes more than DOMINANT_SHARE of the
     parsed deployed answers (then D mostly measures how often that option is gold).
@@ -510,23 +523,18 @@ def chance_baselines(
                          f"{len(deployed)}, {len(gold)}, {len(options)}")
     if not len(gold):
         raise ValueError("no questions")
+    for opts, g in zip(options, gold):
+        if g not in opts:
+            raise ValueError(f"gold {g!r} is not one of the options {list(opts)}")
     parsed = [a for a in deployed if a is not None]
     order = list(dict.fromkeys(o for opts in options for o in opts))
     counts = {o: sum(a == o for a in parsed) for o in order}
     counts.update({a: parsed.count(a) for a in parsed if a not in counts})
     total = len(parsed)
-    p_uniform, p_model = [], []
-    for opts, g in zip(options, gold):
-        if g not in opts:
-            raise ValueError(f"gold {g!r} is not one of the options {list(opts)}")
-        p_uniform.append(1 / len(opts))
-        mass = sum(counts.get(o, 0) for o in opts)
-        p_model.append(counts.get(g, 0) / mass if mass else 1 / len(opts))
 
-    def at(p: list[float]) -> dict[str, float | None]:
-        arr = np.asarray(p, dtype=float)
-        o_k = float(np.mean(1 - (1 - arr) ** k)) if k else None
-        return {"D": float(arr.mean()), "O_K": o_k}
+    def at(p: np.ndarray) -> dict[str, float | None]:
+        o_k = float(np.mean(1 - (1 - p) ** k)) if k else None
+        return {"D": float(p.mean()), "O_K": o_k}
 
     dominant = max(counts, key=lambda o: counts[o]) if total else None
     share = counts[dominant] / total if dominant is not None else 0.0
@@ -536,8 +544,8 @@ def chance_baselines(
                    f"({counts[dominant]} of {total}): D largely counts the questions whose gold is {dominant!r}")
     return {
         "k": k,
-        "uniform": at(p_uniform),
-        "deployed_distribution": at(p_model),
+        "uniform": at(1 / np.array([len(o) for o in options], dtype=float)),
+        "deployed_distribution": at(guess_gold_share(deployed, gold, options)),
         "deployed_counts": {**counts, "unparsed": len(deployed) - total},
         "dominant": dominant,
         "dominant_share": share,

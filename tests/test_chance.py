@@ -38,10 +38,13 @@ def test_guessing_like_the_model_and_the_dominance_warning() -> None:
     assert "'A' is 98% of the parsed deployed answers (39 of 40)" in c["warning"]
     lines = chance_lines(c)
     assert any("O_8 0.900" in line for line in lines) and lines[-1].startswith("warning:")
-    # Renormalised to each question's own options: a 2-option question never draws "C".
+    # Not renormalised to a question's options: a guess of "C" on a two-option question
+    # is a miss, as the model's own "C" would be; an unanswered question's None too.
     two = chance_baselines(["C", "C", "A"], ["A", "B", "C"], [("A", "B"), ("A", "B"), ABCD[:3]], k=None)
-    assert two["deployed_distribution"]["D"] == pytest.approx((1.0 + 0.0 + 2 / 3) / 3)
+    assert two["deployed_distribution"]["D"] == pytest.approx((1 / 3 + 0.0 + 2 / 3) / 3)
     assert two["uniform"]["O_K"] is None
+    silent = chance_baselines(["A", None], ["A", "A"], [ABCD] * 2, k=1)
+    assert silent["deployed_distribution"]["D"] == pytest.approx(0.5)
 
 
 def test_chance_rejects_gold_outside_options() -> None:
@@ -136,7 +139,7 @@ def test_multiple_choice_readings_recount_answer_moves() -> None:
     rows = [{"question_id": q.id, "probe": "deployed", "extracted": "A" if i < 5 else None}
             for i, q in enumerate(task.questions)]
     rows += [{"question_id": q.id, "probe": "ablate:mlp:1", "extracted": "D"} for q in failure]
-    out = multiple_choice_readings(task, pd.DataFrame(rows), failure, ["ablate:mlp:1"])
+    out = multiple_choice_readings(task, pd.DataFrame(rows), failure, ["ablate:mlp:1"], grading="flexible")  # no texts to read strictly
     changes = out["answer_changes"]["ablate:mlp:1"]
     n_gold_d = sum(q.answer == "D" for q in failure)
     assert (changes["changed"], changes["to_gold"], changes["to_other"]) == (5, n_gold_d, 5 - n_gold_d)
@@ -156,7 +159,7 @@ def test_answer_moves_count_only_the_questions_a_probe_was_asked() -> None:
     failure = task.questions[:6]
     rows = [{"question_id": q.id, "probe": "deployed", "extracted": "A"} for q in failure]
     rows += [{"question_id": q.id, "probe": "steer:rescue:4", "extracted": "A"} for q in failure[:2]]
-    changes = multiple_choice_readings(task, pd.DataFrame(rows), failure, ["steer:rescue:4"])["answer_changes"]
+    changes = multiple_choice_readings(task, pd.DataFrame(rows), failure, ["steer:rescue:4"], grading="flexible")["answer_changes"]
     assert changes["steer:rescue:4"] == {"n": 2, "changed": 0, "to_gold": 0, "to_other": 0, "unchanged": 2,
                                          "after_counts": {}, "to_gold_by_chance": 0.0}
 

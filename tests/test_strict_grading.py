@@ -17,7 +17,7 @@ import pytest
 from rnr_interp.grading import (circular_null, circular_scores, derangement_null, derangements, graded, letter_null, null_line,
                                 null_summary, question_null, regrade, unfinished_rate, unfinished_warning)
 from rnr_interp.metrics import question_scores
-from rnr_interp.records import DEPLOYED, RECORD_COLUMNS, RECORD_SCHEMA, ProbeLabel, RunDir
+from rnr_interp.records import DEPLOYED, GRADINGS, RECORD_COLUMNS, RECORD_SCHEMA, ProbeLabel, RunDir
 from rnr_interp.tasks import load_task
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, rotate_options
 from rnr_interp.tasks.gsm8k import GSM8K
@@ -165,6 +165,15 @@ def test_the_strict_letter_null_counts_only_strictly_stated_answers():
     half = records_of(task, {f"m{i}": ["Answer: A", "Answer: A", "Answer: A", "no idea", "no idea"] for i in range(4)})
     guess = letter_null(half, task, "temperature", k=1, grading="strict")
     np.testing.assert_allclose(guess["model_o"], [0.5, 0, 0.5, 0])
+    # the summaries' chance block guesses the same way: its D is the null's, under either grading
+    from rnr_interp.engine.sampling import chance_summary
+
+    for grading in GRADINGS:
+        chance = chance_summary(task, cut, 1, grading)
+        null_d = letter_null(cut, task, "temperature", k=1, grading=grading)["model_d"].mean()
+        assert chance["deployed_distribution"]["D"] == pytest.approx(null_d)
+    assert chance_summary(task, cut, 1, "strict")["deployed_distribution"]["D"] == 0.0
+    assert chance_summary(task, cut, 1, "flexible")["deployed_distribution"]["D"] == pytest.approx(0.5)
 
 
 def circular_records(task: MultipleChoiceTask, texts: list[str]) -> pd.DataFrame:

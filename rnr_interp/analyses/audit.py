@@ -104,7 +104,7 @@ def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task:
         "temperature": (config.get("probe") or {}).get("temperature"),
     })
     if task is not None:
-        chance = chance_summary(task, graded(plain, grading), summary["k"])
+        chance = chance_summary(task, plain, summary["k"], grading)
         if chance is not None:
             summary["chance"] = chance
     if config.get("circular"):

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from rnr_interp.engine.decoding import BACKENDS, SAMPLING_TEMPERATURE, Decoding, Engine, Generation, check_hooks
 
 from rnr_interp.engine.generate import generate
+from rnr_interp.grading import graded_answers
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
 from rnr_interp.models import LoadedModel
@@ -348,14 +349,15 @@ def deployed_decoding(task: Task, max_new_tokens: int | None = None, temperature
     return Decoding(temperature=temperature, max_new_tokens=max_new_tokens or task.max_new_tokens)
 
 
-def chance_summary(task: Task, records, k: int | None) -> dict[str, Any] | None:
+def chance_summary(task: Task, records, k: int | None, grading: str = "flexible") -> dict[str, Any] | None:
     """`metrics.chance_baselines` for the deployed rows of `records` (one per question of
-    `task` present there), or None when the task's answers are not a finite option set."""
+    `task` present there), their answers read under `grading` (`grading.graded_answers`,
+    as the audit's chance null reads them), or None when the task's answers are not a
+    finite option set."""
     questions = {q.id: q for q in task.questions}
-    dep = records[records["probe"] == DEPLOYED]
-    asked = [questions[i] for i in dep["question_id"] if i in questions]
+    dep = records[(records["probe"] == DEPLOYED) & records["question_id"].isin(list(questions))]
+    asked = [questions[i] for i in dep["question_id"]]
     if not asked or any(task.options(q) is None for q in asked):
         return None
-    answers = [None if a is None or a != a else str(a)  # null and NaN alike: no answer
-               for a, i in zip(dep["extracted"], dep["question_id"]) if i in questions]
+    answers = graded_answers(dep, task, grading)
     return chance_baselines(answers, [q.answer for q in asked], [task.options(q) for q in asked], k)

@@ -480,17 +480,17 @@ def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Qu
     return (fixed / n_f if n_f else float("nan")), ((n_p - right) / n_p if n_p else float("nan"))
 
 def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequence[Question],
-                             probes: Sequence[str] = ()) -> dict[str, Any]:
+                             probes: Sequence[str] = (), grading: str = DEFAULT_GRADING) -> dict[str, Any]:
     """What a localisation summary adds so a multiple-choice result can be read against
     chance (issue 17): `chance`, the baselines of the deployed greedy answers
-    (`sampling.chance_summary`; no K, these runs draw no samples), and `answer_changes`,
+    (`sampling.chance_summary` under the run's `grading`; no K, these runs draw no samples), and `answer_changes`,
     for each probe in `probes`, how its answers on the failure set moved from the
     deployed ones (`metrics.answer_changes`: to the gold option, the repairs, or merely
     to another option), counted on the failure questions the probe was asked (steering's
     rescue rows exist on the held-out part only)."""
     out: dict[str, Any] = {}
     deployed = records[records["probe"] == DEPLOYED]
-    if (chance := chance_summary(task, deployed, None)) is not None:
+    if (chance := chance_summary(task, deployed, None, grading)) is not None:
         out["chance"] = chance
     if probes:
         before = dict(zip(deployed["question_id"], deployed["extracted"]))

@@ -210,7 +210,7 @@ def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, 
     recognition = run.read_table("recognition")
     summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
                **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion),
-               **multiple_choice_readings(task, run.read_records(), cohort.failure)}
+               **multiple_choice_readings(task, run.read_records(), cohort.failure, grading=run.grading)}
     run.write_summary(summary)
     return summary
 
@@ -335,7 +335,7 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
                **cohort_summary(cohort, run.read_table("recognition")), "screen": cell_screen(run, readout),
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"),
-               **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes)}
+               **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes, grading=run.grading)}
     if permutation_control:
         summary["permutation_control"] = chosen_block_rotated(lm, task, cohort.parts("failure")[1], summary["chosen"], run,
                                                               decoding=decoding, batch_size=batch_size, progress=progress)

@@ -391,7 +391,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress, circular=circular)
     summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
-               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
+               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
@@ -416,7 +416,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                     "scored_on": "held-out parts (v and the RMS norm from the selection parts)",
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
-    summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues))
+    summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues, grading=run.grading))
     if permutation_control:
         # every non-zero alpha: the sweep reports them all and chooses none
         steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a),) for a in alphas if a != 0}
@@ -447,7 +447,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress, circular=circular)
     summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
-               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure)}
+               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
     if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
         return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
