@@ -27,6 +27,15 @@ every other round. Printed per route line:
     rows_per_forward: M                         mean rows per decoding forward (one token each)
     block_tokens: B                             tokens (rows x positions) the blocks ran on,
                                                 summed over block calls: the compute
+    decode_tokens_per_s_vs_sampling: Y [lo-hi]  the same ratio over decoding seconds only
+                                                (each line's prefill seconds left out)
+    prefill_share: P [lo-hi]                    share of the line's seconds spent in prefills
+
+Why both: sampling prefills a prompt once for its K samples, while every route needs its
+own prefill from the block where it leaves the full path (`generate.PromptStates` replays
+the blocks before it). With short answers (arithmetic: about 17 tokens against a
+53-token prompt) that prefill is most of a route's cost, so X is bounded by
+1 - prefill_share even where decoding runs at sampling's speed (Y near 1).
 
 and `wasted_block_tokens: dense W -> sparse 0.00`, the share of the dense line's block
 tokens that belonged to rows passing that position by (the sparse line runs exactly the
@@ -34,7 +43,7 @@ rows that run each position; both generate the same tokens, checked), and
 `sparse_vs_dense_speed`, the dense line's seconds over the sparse line's, per round. Only ratios within one
 run mean anything: never compare absolute times across runs.
 
-    python benchmarks/routing.py [--quick] [--n 8] [--k 8] [--space skiponly] [--reps 3] [--search-batch 8]
+    python benchmarks/routing.py [--quick] [--n 8] [--k 8] [--space skiponly] [--min-len 27] [--reps 3] [--search-batch 8]
 
 Target on the 2-core CPU: route_tokens_per_s_vs_sampling >= 0.8.
 """
@@ -52,12 +61,14 @@ import torch
 
 from rnr_interp.engine.decoding import Decoding
 
+from rnr_interp.engine import generate as engine
 from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import site_hook
 from rnr_interp.models import load_model
 from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, Search, audit_searches, run_searches
 from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.engine.sampling import prompt_ids
+from rnr_interp.reproduce.profiles import DEMO
 from rnr_interp.tasks import load_task
 from sampling import engine_runner, spread  # benchmarks/sampling.py, beside this script
 
@@ -73,15 +84,20 @@ class Work:
     decode_forwards: int = 0
     decode_rows: int = 0
     block_tokens: int = 0
+    prefill_seconds: float = 0.0  # in the prompts' prefills (`generate._prefill`), the rest decoding
     texts: tuple[str, ...] = ()
+
+    def decode_rate(self) -> float:
+        """Generated tokens per second of decoding (the prefills' seconds left out)."""
+        return self.tokens / (self.seconds - self.prefill_seconds)
 
 
 @contextlib.contextmanager
 def counting(lm, work: Work) -> Iterator[None]:
-    """Count, into `work`, the rows of every decoding forward (one new position) and the
+    """Count, into `work`, the rows of every decoding forward (one new position), the
     tokens (rows x positions) every block call runs on (the bridge's hook_resid_pre of
     each block: a route position's block on its own rows with sparse slots, on every row
-    without; replayed prefill blocks run nothing)."""
+    without; replayed prefill blocks run nothing) and the seconds spent in prefills."""
 
     def embedded(module, args, out):
         if out.shape[1] == 1:
@@ -92,11 +108,22 @@ def counting(lm, work: Work) -> Iterator[None]:
         work.block_tokens += act.shape[0] * act.shape[1]
         return act
 
+    prefill = engine._prefill
+
+    def timed_prefill(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return prefill(*args, **kwargs)
+        finally:
+            work.prefill_seconds += time.perf_counter() - start
+
     handle = lm.hf_model.get_input_embeddings().register_forward_hook(embedded)
+    engine._prefill = timed_prefill
     try:
         with lm.bridge.hooks(fwd_hooks=[(site_hook(lm, "hook_resid_pre", layer), block_in) for layer in range(lm.n_layers)]):
             yield
     finally:
+        engine._prefill = prefill
         handle.remove()
 
 
@@ -142,6 +169,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="questions")
     ap.add_argument("--k", type=int, default=8, help="route evaluations per search and question (the budget K)")
     ap.add_argument("--space", action="append", help="route space (repeatable; default skiponly)")
+    ap.add_argument("--min-len", type=int, default=DEMO.route_min_len,
+                    help="shortest route, in blocks (default: the demo profile's routing cells')")
     ap.add_argument("--rows", type=int, default=ROUTE_ROWS, help="most rows per batched generation (every line)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds (>= 3)")
     ap.add_argument("--search-batch", type=int, default=8,
@@ -155,7 +184,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)
     task = load_task(args.task, n=args.n)
-    spaces = {name: make_space(name, lm.n_layers) for name in args.space or ["skiponly"]}
+    spaces = {name: make_space(name, lm.n_layers, min_len=args.min_len) for name in args.space or ["skiponly"]}
     searches = audit_searches(spaces, STRUCTURED, proposals=1)
     batched = audit_searches(spaces, STRUCTURED, proposals=args.search_batch)
     routes = {"sequential": route_runner(lm, task, searches, args.k, args.rows, sparse=True),
@@ -171,7 +200,8 @@ def main() -> None:
             works[line].append(lines[line]())
         print(f"round {rep + 1}: " + ", ".join(f"{line} {w[-1].tokens / w[-1].seconds:.0f} tokens/s" for line, w in works.items()),
               flush=True)
-    print(f"{args.model}, {args.task} n={args.n}, {', '.join(spaces)}, {len(searches)} searches at K={args.k}: "
+    print(f"{args.model}, {args.task} n={args.n}, {', '.join(spaces)} (routes >= {args.min_len} blocks), "
+          f"{len(searches)} searches at K={args.k}: "
           f"{warm.candidates} route evaluations; sampling {per_question} samples per question; {args.reps} interleaved rounds; "
           f"torch_threads={torch.get_num_threads()}")
     sampled = works["sampling"]
@@ -182,6 +212,9 @@ def main() -> None:
             ratios = [(w.tokens / w.seconds) / (s.tokens / s.seconds) for w, s in zip(runs, sampled)]
             print(f"[{line}] route_tokens_per_s_vs_sampling: {spread(ratios)}")
             print(f"[{line}] rounds_per_cell: {last.rounds}")
+            decode = [w.decode_rate() / s.decode_rate() for w, s in zip(runs, sampled)]
+            print(f"[{line}] decode_tokens_per_s_vs_sampling: {spread(decode)}")
+        print(f"[{line}] prefill_share: {spread([w.prefill_seconds / w.seconds for w in runs])}")
         print(f"[{line}] rows_per_forward: {last.decode_rows / max(last.decode_forwards, 1):.1f}")
         print(f"[{line}] block_tokens: {last.block_tokens}")
     dense, sparse = works["sequential-dense"][-1], works["sequential"][-1]
