@@ -441,6 +441,18 @@ def test_repair_verdicts_carry_power_and_the_selection_and_all_question_rates(tm
     assert row.verdict == NOT_REPRODUCED and "power 0.96" in row.why
 
 
+def test_a_repair_with_no_healthy_panel_says_damage_is_unmeasured(tmp_path):
+    # the demo model under the circular protocol: a few letter-robust failures, no question right under every shift
+    run = RunDir.create(tmp_path / "cell" / "repair", {"kind": "repair"})
+    run.write_summary({"kind": "repair", "model": "m", "at_chosen_layer": {"mlp": None}, "n_failure": 5, "n_panel": 0,
+                       "split": {"n_failure_selection": 3, "n_failure_heldout": 2},
+                       "circular": {"on": True, "n_letter_locked": 21}})
+    row = localisation_findings(tmp_path)[0]
+    assert row.verdict == NOT_TESTABLE and "(circular)" in row.scope
+    assert row.why.startswith("5 failures (3 choose, 2 held out) after 21 letter-locked recognised questions left out, "
+                              "no healthy question (no deployed answer right under every shift of the options)")
+
+
 # -- in a real browser ------------------------------------------------------------------
 
 

@@ -280,7 +280,8 @@ def localisation_findings(part: Path) -> list[Finding]:
         scope = f"{s.get('model')} / {run.path.parent.name}" + (" (circular)" if (s.get("circular") or {}).get("on") else "")
         at = (s.get("at_chosen_layer") or {}).get("mlp")
         if at is None:
-            out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, "no MLP block repaired anything on the selection part", scope))
+            out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"{_cohort_size(s)}: no MLP block repaired anything on "
+                                   "the selection part", scope))
         else:
             layer, (r, r_ci, r_n), (d, d_ci, d_n) = int(at["layer"]), _rate(at["repair"]), _rate(at["damage"])
             if r_n == 0 or d_n == 0:
@@ -297,6 +298,19 @@ def localisation_findings(part: Path) -> list[Finding]:
                 combine([v_r, v_d]), f"repair: {why_r}; damage: {why_d}"))
         out.append(_steering_finding(run.path.parent / "steer", scope))
     return out
+
+
+def _cohort_size(s: dict[str, Any]) -> str:
+    """A repair summary's failure set and healthy panel, in words (an empty panel leaves
+    damage unmeasured, whatever the repair)."""
+    split, circular = s.get("split") or {}, (s.get("circular") or {}).get("on")
+    right = "right under every shift of the options" if circular else "right"
+    panel = (f"{s.get('n_panel', 0)} healthy questions" if s.get("n_panel")
+             else f"no healthy question (no deployed answer {right}), so damage is unmeasured")
+    locked = (s.get("circular") or {}).get("n_letter_locked")
+    return (f"{s.get('n_failure', 0)} failures ({split.get('n_failure_selection', 0)} choose, "
+            f"{split.get('n_failure_heldout', 0)} held out)"
+            + (f" after {locked} letter-locked recognised questions left out" if locked else "") + f", {panel}")
 
 
 def _beside(at: dict[str, Any]) -> str:
