@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from rnr_interp.grading import graded
 from rnr_interp.metrics import paired_diff_ci, wilson_interval
 from rnr_interp.records import RunDir
 
@@ -41,12 +41,13 @@ def main() -> None:
     gradings = {run.grading for run in runs}
     if len(gradings) != 1:
         raise SystemExit(f"the runs are graded differently ({', '.join(sorted(gradings))}): regrade one first")
-    records = [run.read_records() for run in runs]
+    grading = gradings.pop()
+    records = [graded(run.read_records(), grading) for run in runs]
     shared = sorted(set(records[0]["question_id"]) & set(records[1]["question_id"]))
     if not shared:
         raise SystemExit("the runs share no question")
     proposals = [run.read_summary().get("proposals") for run in runs]
-    print(f"{len(shared)} shared questions, grading {gradings.pop()}; proposals: first {proposals[0]}, second {proposals[1]}")
+    print(f"{len(shared)} shared questions, grading {grading}; proposals: first {proposals[0]}, second {proposals[1]}")
     probes = [p for p in dict.fromkeys(records[0]["probe"]) if ":" in p and not p.startswith("verify:")
               and p in set(records[1]["probe"])]
     worst = 0
