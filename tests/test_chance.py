@@ -100,7 +100,6 @@ def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None
 def test_localisation_summaries_carry_chance_and_answer_changes(tmp_path) -> None:
     """failures, repair and steer summaries (and their pages) read MC results against
     chance; the answer changes of each best block recount from the records."""
-    from rnr_interp.metrics import answer_changes
     from rnr_interp.models import load_model
     from rnr_interp.records import RunDir
     from rnr_interp.analyses.localise.repair import ablation_probe, run_failures, run_repair
