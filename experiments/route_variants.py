@@ -19,15 +19,14 @@ from pathlib import Path
 import pandas as pd
 
 from rnr_interp.grading import graded
-from rnr_interp.metrics import paired_diff_ci, wilson_interval
+from rnr_interp.metrics import paired_diff_ci, question_scores, wilson_interval
 from rnr_interp.records import RunDir
 
 
 def oracle_at(records: pd.DataFrame, probe: str, budgets: list[int]) -> pd.DataFrame:
-    """Per question (rows) and budget (columns): some of the probe's first b candidates is right."""
-    rows = records[records["probe"] == probe].sort_values(["question_id", "candidate"])
-    return pd.DataFrame({b: rows.groupby("question_id")["correct"].apply(lambda c, b=b: bool(c.iloc[:b].any()))
-                         for b in budgets})
+    """Per question (rows) and budget (columns): some of the probe's first b candidates is
+    right (`metrics.question_scores` at k = b)."""
+    return pd.DataFrame({b: question_scores(records, probe, b)["o"] for b in budgets})
 
 
 def main() -> None:
@@ -50,21 +49,21 @@ def main() -> None:
     print(f"{len(shared)} shared questions, grading {grading}; proposals: first {proposals[0]}, second {proposals[1]}")
     probes = [p for p in dict.fromkeys(records[0]["probe"]) if ":" in p and not p.startswith("verify:")
               and p in set(records[1]["probe"])]
-    worst = 0
+    excluding = 0
     for probe in probes:
         a, b = (oracle_at(r[r["question_id"].isin(shared)], probe, budgets).loc[shared] for r in records)
         cells = []
         for k in budgets:
             x, y = a[k].to_numpy(float), b[k].to_numpy(float)
             lo, hi = paired_diff_ci(x, y)
-            worst += not lo <= 0 <= hi
+            excluding += not lo <= 0 <= hi
             cells.append(f"b={k}: {x.mean():.3f} vs {y.mean():.3f}, diff {y.mean() - x.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")
         at_k = [wilson_interval(int(v[budgets[-1]].sum()), len(shared)) for v in (a, b)]
         print(f"{probe:28s} O_{budgets[-1]} {a[budgets[-1]].mean():.3f} [{at_k[0][0]:.3f}, {at_k[0][1]:.3f}] vs "
               f"{b[budgets[-1]].mean():.3f} [{at_k[1][0]:.3f}, {at_k[1][1]:.3f}]; identical questions "
               f"{int((a[budgets[-1]] == b[budgets[-1]]).sum())}/{len(shared)}")
         print("    " + "; ".join(cells))
-    print(f"paired intervals excluding 0: {worst} of {len(probes) * len(budgets)}")
+    print(f"paired intervals excluding 0: {excluding} of {len(probes) * len(budgets)}")
 
 
 if __name__ == "__main__":

@@ -349,7 +349,7 @@ def deployed_decoding(task: Task, max_new_tokens: int | None = None, temperature
     return Decoding(temperature=temperature, max_new_tokens=max_new_tokens or task.max_new_tokens)
 
 
-def chance_summary(task: Task, records, k: int | None, grading: str = "flexible") -> dict[str, Any] | None:
+def chance_summary(task: Task, records, k: int | None, grading: str) -> dict[str, Any] | None:
     """`metrics.chance_baselines` for the deployed rows of `records` (one per question of
     `task` present there), their answers read under `grading` (`grading.graded_answers`,
     as the audit's chance null reads them), or None when the task's answers are not a
