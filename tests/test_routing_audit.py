@@ -579,3 +579,46 @@ def test_route_batches_hold_the_rows_of_the_device(monkeypatch, tmp_path):
     monkeypatch.setattr(audit, "route_rows", lambda lm_: 1)
     run_route_audit(lm, load_task("arithmetic", n=3), tmp_path / "b", RouteConfig(samples=4, budget=4, batch_size=2), progress=False)
     assert max(sizes) == 2
+
+
+def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_path):
+    """Beside every method's oracle@K, the null of the same candidates graded against
+    another question's gold. Planted: one method's candidates name every *other*
+    question's gold and never its own, so its oracle is 0 and its null is 1 under any
+    derangement; the other methods' nulls are `grading.derangement_null` of their records."""
+    from rnr_interp.analyses.routing.audit import summarize_routes
+    from rnr_interp.grading import derangement_null, graded
+
+    _, task, cfg, _, records = routed_run
+    golds = [q.answer for q in task.questions]
+    assert len(set(golds)) == len(golds)
+    planted = records.copy()
+    rows = planted.index[planted.probe == "native:random"]
+    order = {q.id: i for i, q in enumerate(task.questions)}
+    for idx in rows:
+        i, j = order[planted.at[idx, "question_id"]], int(planted.at[idx, "candidate"])
+        other = golds[(i + 1 + j % (len(golds) - 1)) % len(golds)]
+        planted.loc[idx, ["text", "extracted", "finish"]] = [f"Answer: {other}", other, "stop"]
+        planted.loc[idx, ["correct", "correct_flexible", "correct_strict"]] = False
+    run = RunDir(records.attrs["run"])
+    run.read_records = lambda: planted
+    import shutil
+
+    target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
+    summary = summarize_routes(run, cfg, task=task, target=target)
+
+    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
+    assert cell["oracle_at_k"]["random"] == 0.0
+    assert cell["null"]["random"]["O_K"] == 1.0
+    assert cell["null"]["random"]["O_K_minus_null"] == -1.0
+    assert cell["null"]["random"]["O_K_minus_null_ci"][1] < 0
+    for c in summary["cells"].values():
+        assert set(c["null"]) == set(c["oracle_at_k"])
+        for m, null in c["null"].items():
+            label = f"{c['space']}:{m}"
+            _, o_null = derangement_null(graded(planted, run.grading), task, label, run.grading, seed=cfg.seed)
+            assert null["O_K"] == pytest.approx(o_null.mean())
+            assert null["O_K_minus_null"] == pytest.approx(c["oracle_at_k"][m] - o_null.mean())
+    table = target.read_table("route_cells")
+    native = table[(table.space == "native") & (table.method == "random")].iloc[0]
+    assert native["null_oracle"] == 1.0 and native["oracle_minus_null"] == -1.0

@@ -353,6 +353,9 @@ def print_route_summary(s: dict) -> None:
                 ("" if c.get("informative", True) else "  (no method beat greedy: tests nothing)")
         typer.echo(f"  {cell}{flags}")
         typer.echo("    mean edits from the full path: " + ", ".join(f"{m} {v:.2f}" for m, v in c.get("edits_mean", {}).items()))
+        for m, null in c.get("null", {}).items():
+            typer.echo(f"    chance null {m:<14} oracle@K {c['oracle_at_k'][m]:.3f} vs null {null['O_K']:.3f}: "
+                       f"oracle - null {fmt_ci(null['O_K_minus_null'], null['O_K_minus_null_ci'])}")
         for base, key in (("random", "random_minus_structured"), ("random_matched", "matched_minus_structured")):
             for m, d in c.get(key, {}).items():
                 typer.echo(f"    {base} - {m:<12} {fmt_ci(d['value'], d['ci'])}")

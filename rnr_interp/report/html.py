@@ -129,6 +129,11 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
         rows = [(cell, "excluded (format collapse)" if c.get("excluded") else "kept", _num(c.get("unparsed_rate")),
                  *(_num(c.get("oracle_at_k", {}).get(m)) for m in methods)) for cell, c in s["cells"].items()]
         body += table_html(["cell", "status", "unparsed", *(f"oracle@K {m}" for m in methods)], rows)
+        nulls = [(cell, m, _num(c["oracle_at_k"].get(m)), _num(null.get("O_K")),
+                  _ci(null["O_K_minus_null"], null.get("O_K_minus_null_ci")))
+                 for cell, c in s["cells"].items() for m, null in (c.get("null") or {}).items()]
+        if nulls:
+            body += table_html(["cell", "method", "oracle@K", "chance null", "oracle − null"], nulls)
     if isinstance(s.get("selectors"), dict) and s["selectors"]:
         sel = [(name, _num(v.get("accuracy")), _num(v.get("gap_recovery_median"))) for name, v in s["selectors"].items()]
         body += table_html(["selector", "accuracy", "median gap recovery"], sel)

@@ -63,6 +63,7 @@ from rnr_interp.analyses.routing.search import ADAPTIVE, SEARCHES, round_size
 from rnr_interp.analyses.routing.selectors import search_reward, select
 from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space, space_size
 from rnr_interp.engine.sampling import Probe, candidate_row, run_config, sample_questions
+from rnr_interp.tasks import reload_task
 from rnr_interp.tasks.base import Question, Task
 
 STRUCTURED = ADAPTIVE
@@ -511,13 +512,20 @@ def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
     """A route run's summary over the chunks it has written so far, without touching the
     run (it may still be going): its records are copied into a new run folder `out`
     (`RunDir.snapshot`), which gets the summary and tables a finished run gets, over
-    those questions. For runs that take hours (GSM8K answers on a CPU). Records only:
-    no model, no task file."""
+    those questions. For runs that take hours (GSM8K answers on a CPU). No model; the
+    task is reloaded from the file the run names, for the golds of the chance nulls
+    (where it cannot be, the summary goes without them and says so)."""
     cfg = route_config_of(run)
     if not run.done_question_ids():
         raise RunFolderError(f"{run.path}: no chunk written yet, nothing to summarise")
     snap = run.snapshot(out)  # counted from the copy: the run may write a chunk meanwhile
-    summary = summarize_routes(snap, cfg)
+    try:
+        task, why = reload_task(run.config["task"]), None
+    except (OSError, ValueError, RunFolderError) as exc:
+        task, why = None, f"chance nulls: the run's task cannot be reloaded here ({exc})"
+    summary = summarize_routes(snap, cfg, task=task)
+    if why is not None:
+        summary.setdefault("missing", []).append(why)
     summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
                            "questions_total": (run.config.get("task") or {}).get("n_questions")}
     snap.write_summary(summary)
@@ -636,12 +644,39 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
         null = question_null(headline, task, "temperature", grading, cfg.samples, seed=cfg.seed)
         if null is not None:
             summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
+        _route_nulls(headline, task, grading, cfg, summary, tables)
     summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])
                                   if not str(p).startswith("verify:")}
     summary["warnings"] = [w for p, r in summary["unfinished_rate"].items() if (w := unfinished_warning(r, p))]
     for name, table in tables.items():
         (target or run).write_table(name, table)
     return summary
+
+
+def _route_nulls(records: pd.DataFrame, task: Task, grading: str, cfg: RouteConfig, summary: dict[str, Any],
+                 tables: dict[str, pd.DataFrame]) -> None:
+    """Each cell's chance null per method, beside its oracle@K: what the same K route
+    candidates reach by coincidence (`grading.question_null`: graded against another
+    question's gold, or guessing like them for a finite option set). A gold-rewarded
+    search steers its routes toward the true gold; its null asks how often that set
+    holds a wrong question's gold instead. Into `summary["cells"][cell]["null"][method]`
+    and the `route_cells` table (`null_oracle`, `oracle_minus_null` with its interval)."""
+    columns: list[dict[str, Any]] = []
+    for cell, c in summary["cells"].items():
+        c["null"] = {}
+        for m in c["oracle_at_k"]:
+            label = str(ProbeLabel.route(c["space"], m))
+            null = question_null(records, task, label, grading, cfg.budget, seed=cfg.seed)
+            if null is None:
+                continue
+            scores = question_scores(records, label)
+            c["null"][m] = null_summary(scores["d"].to_numpy(), scores["o"].to_numpy(), *null, seed=cfg.seed)
+            lo, hi = c["null"][m]["O_K_minus_null_ci"]
+            columns.append({"cell": cell, "method": m, "null_oracle": c["null"][m]["O_K"],
+                            "oracle_minus_null": c["null"][m]["O_K_minus_null"],
+                            "oracle_minus_null_lo": lo, "oracle_minus_null_hi": hi})
+    if columns and len(tables["route_cells"]):
+        tables["route_cells"] = tables["route_cells"].merge(pd.DataFrame(columns), on=["cell", "method"], how="left")
 
 
 def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConfig,
