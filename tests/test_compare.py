@@ -218,6 +218,18 @@ def test_real_audits_of_tiny_models(tmp_path):
         assert lo <= b["reachable_change"] <= hi
         assert b["n_left"] == int((o["base"] & ~o["trained"]).sum())
     assert bc["budgets"]["8"]["O_base"] >= bc["budgets"]["4"]["O_base"]  # the first K are a subset of the 2K
+    # the source of gains carries its chance null, from the base control's own samples
+    from rnr_interp.grading import derangement_null
+
+    gained = t.loc[t["realized"] == "gained", "question_id"].tolist()
+    dep = runs[0].read_records()
+    dep = dep[dep["probe"] == "deployed"]
+    for point in bc["gained_source"]["curve"]:
+        rows = pd.concat([dep, ctrl[(ctrl["probe"] == "temperature_base_k8") & (ctrl["candidate"] < point["k"])]])
+        qids = rows.loc[rows["probe"] == "deployed", "question_id"].tolist()
+        _, o_null = derangement_null(rows, task, "temperature_base_k8", runs[0].grading)
+        expected = pd.Series(o_null, index=qids).reindex(gained).mean() if gained else float("nan")
+        assert point["null_share"] == pytest.approx(expected, nan_ok=True)
     # fresh seeds: the control's samples are not the audit's
     audit_rows = runs[1].read_records()
     first = audit_rows[audit_rows["probe"] == "temperature"].set_index(["question_id", "candidate"])["seed"]
@@ -260,6 +272,33 @@ def test_source_of_gains_is_a_curve_over_the_budgets_the_control_sampled():
     cfg = config(k=4)
     assert control_budget(cfg) == 8 and control_budget(cfg, budget_k=20) == 20 and control_budget(cfg, budget_k=5) == 8
     assert budget_probe(cfg, "base", budget_k=20).k == 20
+
+
+def test_the_source_of_gains_is_read_against_what_the_base_samples_reach_by_chance():
+    """Planted: each question's first three base samples name the three other questions'
+    golds, the fourth its own. By chance (graded against a deranged gold) the share is 1
+    from K=3 on, whatever the derangement, and below 1 at K=1; the curve carries it per
+    budget, averaged over the gained questions."""
+    from rnr_interp.analyses.checkpoints import gains_source_curve, gains_source_null
+    from rnr_interp.tasks import load_task
+
+    task = load_task("arithmetic", n=4)
+    golds = [q.answer for q in task.questions]
+    assert len(set(golds)) == 4
+    ids = [q.id for q in task.questions]
+    deployed = pd.DataFrame([{"question_id": q, "probe": "deployed", "candidate": 0, "text": "Answer: 0",
+                              "finish": "stop", "correct": False} for q in ids])
+    control = pd.DataFrame([{"question_id": q, "probe": "temperature_base_k4", "candidate": j,
+                             "text": f"Answer: {golds[(i + 1 + j) % 4]}", "finish": "stop", "correct": j == 3}
+                            for i, q in enumerate(ids) for j in range(4)])
+    null = gains_source_null(control, deployed, task, "strict", [1, 2, 3, 4])
+    assert (null[3] == 1.0).all() and (null[4] == 1.0).all()
+    assert (null[1] < 1.0).all() and (null[1] > 0.0).all() and (null[2] >= null[1]).all()
+    t = pd.DataFrame({"question_id": ids, "realized": ["gained", "gained", "never", "never"]})
+    src = gains_source_curve(t, control, [1, 2, 3, 4], k=2, null=null)
+    assert [c["share"] for c in src["curve"]] == [0.0, 0.0, 0.0, 1.0]
+    assert [c["null_share"] for c in src["curve"]] == pytest.approx([null[b].iloc[:2].mean() for b in (1, 2, 3, 4)])
+    assert src["trend"].endswith("(by chance: " + f"{null[2].iloc[:2].mean():.3f} and 1.000)")
 
 
 def test_prompt_formats_stated_warned_and_shared_prompt_share(tmp_path):

@@ -37,10 +37,10 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.engine.decoding import Decoding
-from rnr_interp.grading import graded, regrade
+from rnr_interp.grading import N_DERANGEMENTS, derangement_null, graded, regrade
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import GRADINGS, RunDir, comparable, config_diff, lookup, short_repr
+from rnr_interp.records import DEPLOYED, GRADINGS, RunDir, comparable, config_diff, lookup, short_repr
 from rnr_interp.engine.sampling import Probe, chunks, sample_questions
 from rnr_interp.tasks.base import Task
 
@@ -213,8 +213,9 @@ def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], pro
     """Re-probe `question_ids` with `lm` under `probe` (e.g. `budget_probe(config,
     role)`: 2K samples, a fresh seed). Rows go to `run` when given, and questions
     already stored there are not sampled again. Returns the probe rows (question_id,
-    candidate, correct) of those questions, candidates in order; the deployed answer
-    is not redrawn (greedy: it is the one in the audit run)."""
+    probe, candidate, text, finish, correct) of those questions, candidates in order; the deployed answer
+    is not redrawn (greedy: it is the one in the audit run). The rows keep their
+    texts, for the chance null (`gains_source_null`)."""
     by_id = {q.id: q for q in task.questions}
     missing = [qid for qid in question_ids if qid not in by_id]
     if missing:
@@ -230,7 +231,7 @@ def budget_control(lm: LoadedModel, task: Task, question_ids: Sequence[str], pro
         if run is not None:
             run.write_question_batch(part)
         rows.extend(part)
-    columns = ["question_id", "candidate", "correct"]
+    columns = ["question_id", "probe", "candidate", "text", "finish", "correct"]
     if run is not None:
         stored = run.read_records(filters=[("probe", "=", probe.name)])
         frame = stored[stored["question_id"].isin(list(question_ids))][columns]
@@ -257,36 +258,63 @@ def curve_budgets(k: int, k_big: int) -> list[int]:
     return sorted({*doublings, k, k_big})
 
 
+def gains_source_null(base_control: pd.DataFrame, base_deployed: pd.DataFrame, task: Task, grading: str,
+                      ks: Sequence[int]) -> dict[int, pd.Series]:
+    """Per budget k' of `ks`, per question id: how often the base model's first k'
+    control samples hold the gold of the question a derangement maps it to
+    (`grading.derangement_null` over every question of the control, under `grading`):
+    what "base-reachable" reaches by coincidence. `base_deployed`: the base run's
+    deployed rows of those questions (the null's frame needs them; only the samples
+    count here)."""
+    probe = str(base_control["probe"].iloc[0])
+    out = {}
+    for budget in ks:
+        records = pd.concat([base_deployed, base_control[base_control["candidate"] < budget]], ignore_index=True)
+        ids = question_scores(records, probe).index
+        _, o_null = derangement_null(records, task, probe, grading)
+        out[int(budget)] = pd.Series(o_null, index=ids)
+    return out
+
+
 def gains_source_curve(t: pd.DataFrame, base_control: pd.DataFrame, ks: Sequence[int], k: int,
-                       level: float = 0.95) -> dict[str, Any]:
+                       level: float = 0.95, null: dict[int, pd.Series] | None = None) -> dict[str, Any]:
     """For the trained model's newly realized answers (realized "gained"), the share the
     base model reaches within its first k' fresh control samples, at each k' of `ks`,
     with Wilson intervals; `trend` says how the share moves from the audit's budget `k`
-    to the largest k'."""
+    to the largest k'. With `null` (`gains_source_null`), each point also carries
+    `null_share`, the share those samples reach by chance (mean over the gained questions)."""
     gained = t.loc[t["realized"] == "gained", "question_id"].tolist()
     curve = []
     for budget in ks:
         hit = int(reached(base_control, gained, budget).sum()) if gained else 0
         lo, hi = wilson_interval(hit, len(gained), level)
-        curve.append({"k": int(budget), "base_reachable": hit, "n_gained": len(gained),
-                      "share": hit / len(gained) if gained else float("nan"), "ci": [lo, hi]})
+        point = {"k": int(budget), "base_reachable": hit, "n_gained": len(gained),
+                 "share": hit / len(gained) if gained else float("nan"), "ci": [lo, hi]}
+        if null is not None:
+            point["null_share"] = float(null[int(budget)].reindex(gained).mean()) if gained else float("nan")
+        curve.append(point)
     out: dict[str, Any] = {"n_gained": len(gained), "curve": curve, "level": level,
                            "samples": "the base model's fresh budget-control samples (not the audit run's): the first k"}
+    if null is not None:
+        out["null"] = ("the same base samples graded against another question's gold "
+                       f"({N_DERANGEMENTS} derangements of the control's questions)")
     if gained and len(curve) > 1:
         first, last = next(c for c in curve if c["k"] == k), curve[-1]
         word = "rises" if last["share"] > first["share"] else "falls" if last["share"] < first["share"] else "stays"
         out["trend"] = (f"{word} from {first['share']:.2f} at K={first['k']} to {last['share']:.2f} "
-                        f"[{last['ci'][0]:.2f}, {last['ci'][1]:.2f}] at K={last['k']}")
+                        f"[{last['ci'][0]:.2f}, {last['ci'][1]:.2f}] at K={last['k']}"
+                        + (f" (by chance: {first['null_share']:.3f} and {last['null_share']:.3f})" if null is not None else ""))
     return out
 
 
 def budget_summary(t: pd.DataFrame, controls: dict[str, pd.DataFrame], k: int, k_big: int,
-                   level: float = 0.95) -> dict[str, Any]:
+                   level: float = 0.95, null: dict[int, pd.Series] | None = None) -> dict[str, Any]:
     """Both models re-probed with fresh seeds, read at K (the first K fresh samples) and
     at k_big: per budget each model's O and oracle-deployment gap O - D (Newcombe paired
     interval; D is the audit runs' greedy answer), and the reachable change O_trained -
     O_base (paired interval, McNemar). Also how many questions that left the reachable
-    set in the audit runs are reached by the trained model at k_big."""
+    set in the audit runs are reached by the trained model at k_big, and the source of
+    gains over K (`gains_source_curve`, with its chance `null` when given)."""
     ids = t["question_id"].tolist()
     d = {role: t[f"{role}_d"].to_numpy(bool) for role in ROLES}
     budgets = {}
@@ -311,7 +339,7 @@ def budget_summary(t: pd.DataFrame, controls: dict[str, pd.DataFrame], k: int, k
         "samples": "fresh seed for both models; K = the first K of the k_control fresh samples",
         "budgets": budgets,
         "audit_left": {"n_left": int(left.sum()), "n_back_at_k_control": int(back.sum())},
-        "gained_source": gains_source_curve(t, controls["base"], curve_budgets(k, k_big), k, level),
+        "gained_source": gains_source_curve(t, controls["base"], curve_budgets(k, k_big), k, level, null),
     }
 
 
@@ -332,8 +360,11 @@ def run_budget_control(base: RunDir, trained: RunDir, t: pd.DataFrame, models: d
         probe = budget_probe(source.config, role, factor, budget_k=budget_k)
         controls[role] = budget_control(models[role], task, ids, probe, Decoding(**source.config["deployed"]),
                                         batch_size=batch_size, run=run)
-    k = int(base.config["probe"]["k"])
-    return budget_summary(t, controls, k, control_budget(base.config, factor, budget_k), level)
+    k, k_big = int(base.config["probe"]["k"]), control_budget(base.config, factor, budget_k)
+    deployed = base.read_records(filters=[("probe", "=", DEPLOYED)])
+    null = gains_source_null(controls["base"], deployed[deployed["question_id"].isin(ids)], task, run.grading,
+                             curve_budgets(k, k_big)) if len(ids) > 1 else None
+    return budget_summary(t, controls, k, k_big, level, null)
 
 
 # -- prompt formats -----------------------------------------------------------------------

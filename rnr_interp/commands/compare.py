@@ -112,5 +112,8 @@ def print_comparison(s: dict) -> None:
         if src.get("n_gained"):
             typer.echo(f"  gained answers base-reachable by K (fresh base samples, 95% Wilson): " + "  ".join(
                 f"K={c['k']} {c['base_reachable']}/{c['n_gained']} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" for c in src["curve"]))
+            if src.get("null"):
+                typer.echo(f"  the same share by chance ({src['null']}): " + "  ".join(
+                    f"K={c['k']} {c['null_share']:.3f}" for c in src["curve"]))
             typer.echo(f"  share {src['trend']}")
     print_multiple_choice(s)

@@ -443,7 +443,8 @@ def _gained_from(s: dict[str, Any]) -> Finding:
         last = src["curve"][-1]
         reach, n, ci = int(last["base_reachable"]), int(last["n_gained"]), tuple(last["ci"])
         verdict, why = at_least(reach / n, ci, ALREADY_REACHABLE)
-        curve = ", ".join(f"K={c['k']} {c['share']:.2f}" for c in src["curve"])
+        curve = ", ".join(f"K={c['k']} {c['share']:.2f}" + (f" (chance {c['null_share']:.3f})" if "null_share" in c else "")
+                          for c in src["curve"])
         return Finding(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, _scope(s, "GRPO"),
                        f"{reach} of {n} gained answers base-reachable at K={last['k']} (the control's largest budget, "
                        f"fresh base samples); the share {src.get('trend', '')}; curve: {curve}; the audit at "
