@@ -44,6 +44,15 @@ rows that run each position; both generate the same tokens, checked), and
 run mean anything: never compare absolute times across runs.
 
     python benchmarks/routing.py [--quick] [--n 8] [--k 8] [--space skiponly] [--min-len 27] [--reps 3] [--search-batch 8]
+                                 [--lines sequential,sequential-dense,batched] [--one-round] [--count-rounds]
+
+`--one-round` replaces the search lines by one line, `one-round`: each question's K
+distinct random routes handed to the evaluator in a single call, so every batch is as
+wide as `--rows` allows, as in the wide rounds of a whole cell, whose searches a small
+benchmark case cannot fill. It measures the engine apart from the searches' rounds.
+`--count-rounds` loads no model: it counts the lockstep rounds one chunk of `--n`
+questions takes through the audit's searches at `--k` (the demo model's 30 blocks, stub
+answers), for sequential, default and `--search-batch` proposals.
 
 Target on the 2-core CPU: route_tokens_per_s_vs_sampling >= 0.8.
 """
@@ -54,9 +63,11 @@ import argparse
 import contextlib
 import math
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from rnr_interp.engine.decoding import Decoding
@@ -65,7 +76,7 @@ from rnr_interp.engine import generate as engine
 from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import site_hook
 from rnr_interp.models import load_model
-from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, Search, audit_searches, run_searches
+from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteConfig, RouteEvaluator, Search, audit_searches, run_searches
 from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.reproduce.profiles import DEMO
@@ -145,6 +156,65 @@ def route_runner(lm, task, searches: dict[str, Search], k: int, rows: int, spars
     return run
 
 
+def one_round_runner(lm, task, space, k: int, rows: int, seed: int = 0) -> Callable[[], Work]:
+    """Every question's `k` distinct random routes of `space` handed to the evaluator in
+    one call: the engine at the width a cell's rounds reach, without the searches' rounds."""
+    decoding = Decoding(max_new_tokens=task.max_new_tokens)
+    rng = np.random.default_rng(seed)
+    routes: list[tuple[int, ...]] = []
+    while len(routes) < k:
+        route = tuple(space.sample(rng))
+        if route not in routes and route != tuple(space.full_path):
+            routes.append(route)
+    requests = [(q.id, route) for q in task.questions for route in routes]
+
+    def run() -> Work:
+        work = Work()
+        ev = RouteEvaluator(lm, task, decoding, rows)
+        with counting(lm, work):
+            start = time.perf_counter()
+            found = ev(requests)
+            work.seconds = time.perf_counter() - start
+        work.rounds, work.candidates = ev.n_calls, ev.n_generated
+        work.tokens = sum(row["n_tokens"] for row in found)
+        work.texts = tuple(row["text"] for row in found)
+        return work
+
+    return run
+
+
+class StubEvaluator:
+    """Stands for `RouteEvaluator` where only the rounds are counted: each (question,
+    route) gets a seeded random answer, right one time in five, so the searches move as
+    they would on rewards of that kind; no model runs."""
+
+    def __init__(self):
+        self.n_calls = 0
+        self.cache: dict[tuple[str, tuple[int, ...]], dict] = {}
+
+    def __call__(self, requests: list[tuple[str, tuple[int, ...]]]) -> list[dict]:
+        self.n_calls += 1
+        for qid, route in requests:
+            rng = np.random.default_rng(zlib.crc32(repr((qid, route)).encode()))
+            answer = int(rng.integers(5))
+            self.cache[(qid, route)] = {"correct": answer == 0, "extracted": str(answer),
+                                        "logprob": float(-rng.exponential(5.0)), "n_tokens": 10}
+        return [self.cache[req] for req in requests]
+
+
+def count_rounds(spaces: dict, questions, k: int, methods: tuple[str, ...], batch: int) -> dict[str, int]:
+    """Lockstep rounds of one chunk of `questions` through every search of the audit at
+    budget `k`, per proposals setting (1: all sequential; None: the audit's default;
+    `batch`: all batched), with rewards from `StubEvaluator`; `random_matched`'s own
+    lockstep adds one round where it runs."""
+    out = {}
+    for name, proposals in (("sequential (--proposals 1)", 1), ("default", None), (f"batched (--proposals {batch})", batch)):
+        ev = StubEvaluator()
+        run_searches(ev, questions, audit_searches(spaces, methods, proposals=proposals), k, 0)
+        out[name] = ev.n_calls + ("random_matched" in methods)
+    return out
+
+
 def sampling_runner(lm, task, per_question: int, rows: int) -> Callable[[], Work]:
     prompts = [prompt_ids(lm, task, q) for q in task.questions]
     # As many prompts per call as keep a call within the route batches' rows.
@@ -159,6 +229,14 @@ def sampling_runner(lm, task, per_question: int, rows: int) -> Callable[[], Work
         return work
 
     return run
+
+
+#: the demo model's blocks (SmolLM2-135M), for counting rounds without loading it
+DEMO_LAYERS = 30
+#: the route methods a cell runs (`RouteConfig.methods`)
+ROUTE_METHODS = RouteConfig().methods
+#: the route lines, in their running order
+ROUTE_LINES = ("sequential", "sequential-dense", "batched")
 
 
 def main() -> None:
@@ -176,22 +254,51 @@ def main() -> None:
     ap.add_argument("--search-batch", type=int, default=8,
                     help="routes each structured search proposes per round on the batched line (RouteConfig.proposals)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--one-round", action="store_true",
+                    help="instead of the searches: each question's K random routes of the one --space in one call "
+                         "(the engine at full width, as in a cell's wide rounds)")
+    ap.add_argument("--count-rounds", action="store_true",
+                    help="no model: count the lockstep rounds of one chunk of --n questions through the audit's "
+                         "searches at --k on the demo model's 30 blocks, sequential, default and batched "
+                         "(a cell at K=32: --n 10 --k 32 "
+                         "--space native --space polar --space skiponly)")
+    ap.add_argument("--lines", default=",".join(ROUTE_LINES),
+                    help=f"route lines to run beside sampling, comma-separated (default: all of {', '.join(ROUTE_LINES)})")
     args = ap.parse_args()
     if args.reps < 3:
         ap.error("--reps must be at least 3: a median of paired rounds needs them")
     if args.quick:
         args.n, args.k, args.space = 4, 4, ["skiponly"]
+    chosen = [line.strip() for line in args.lines.split(",") if line.strip()]
+    if not chosen or set(chosen) - set(ROUTE_LINES):
+        ap.error(f"--lines takes some of {', '.join(ROUTE_LINES)}, got {args.lines!r}")
+    if args.one_round and len(args.space or ["skiponly"]) != 1:
+        ap.error("--one-round takes one --space")
     torch.set_num_threads(args.threads)
+    if args.count_rounds:
+        spaces = {name: make_space(name, DEMO_LAYERS, min_len=args.min_len) for name in args.space or ["skiponly"]}
+        questions = load_task(args.task, n=args.n).questions
+        rounds = count_rounds(spaces, questions, args.k, ROUTE_METHODS, args.search_batch)
+        print(f"{args.task} n={args.n}, {', '.join(spaces)}, K={args.k}, the audit's searches "
+              f"({', '.join(ROUTE_METHODS)} and the blind ones), stub rewards:")
+        for name, n in rounds.items():
+            print(f"[{name}] rounds_per_cell: {n}")
+        return
     lm = load_model(args.model)
     task = load_task(args.task, n=args.n)
     spaces = {name: make_space(name, lm.n_layers, min_len=args.min_len) for name in args.space or ["skiponly"]}
     searches = audit_searches(spaces, STRUCTURED, proposals=1)
     batched = audit_searches(spaces, STRUCTURED, proposals=args.search_batch)
-    routes = {"sequential": route_runner(lm, task, searches, args.k, args.rows, sparse=True),
-              "sequential-dense": route_runner(lm, task, searches, args.k, args.rows, sparse=False),
-              "batched": route_runner(lm, task, batched, args.k, args.rows, sparse=True)}
+    runners = {"sequential": lambda: route_runner(lm, task, searches, args.k, args.rows, sparse=True),
+               "sequential-dense": lambda: route_runner(lm, task, searches, args.k, args.rows, sparse=False),
+               "batched": lambda: route_runner(lm, task, batched, args.k, args.rows, sparse=True)}
+    if args.one_round:
+        (space,) = spaces.values()
+        routes = {"one-round": one_round_runner(lm, task, space, args.k, args.rows)}
+    else:
+        routes = {line: runners[line]() for line in ROUTE_LINES if line in chosen}
     # Warm-up, not timed; it also says how many candidates the sampling line draws.
-    warm = routes["sequential"]()
+    warm = next(iter(routes.values()))()
     per_question = max(1, math.ceil(warm.candidates / len(task.questions)))
     lines = {**routes, "sampling": sampling_runner(lm, task, per_question, args.rows)}
     works: dict[str, list[Work]] = {line: [] for line in lines}
@@ -200,8 +307,9 @@ def main() -> None:
             works[line].append(lines[line]())
         print(f"round {rep + 1}: " + ", ".join(f"{line} {w[-1].tokens / w[-1].seconds:.0f} tokens/s" for line, w in works.items()),
               flush=True)
-    print(f"{args.model}, {args.task} n={args.n}, {', '.join(spaces)} (routes >= {args.min_len} blocks), "
-          f"{len(searches)} searches at K={args.k}: "
+    work = (f"one round of K={args.k} random routes per question" if args.one_round
+            else f"{len(searches)} searches at K={args.k}")
+    print(f"{args.model}, {args.task} n={args.n}, {', '.join(spaces)} (routes >= {args.min_len} blocks), {work}: "
           f"{warm.candidates} route evaluations; sampling {per_question} samples per question; {args.reps} interleaved rounds; "
           f"torch_threads={torch.get_num_threads()}")
     sampled = works["sampling"]
@@ -217,6 +325,8 @@ def main() -> None:
         print(f"[{line}] prefill_share: {spread([w.prefill_seconds / w.seconds for w in runs])}")
         print(f"[{line}] rows_per_forward: {last.decode_rows / max(last.decode_forwards, 1):.1f}")
         print(f"[{line}] block_tokens: {last.block_tokens}")
+    if not {"sequential", "sequential-dense"} <= set(works):
+        return
     dense, sparse = works["sequential-dense"][-1], works["sequential"][-1]
     print(f"wasted_block_tokens: dense {1 - sparse.block_tokens / dense.block_tokens:.2f} -> sparse 0.00")
     print(f"sparse_vs_dense_speed: {spread([d.seconds / s.seconds for d, s in zip(works['sequential-dense'], works['sequential'])])}")
