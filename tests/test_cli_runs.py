@@ -77,8 +77,9 @@ def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None
 
 
 def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
-    """No model is loaded and the task's data file is not read: the summary, with every
-    selector's pick, comes from the records (self-verification's scores included)."""
+    """No model is loaded and the task's data file is not needed: the summary, with every
+    selector's pick, comes from the records (self-verification's scores included); only
+    the chance nulls need the golds, and the summary says they are missing."""
     import json
 
     import rnr_interp.models
@@ -99,5 +100,9 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     assert result.exit_code == 0, result.output
     assert "unfinished" not in result.output and "tiny-llama:3 on jsonl: 2 questions" in result.output
     snap = RunDir(tmp_path / "route-2q").read_summary()
-    for key in ("cells", "temperature", "selectors", "oracle_at_k"):
+    assert all("null" in c for c in finished["cells"].values())
+    without_nulls = {cell: {k: v for k, v in c.items() if k != "null"} for cell, c in finished["cells"].items()}
+    assert json.dumps(snap["cells"], sort_keys=True) == json.dumps(without_nulls, sort_keys=True)
+    assert any(line.startswith("chance nulls: the run's task cannot be reloaded here") for line in snap["missing"])
+    for key in ("temperature", "selectors", "oracle_at_k"):
         assert json.dumps(snap[key], sort_keys=True) == json.dumps(finished[key], sort_keys=True), key

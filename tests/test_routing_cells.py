@@ -104,3 +104,26 @@ def test_cells_where_no_method_beats_greedy_are_counted_apart(tmp_path):
     assert mt.loc[("random_matched", "clean"), ["tested", "holding"]].tolist() == [1, 1]
     adv = t["advantage"].set_index("cell")
     assert not adv.loc["m/gsm8k/native", "informative"].any() and adv.loc["m/arc/native", "informative"].all()
+
+
+def test_comparisons_of_two_oracles_at_chance_are_counted_apart(tmp_path):
+    """Where a run carries each method's chance null, a comparison whose baseline and
+    search oracles are both indistinguishable from their nulls (a lottery against a
+    lottery) is untested, like a cell where nothing beat greedy; one side above chance
+    keeps the comparison."""
+    run = fake_route_run(tmp_path / "a", "gsm8k", {"native": ((0.5, 0.3, 0.6, 0.4), 0.1)})
+    cells = run.read_table("route_cells")
+    # random and mcts at chance; hill climbing above it; genetic at chance
+    lo = {"random": -0.05, "mcts": -0.10, "hill_climb": 0.20, "genetic": -0.01}
+    cells["oracle_minus_null_lo"] = cells["method"].map(lo)
+    run.write_table("route_cells", cells)
+    t = aggregate_route_cells(route_runs(tmp_path))
+    comp = t["comparisons"].set_index("search")
+    assert comp["at_chance"].to_dict() == {"mcts": True, "hill_climb": False, "genetic": True}
+    assert comp["informative"].to_dict() == {"mcts": False, "hill_climb": True, "genetic": False}
+    counts = t["counts"].set_index(["baseline", "scope", "space", "search"]).sort_index()
+    assert counts.loc[("random", "clean", "all", "all"), ["comparisons", "baseline_ge_search", "untested"]].tolist() == [1, 0, 2]
+    # without nulls in the table (older runs) nothing is set apart
+    cells.drop(columns="oracle_minus_null_lo").pipe(lambda c: run.write_table("route_cells", c))
+    t = aggregate_route_cells(route_runs(tmp_path))
+    assert not t["comparisons"]["at_chance"].any() and t["comparisons"]["informative"].all()

@@ -319,7 +319,7 @@ def route_summary(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=out_folder, help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
     quiet: QuietOpt = False,
 ):
-    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions. Reads records only (no model)."""
+    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions. Reads records (no model), and the task's file where it is here, for the chance nulls."""
     from rnr_interp.records import RunDir
     from rnr_interp.analyses.routing.audit import route_config_of, summarize_so_far
 
@@ -430,7 +430,8 @@ def route_cells(
     for r in tables["model_task"].itertuples():
         scope = "format-collapse cells left out" if r.scope == "clean" else "format-collapse cells kept"
         typer.echo(f"{r.baseline} >= every search in {r.holding}/{r.tested} model-task cells ({scope}; "
-                   f"{r.untested} of {r.model_task_cells} untested: no method beat greedy, counted apart)")
+                   f"{r.untested} of {r.model_task_cells} untested: no method beat greedy, or every comparison "
+                   f"at chance, counted apart)")
     counts = tables["counts"]
     for r in counts[(counts.search == "all") & (counts.space != "all")].itertuples():
         typer.echo(f"  {r.baseline:<14} {r.scope:<5} space {r.space:<9} {r.baseline} >= search in "
@@ -440,7 +441,7 @@ def route_cells(
                    f" over {r.comparisons} comparisons")
     for r in tables["advantage"].itertuples():
         typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}"
-                   + ("" if r.informative else "  (untested)"))
+                   + ("" if r.informative else "  (untested: both oracles at chance)" if r.at_chance else "  (untested)"))
     for r in tables["selector_distribution"].itertuples():
         typer.echo(f"  selector {r.selector:<18} gap recovery median {r.median:.3f} [q25 {r.q25:.3f}, q75 {r.q75:.3f}] over {r.cells} cells")
     for r in tables["collapsed"].itertuples():

@@ -11,8 +11,11 @@ them:
 - `comparisons`: one row per comparison, for both baselines (`random`, the space's own
   sampler, and `random_matched`, random routes at the searches' distances where the
   run has it), with `informative` false where no method of the route cell beat greedy
-  (every oracle equals greedy: the comparison could not have gone either way, so it is
-  counted apart and never enters a count or a median);
+  (every oracle equals greedy: the comparison could not have gone either way) or where
+  `at_chance`: neither the baseline's oracle nor the search's is above its own chance
+  null (the runs' `route_cells` nulls: the same candidates graded against another
+  question's gold), so one lottery is set against another. An uninformative comparison
+  is counted apart and never enters a count or a median;
 - `advantage`: random - search per comparison of the clean cells, sorted, with its
   `informative` flag (the sorted-difference figure draws untested ones hollow);
 - `counts`: per baseline, scope (`clean`: format-collapse cells left out; `all`: kept),
@@ -63,7 +66,7 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
     advantage = comparisons[(comparisons.baseline == "random") & ~comparisons.excluded]
     advantage = advantage.rename(columns={"diff": "advantage"})
     advantage = advantage[["cell", "model", "task", "space", "search", "k", "n_questions", "advantage", "lo", "hi",
-                           "informative", "run"]]
+                           "at_chance", "informative", "run"]]
     advantage = advantage.sort_values("advantage", kind="stable").reset_index(drop=True)
     collapsed = (cells[cells.excluded.astype(bool)].drop_duplicates("cell")
                  [["cell", "model", "task", "space", "unparsed_rate", "run"]].reset_index(drop=True))
@@ -80,21 +83,30 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
 
 
 def _comparisons(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per (route cell, baseline, structured search) the runs measured."""
+    """One row per (route cell, baseline, structured search) the runs measured.
+    `at_chance`: neither oracle of the comparison is above its own chance null (each
+    one's oracle - null interval holds 0; False where the run's table has no nulls),
+    so the comparison sets one lottery against another; `informative` is false for
+    those and where no method of the cell beat greedy."""
     # Whether any method beat greedy, from the oracles themselves (older tables have no column).
-    informative = cells.groupby("cell").apply(lambda g: bool((g.oracle > g.deployed + 1e-12).any()), include_groups=False)
+    beat_greedy = cells.groupby("cell").apply(lambda g: bool((g.oracle > g.deployed + 1e-12).any()), include_groups=False)
+    above_null = {(r.cell, r.method): bool(r.oracle_minus_null_lo > 0) for r in cells.itertuples()
+                  if not pd.isna(getattr(r, "oracle_minus_null_lo", np.nan))}
     rows: list[dict[str, Any]] = []
     for r in cells[cells.method.isin(STRUCTURED)].itertuples():
         for baseline, column in BASELINES.items():
             diff = getattr(r, column, np.nan)
             if diff is None or pd.isna(diff):
                 continue  # a run without this baseline
+            both = [above_null.get((r.cell, m)) for m in (baseline, r.method)]
+            at_chance = None not in both and not any(both)
             rows.append({"cell": r.cell, "model": r.model, "task": r.task, "space": r.space, "baseline": baseline,
                          "search": r.method, "diff": float(diff), "lo": float(getattr(r, f"{column}_lo")),
                          "hi": float(getattr(r, f"{column}_hi")), "k": r.k, "n_questions": r.n_questions,
-                         "excluded": bool(r.excluded), "informative": bool(informative[r.cell]), "run": r.run})
+                         "excluded": bool(r.excluded), "at_chance": at_chance,
+                         "informative": bool(beat_greedy[r.cell]) and not at_chance, "run": r.run})
     columns = ["cell", "model", "task", "space", "baseline", "search", "diff", "lo", "hi", "k", "n_questions",
-               "excluded", "informative", "run"]
+               "excluded", "at_chance", "informative", "run"]
     return pd.DataFrame(rows, columns=columns)
 
 
