@@ -77,6 +77,7 @@ from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import site_hook
 from rnr_interp.models import load_model
 from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteConfig, RouteEvaluator, Search, audit_searches, run_searches
+from rnr_interp.analyses.routing.search import random_search
 from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.reproduce.profiles import DEMO
@@ -157,15 +158,13 @@ def route_runner(lm, task, searches: dict[str, Search], k: int, rows: int, spars
 
 
 def one_round_runner(lm, task, space, k: int, rows: int, seed: int = 0) -> Callable[[], Work]:
-    """Every question's `k` distinct random routes of `space` handed to the evaluator in
-    one call: the engine at the width a cell's rounds reach, without the searches' rounds."""
+    """Every question's `k` distinct random routes of `space` (the random search's own
+    draws after the full path, `search.random_search`) handed to the evaluator in one
+    call: the engine at the width a cell's rounds reach, without the searches' rounds."""
     decoding = Decoding(max_new_tokens=task.max_new_tokens)
-    rng = np.random.default_rng(seed)
-    routes: list[tuple[int, ...]] = []
-    while len(routes) < k:
-        route = tuple(space.sample(rng))
-        if route not in routes and route != tuple(space.full_path):
-            routes.append(route)
+    drawn: list[tuple[int, ...]] = []
+    random_search(space, lambda routes: drawn.extend(routes) or [0.0] * len(routes), k + 1, np.random.default_rng(seed))
+    routes = drawn[1:]  # the full path comes first
     requests = [(q.id, route) for q in task.questions for route in routes]
 
     def run() -> Work:
