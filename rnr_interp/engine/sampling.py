@@ -14,9 +14,7 @@ analysis's run folder config starts with.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from tqdm.auto import tqdm
@@ -27,7 +25,7 @@ from rnr_interp.engine.generate import generate
 from rnr_interp.grading import graded_answers
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
-from rnr_interp.models import LoadedModel
+from rnr_interp.models import LoadedModel, machine_memory
 from rnr_interp.records import DEFAULT_GRADING, stable_key
 from rnr_interp.tasks.base import Question, Task
 
@@ -216,18 +214,6 @@ def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> int:
 RECORD_ROW_BYTES = 1000
 #: the share of the machine's memory a run may plan to use (the model and Python need the rest)
 MEMORY_SHARE = 0.8
-
-
-def machine_memory() -> int:
-    """Bytes of memory this process may use: the machine's, or its cgroup's limit when lower."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    return total
 
 
 def generation_row_bytes(lm: LoadedModel, positions: int) -> int:

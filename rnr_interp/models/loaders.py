@@ -1,0 +1,53 @@
+"""Real weights through transformers' own loaders (never with `trust_remote_code`): a
+checkpoint folder, a GGUF file or a hub name, each failure as one line."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rnr_interp.models.errors import ModelSpecError
+from rnr_interp.models.safety import first_line
+
+
+def load_failed(what: str, exc: Exception) -> ModelSpecError:
+    """A load failure as one line. Whatever the loader raised (a damaged file, a weights
+    pickle torch's safe loader refuses, a checkpoint that asks for remote code) is bad
+    input, not a bug of ours."""
+    text = first_line(exc)
+    if isinstance(exc, pickle.UnpicklingError):
+        return ModelSpecError(f"{what} did not load: its weights file holds more than tensors, which torch's safe "
+                              "loader refuses; rnr never unpickles anything else (convert it to safetensors, or use another)")
+    if "trust_remote_code" in text:
+        return ModelSpecError(f"{what} needs code of its own to load; rnr never runs a checkpoint's code ({text})")
+    return ModelSpecError(f"{what} did not load: {type(exc).__name__}: {text}")
+
+
+def from_pretrained(what: str, source: str | Path, dtype: torch.dtype, **where: Any) -> tuple[nn.Module, Any]:
+    """The causal LM and tokenizer at `source` (a folder or a hub name; `where`: the
+    loaders' location arguments, e.g. `local_files_only` or `gguf_file`); `what` names
+    it in the one-line error."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **where)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **where)
+    except Exception as exc:  # noqa: BLE001 - any loader failure: see load_failed
+        raise load_failed(what, exc) from exc
+    return model, tok
+
+
+def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    return from_pretrained(f"checkpoint {str(path)!r}", path, dtype, local_files_only=True)
+
+
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    return from_pretrained(f"GGUF {str(path)!r}", path.parent, dtype, gguf_file=path.name)
+
+
+def load_hub(name: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    return from_pretrained(f"hub model {name!r} (no cached weights and no network?)", name, dtype)
