@@ -70,7 +70,7 @@ app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
 @app.callback()
 def _options(
     debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error")] = False,
-    device: Annotated[str | None, typer.Option("--device", help="where models run: cpu (default), cuda, cuda:N or auto "
+    device: Annotated[str | None, typer.Option("--device", help="where models run: cpu (default), cuda, cuda:N, mps or auto "
                                                 "(sets RNR_DEVICE for this invocation)")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="model weights: float32 (default), bfloat16 or float16 "
                                               "(sets RNR_DTYPE for this invocation; recorded in every run's config)")] = None,

@@ -527,6 +527,55 @@ def test_weights_pickle_that_holds_code_is_one_line(tmp_path):
     assert not marker.exists()
 
 
+def test_checkpoint_declaring_a_million_layers_is_refused_before_allocating(tmp_path):
+    """Its shape is counted from config.json on the meta device: refused in one line with
+    the limit and how to raise it, by a process that stays under 1 GiB."""
+    import re
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    config["num_hidden_layers"] = 1_000_000
+    config.pop("layer_types", None)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    err = refused("audit", "--model", ckpt, "--quiet", "--task", "arithmetic", "--n", "1", "--k", "1", "--out", out,
+                  absent=(out,), says=("GiB in float32", "RNR_MODEL_MEMORY_GB"))
+    declared = int(re.search(r"declares ([\d,]+) parameters", err).group(1).replace(",", ""))
+    assert declared > 1_000_000 * 4 * 64 * 64  # at least every layer's four attention projections
+    load = ("import resource\nfrom rnr_interp.models import ModelSpecError, load_model\ntry:\n"
+            f"    load_model({str(ckpt)!r})\nexcept ModelSpecError:\n"
+            "    print('refused', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    said, peak_kib = done.stdout.split()
+    assert said == "refused" and int(peak_kib) < 2**20, done.stdout + done.stderr  # under 1 GiB
+
+
+def test_model_memory_limit_is_set_by_its_variable_and_checked(tmp_path, monkeypatch):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    monkeypatch.setenv("RNR_MODEL_MEMORY_GB", "0.0001")  # 105 kB: under the tiny model's 0.5 MB of float32
+    refused("model-info", ckpt, says=("more than the 0.0 GiB a model may take here",))
+    monkeypatch.setenv("RNR_MODEL_MEMORY_GB", "lots")
+    refused("model-info", ckpt, says=("RNR_MODEL_MEMORY_GB must be a positive number of GiB, got 'lots'",))
+    monkeypatch.setenv("RNR_MODEL_MEMORY_GB", "1")
+    res = invoke("model-info", ckpt)
+    assert res.exit_code == 0 and json.loads(res.stdout)["n_layers"] == 2
+
+
+@pytest.mark.parametrize("device", ["meta", "cuda:99", "xla", "mps"])
+def test_unusable_device_is_refused_before_a_run_folder_exists(tmp_path, monkeypatch, device):
+    import torch
+
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    if device == "cuda:99" and not torch.cuda.is_available():
+        device = "cuda:0"  # no CUDA at all: the same refusal for every index
+    out = tmp_path / "out"
+    refused("--device", device, *AUDIT, "--out", out, absent=(out,), says=(repr(device),))
+    monkeypatch.setenv("RNR_DEVICE", device)
+    refused(*AUDIT, "--out", out, absent=(out,), says=(repr(device),))
+
+
 def test_every_transformers_load_refuses_remote_code():
     """Each from_pretrained (and vLLM's engine) is told trust_remote_code=False, so the
     library can never ask whether to run a checkpoint's code."""

@@ -129,12 +129,38 @@ def test_device_defaults_to_cpu_and_names_bad_devices(monkeypatch):
     monkeypatch.delenv("RNR_DEVICE", raising=False)
     assert resolve_device() == "cpu" and load_model("tiny-llama:1").device.type == "cpu"
     monkeypatch.setenv("RNR_DEVICE", "auto")
-    assert resolve_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device() == ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
     with pytest.raises(ModelSpecError, match="'gpu0' is not a torch device"):
         resolve_device("gpu0")
     if not torch.cuda.is_available():
         with pytest.raises(ModelSpecError, match="no CUDA device"):
             load_model("tiny-llama:1", device="cuda")
+
+
+def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch):
+    from rnr_interp.models import resolve_device
+
+    for cuda, mps, chosen in [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+        assert resolve_device("auto") == chosen
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ModelSpecError, match=r"'cuda:2': torch sees 2 CUDA device\(s\) here, cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    with pytest.raises(ModelSpecError, match="'meta' cannot run a model here"):
+        resolve_device("meta")
+
+
+def test_declared_parameters_count_every_family_exactly(tmp_path):
+    from rnr_interp.models import TINY
+    from rnr_interp.models.safety import declared_parameters
+
+    for name in TINY:
+        model, tok = build_tiny(name, n_layers=3)
+        model.save_pretrained(tmp_path / name)
+        assert declared_parameters(tmp_path / name) == sum(p.numel() for p in model.parameters()), name
 
 
 def test_device_option_holds_for_one_invocation(monkeypatch):

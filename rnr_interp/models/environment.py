@@ -11,20 +11,40 @@ import torch
 from rnr_interp.models.errors import ModelSpecError
 
 
+#: what `--device` and `RNR_DEVICE` accept, as the refusals say it
+DEVICE_CHOICES = "cpu, cuda, cuda:N, mps or auto"
+
+
 def resolve_device(device: str | None = None) -> str:
     """The torch device models load on: `device`, else `RNR_DEVICE`, else "cpu".
-    "auto" means the first CUDA device when one is visible. CPU is the default so that
-    a run's records do not depend on which machine happened to start it."""
+    "auto" means the first CUDA device when one is visible, else Apple's MPS when
+    available, else the CPU. CPU is the default so that a run's records do not depend
+    on which machine happened to start it. Any other device (meta, a CUDA index past
+    the visible ones, a device this torch cannot run on) is refused in one line."""
     name = (device or os.environ.get("RNR_DEVICE") or "cpu").strip()
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
     try:
-        kind = torch.device(name).type
+        parsed = torch.device(name)
     except RuntimeError as exc:
-        raise ModelSpecError(f"device {name!r} is not a torch device (use cpu, cuda, cuda:N or auto)") from exc
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ModelSpecError(f"device {name!r}: no CUDA device is visible to torch here (use cpu or auto)")
+        raise ModelSpecError(f"device {name!r} is not a torch device (use {DEVICE_CHOICES})") from exc
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelSpecError(f"device {name!r}: no CUDA device is visible to torch here (use cpu or auto)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ModelSpecError(f"device {name!r}: torch sees {torch.cuda.device_count()} CUDA device(s) here, "
+                                 f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif parsed.type == "mps":
+        if not mps_available():
+            raise ModelSpecError(f"device {name!r}: Apple's MPS is not available to torch here (use cpu or auto)")
+    elif parsed.type != "cpu":
+        raise ModelSpecError(f"device {name!r} cannot run a model here (use {DEVICE_CHOICES})")
     return name
+
+
+def mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rnr_interp.models.errors import ModelSpecError
-from rnr_interp.models.safety import first_line
+from rnr_interp.models.safety import check_declared_size, first_line
 
 
 def load_failed(what: str, exc: Exception) -> ModelSpecError:
@@ -30,7 +30,9 @@ def load_failed(what: str, exc: Exception) -> ModelSpecError:
 def from_pretrained(what: str, source: str | Path, dtype: torch.dtype, **where: Any) -> tuple[nn.Module, Any]:
     """The causal LM and tokenizer at `source` (a folder or a hub name; `where`: the
     loaders' location arguments, e.g. `local_files_only` or `gguf_file`); `what` names
-    it in the one-line error."""
+    it in the one-line error. A declared shape that will not fit is refused before
+    anything is allocated."""
+    check_declared_size(what, source, dtype, **where)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
