@@ -50,7 +50,7 @@ def test_loaded_weights_own_aligned_memory(tmp_path):
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("nonsense", "unknown model spec 'nonsense'"),
+    ("nonsense", "'nonsense' is not a built-in model .* so it was tried as a hub name: hub model 'nonsense'"),
     ("/no/such/model.gguf", "GGUF file not found"),
     ("./missing-dir", "not a .gguf file or a checkpoint folder"),
 ])
@@ -107,7 +107,7 @@ def test_model_info_cli_prints_one_json_object():
     facts = json.loads(result.stdout.strip())
     assert facts["n_layers"] == 2 and facts["architecture"] == "Qwen2ForCausalLM"
     bad = CliRunner().invoke(app, ["model-info", "nonsense"])
-    assert bad.exit_code == 2 and "unknown model spec" in bad.output
+    assert bad.exit_code == 2 and "tried as a hub name" in bad.output
 
 
 @pytest.mark.parametrize("spec,architecture,n_kv_heads", [("tiny-olmo2", "Olmo2ForCausalLM", 2),
@@ -199,3 +199,104 @@ def test_dtype_is_chosen_recorded_and_named_when_bad(monkeypatch):
     assert "RNR_DTYPE" not in os.environ
     bad = CliRunner().invoke(app, ["--dtype", "fp8", "model-info", "tiny-llama:1"])
     assert bad.exit_code == 2 and "dtype 'fp8' is not one of float32, bfloat16, float16" in bad.output
+
+
+# -- the researcher's own model ------------------------------------------------------------
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No hub, whatever the machine's network: a hub name fails at once."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+def test_hub_name_without_a_slash_goes_to_the_hub_loader(monkeypatch, offline):
+    import rnr_interp.models.specs as specs
+
+    with pytest.raises(ModelSpecError, match="'gpt2' is not a built-in model.*hub model 'gpt2' .*cannot be reached") as err:
+        load_model("gpt2")
+    assert "\n" not in str(err.value)
+    asked = []
+
+    def cached_hub(name, dtype):
+        asked.append(name)
+        return build_tiny("tiny-gpt2", n_layers=1)
+
+    monkeypatch.setattr(specs, "load_hub", cached_hub)
+    lm = load_model("gpt2")
+    assert asked == ["gpt2"] and lm.spec == "gpt2" and lm.facts()["architecture"] == "GPT2LMHeadModel"
+
+
+def snapshot(model: torch.nn.Module, tokenizer) -> dict:
+    """Everything wrapping could change in place: module classes, parameters (values and
+    storage), mode, the tokenizer's pad token."""
+    return {"types": [type(m) for m in model.modules()], "training": model.training, "pad": tokenizer.pad_token,
+            "params": {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}}
+
+
+def same_snapshot(before: dict, after: dict) -> bool:
+    return (before["types"] == after["types"] and before["training"] == after["training"] and before["pad"] == after["pad"]
+            and before["params"].keys() == after["params"].keys()
+            and all(before["params"][n][0] == after["params"][n][0] and torch.equal(before["params"][n][1], after["params"][n][1])
+                    for n in before["params"]))
+
+
+def tiny_audit(lm, out):
+    from rnr_interp.analyses.audit import run_audit
+    from rnr_interp.engine.sampling import Probe
+    from rnr_interp.tasks import load_task
+
+    run_audit(lm, load_task("arithmetic", n=2), out, probe=Probe(k=2), deployed=Decoding(max_new_tokens=4), progress=False)
+
+
+def test_users_hf_model_is_wrapped_as_a_copy_and_never_changed(tmp_path):
+    model, tok = build_tiny("tiny-llama", n_layers=2)
+    model.train()  # a user's model in any mode stays in it
+    tok.pad_token = None
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    before = snapshot(model, tok)
+    lm = load_model(model, tokenizer=tok)
+    assert lm.spec.startswith("object:") and lm.hf_model is not model
+    tiny_audit(lm, tmp_path / "run")
+    assert same_snapshot(before, snapshot(model, tok))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, logits)
+    # the copy answers as the same model loaded by its spec does
+    reference = load_model("tiny-llama:2")
+    assert torch.allclose(lm.bridge(ids), reference.bridge(ids), atol=1e-5)
+    paired = load_model((model, tok), name="mine")
+    assert paired.spec == "mine" and paired.facts()["n_layers"] == 2
+
+
+def test_users_transformer_bridge_is_wrapped_as_a_copy_and_never_changed(tmp_path):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model, tok = build_tiny("tiny-qwen2", n_layers=2)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    bridge = TransformerBridge.boot_transformers(str(tmp_path / "ckpt"), device="cpu")
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    with torch.no_grad():
+        logits = bridge(ids)
+    before = snapshot(bridge, bridge.tokenizer)
+    lm = load_model(bridge)
+    assert lm.bridge is not bridge and lm.tokenizer is not bridge.tokenizer
+    tiny_audit(lm, tmp_path / "run")
+    assert same_snapshot(before, snapshot(bridge, bridge.tokenizer))
+    with torch.no_grad():
+        assert torch.equal(bridge(ids), logits)
+        assert torch.allclose(lm.bridge(ids), logits, atol=1e-5)
+
+
+def test_objects_that_are_not_models_are_refused_in_one_line():
+    model, tok = build_tiny("tiny-llama", n_layers=1)
+    with pytest.raises(ModelSpecError, match="a LlamaForCausalLM needs its tokenizer"):
+        load_model(model)
+    with pytest.raises(ModelSpecError, match="cannot load a dict as a model"):
+        load_model({"not": "a model"})
+    with pytest.raises(ModelSpecError, match="tokenizer= goes with a model object"):
+        load_model("tiny-llama:1", tokenizer=tok)

@@ -4,8 +4,10 @@ checkpoint folder, a GGUF file or a hub name, each failure as one line."""
 from __future__ import annotations
 
 import pickle
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -52,4 +54,29 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
 
 
 def load_hub(name: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    return from_pretrained(f"hub model {name!r} (no cached weights and no network?)", name, dtype)
+    """A hub model, from the local Hugging Face cache when the hub cannot be reached (so
+    an offline machine fails at once instead of after the client's retries)."""
+    host = hub_host()
+    if hub_reachable(host):
+        return from_pretrained(f"hub model {name!r}", name, dtype)
+    return from_pretrained(f"hub model {name!r} (not in the local Hugging Face cache, and {host} cannot be reached from "
+                           "here)", name, dtype, local_files_only=True)
+
+
+def hub_host() -> str:
+    from huggingface_hub import constants
+
+    return urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+
+
+def hub_reachable(host: str, timeout: float = 3.0) -> bool:
+    """Whether the hub answers a TCP connection (False in offline mode, `HF_HUB_OFFLINE`)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True

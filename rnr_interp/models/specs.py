@@ -8,17 +8,23 @@ A spec is one string:
   sets the depth, e.g. ``tiny-llama:4``).
 - a path to a ``.gguf`` file, or to a local Hugging Face checkpoint folder
   (``config.json`` inside; no hub access).
-- anything else containing ``/`` is a hub name, for users with weights cached or a network.
+- anything else is a hub name (``gpt2``, ``HuggingFaceTB/SmolLM2-135M``), for users with
+  weights cached or a network.
+
+`load_model` also takes the researcher's own objects (`adopt.py`): a TransformerBridge,
+or a Hugging Face model with its tokenizer, wrapped as a copy.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from rnr_interp.models.adopt import adopt
 from rnr_interp.models.demo import smollm2_dir
 from rnr_interp.models.environment import resolve_device, resolve_dtype
 from rnr_interp.models.errors import ModelSpecError
@@ -76,7 +82,13 @@ def load_folder(spec: str, device: str, dtype: torch.dtype, seed: int) -> Loaded
 
 
 def load_hub_name(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedModel:
-    model, tok = load_hub(spec, dtype)
+    try:
+        model, tok = load_hub(spec, dtype)
+    except ModelSpecError as exc:
+        if "/" in spec:
+            raise
+        raise ModelSpecError(f"model spec {spec!r} is not a built-in model ({', '.join(['smollm2', *TINY])}), a .gguf "
+                             f"file or a checkpoint folder, so it was tried as a hub name: {exc}") from None
     return wrap(spec, model.to(device), tok)
 
 
@@ -84,24 +96,34 @@ def refuse_missing_path(spec: str, device: str, dtype: torch.dtype, seed: int) -
     raise ModelSpecError(f"model spec {spec!r}: not a .gguf file or a checkpoint folder")
 
 
-#: the kinds of spec, first match wins
+#: the kinds of spec, first match wins (the last takes any name)
 SPEC_KINDS: tuple[SpecKind, ...] = (
     SpecKind("tiny test model", lambda spec: spec.partition(":")[0] in TINY, load_tiny),
     SpecKind("demo model", lambda spec: spec == "smollm2", load_demo),
     SpecKind("GGUF file", lambda spec: Path(spec).expanduser().suffix == ".gguf", load_gguf_file),
     SpecKind("checkpoint folder", lambda spec: Path(spec).expanduser().is_dir(), load_folder),
-    SpecKind("hub name", lambda spec: "/" in spec and not is_path(spec), load_hub_name),
     SpecKind("missing path", lambda spec: Path(spec).expanduser().exists() or is_path(spec), refuse_missing_path),
+    SpecKind("hub name", lambda spec: True, load_hub_name),
 )
 
 
-def load_model(spec: str, *, device: str | None = None, dtype: torch.dtype | str | None = None, seed: int = 0) -> LoadedModel:
-    """Load any supported spec (see module docstring) as a `LoadedModel`, on `device`
-    (default: `resolve_device()`: RNR_DEVICE, else the CPU) in `dtype` (default:
-    `resolve_dtype()`: RNR_DTYPE, else float32)."""
+def load_model(spec: str | os.PathLike | Any, *, tokenizer: Any = None, name: str | None = None, device: str | None = None,
+               dtype: torch.dtype | str | None = None, seed: int = 0) -> LoadedModel:
+    """Load a spec string or path (see the module docstring) as a `LoadedModel`, on
+    `device` (default: `resolve_device()`: RNR_DEVICE, else the CPU) in `dtype`
+    (default: `resolve_dtype()`: RNR_DTYPE, else float32).
+
+    `spec` may also be the researcher's own object: a TransformerBridge, an HF causal LM
+    (with `tokenizer`, or as a `(model, tokenizer)` pair) or a `LoadedModel`. The object
+    is never changed: a deep copy of it is wrapped (the copy holds the weights a second
+    time), left on the object's own device and dtype unless `device`/`dtype` are given,
+    and named `name` in the records (default: ``object:`` and its checkpoint's name)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return adopt(spec, tokenizer, name=name, device=None if device is None else resolve_device(device),
+                     dtype=None if dtype is None else resolve_dtype(dtype))
+    if tokenizer is not None:
+        raise ModelSpecError("tokenizer= goes with a model object; a spec string or path brings its own tokenizer")
+    spec = os.fspath(spec)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
-    for kind in SPEC_KINDS:
-        if kind.matches(spec):
-            return kind.load(spec, device, dtype, seed)
-    known = ", ".join(["smollm2", *TINY])
-    raise ModelSpecError(f"unknown model spec {spec!r}: use one of {known}, a .gguf path, a checkpoint folder or a hub name")
+    kind = next(kind for kind in SPEC_KINDS if kind.matches(spec))
+    return kind.load(spec, device, dtype, seed)

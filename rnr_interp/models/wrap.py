@@ -14,19 +14,12 @@ from rnr_interp.models.loaded import LoadedModel
 
 
 def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None = None) -> LoadedModel:
-    """Wrap a loaded HF causal LM in a TransformerBridge (in place) and collect the
-    facts the sampler needs: chat template and stop tokens."""
+    """Wrap a loaded HF causal LM in a TransformerBridge (in place: its submodules
+    become the bridge's) and collect the facts the sampler needs: chat template and
+    stop tokens."""
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
-    from rnr_interp.models import fast_attention  # imports TransformerLens: only when a model is wrapped
-
-    from rnr_interp.models import packed_linear
-
-    model.eval()
-    align_weights(model)
-    # On a CPU, inference through the linear layers runs on weights prepacked for
-    # oneDNN (packed_linear.py: 1.2x the engine; float32 rounding only differs).
-    packed_linear.install(model)
+    prepare(model)
     architecture = (model.config.architectures or [type(model).__name__])[0]
     try:
         # The tokenizer is ours, not the bridge's: the bridge would rebuild it from the
@@ -34,6 +27,26 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
         bridge = build_bridge_from_module(model, architecture, hf_config=model.config, tokenizer=None, model_name=spec)
     except Exception as exc:  # the bridge raises many types for unknown adapters
         raise ModelSpecError(f"model spec {spec!r}: architecture {architecture} is not supported by TransformerLens ({exc})") from exc
+    return wrap_bridge(spec, bridge, tokenizer, prepend_bos)
+
+
+def prepare(model: nn.Module) -> None:
+    """An HF model readied for inference, in place: eval mode, weights on aligned memory
+    and, on a CPU, linear layers on oneDNN-prepacked weights (packed_linear.py: 1.2x the
+    engine; float32 rounding only differs)."""
+    from rnr_interp.models import packed_linear
+
+    model.eval()
+    align_weights(model)
+    packed_linear.install(model)
+
+
+def wrap_bridge(spec: str, bridge: Any, tokenizer: Any, prepend_bos: bool | None = None) -> LoadedModel:
+    """A built TransformerBridge (in place) as a `LoadedModel`: eval mode, the fused
+    attention, `tokenizer` (given a pad token when it has none), stop tokens and
+    whether prompts go through a chat template."""
+    from rnr_interp.models import fast_attention  # imports TransformerLens: only when a model is wrapped
+
     bridge.eval()
     # The bridge's eager attention copies the KV cache every step to expand GQA heads;
     # while no hook reads the attention pattern, a fused SDPA path computes the same
@@ -42,7 +55,7 @@ def wrap(spec: str, model: nn.Module, tokenizer: Any, prepend_bos: bool | None =
     bridge._tokenizer = tokenizer  # lets bridge.to_tokens/to_string work for users
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    stops = stop_token_ids_of(model, tokenizer)
+    stops = stop_token_ids_of(bridge.original_model, tokenizer)
     chat = bool(getattr(tokenizer, "chat_template", None))
     if prepend_bos is None:
         prepend_bos = bool(getattr(tokenizer, "add_bos_token", False))
