@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                   "analyses.localise.repair", "analyses.localise.steering", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
     ("report", ["report"]),
     ("reproduce", ["reproduce"]),
+    ("notebook API", ["notebook"]),
     ("commands", ["commands"]),
     ("cli", ["cli"]),
 ]
