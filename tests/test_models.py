@@ -298,5 +298,5 @@ def test_objects_that_are_not_models_are_refused_in_one_line():
         load_model(model)
     with pytest.raises(ModelSpecError, match="cannot load a dict as a model"):
         load_model({"not": "a model"})
-    with pytest.raises(ModelSpecError, match="tokenizer= goes with a model object"):
+    with pytest.raises(ModelSpecError, match="tokenizer= and name= go with a model object"):
         load_model("tiny-llama:1", tokenizer=tok)

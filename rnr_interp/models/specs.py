@@ -121,8 +121,9 @@ def load_model(spec: str | os.PathLike | Any, *, tokenizer: Any = None, name: st
     if not isinstance(spec, (str, os.PathLike)):
         return adopt(spec, tokenizer, name=name, device=None if device is None else resolve_device(device),
                      dtype=None if dtype is None else resolve_dtype(dtype))
-    if tokenizer is not None:
-        raise ModelSpecError("tokenizer= goes with a model object; a spec string or path brings its own tokenizer")
+    if tokenizer is not None or name is not None:
+        raise ModelSpecError("tokenizer= and name= go with a model object; a spec string or path brings its own "
+                             "tokenizer and is its own name")
     spec = os.fspath(spec)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     kind = next(kind for kind in SPEC_KINDS if kind.matches(spec))
