@@ -52,7 +52,10 @@ def wrap_bridge(spec: str, bridge: Any, tokenizer: Any, prepend_bos: bool | None
     # while no hook reads the attention pattern, a fused SDPA path computes the same
     # (fast_attention.py says when it falls back to eager).
     fast_attention.install(bridge)
-    bridge._tokenizer = tokenizer  # lets bridge.to_tokens/to_string work for users
+    # lets bridge.to_tokens/to_string work for users; not through the public setter, which
+    # on a bridge that has a tokenizer (a user's) re-runs TL's tokenizer setup and
+    # d_vocab inference, changing padding and BOS from what this tokenizer does
+    bridge._tokenizer = tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     stops = stop_token_ids_of(bridge.original_model, tokenizer)
