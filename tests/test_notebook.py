@@ -98,3 +98,19 @@ def test_all_lists_the_public_names_and_each_resolves():
     assert set(rnr.__all__) <= set(dir(rnr))
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         rnr.nonsense  # noqa: B018
+
+
+def test_compare_of_kept_audits_and_of_models_kept_under_out(tmp_path, scratch):
+    options = dict(k=2, n=3, max_new_tokens=4, progress=False)
+    base = rnr.audit("tiny-llama:2", "arithmetic", out=tmp_path / "base", **options)
+    trained = rnr.audit("tiny-qwen2:2", "arithmetic", out=tmp_path / "trained", **options)
+    of_results = rnr.compare(base, trained, out=tmp_path / "of_results")
+    of_folders = rnr.compare(str(base.out), trained.out)
+    assert of_results.out == tmp_path / "of_results" / "compare" and of_folders.out is None
+    assert of_results.records.equals(of_folders.records) and len(of_results.records) == 3
+    of_models = rnr.compare("tiny-llama:2", "tiny-qwen2:2", "arithmetic", k=2, n=3, out=tmp_path / "of_models",
+                            progress=False, audit_options={"max_new_tokens": 4})
+    assert sorted(p.name for p in (tmp_path / "of_models").iterdir()) == ["base", "compare", "trained"]
+    assert of_models.records["question_id"].tolist() == of_results.records["question_id"].tolist()
+    assert of_models.summary["stats"] == of_results.summary["stats"]
+    assert left_behind(scratch) == []

@@ -3,10 +3,10 @@
 Everything comes back as a `LoadedModel` (`loaded.py`): the bridge (HookedTransformer
 hook names), the HF model it wraps, the tokenizer, chat template and stop tokens. The
 modules, one idea each: `specs.py` (the table from spec to loader), `loaders.py`
-(transformers' loaders), `wrap.py` (the bridge and its speed patches), `safety.py`
-(what an untrusted checkpoint is checked for), `demo.py` (the demo model's fetch),
-`tiny.py` (the tiny test models' table), `environment.py` (device, dtype, cache, memory).
-This module only re-exports.
+(transformers' loaders), `adopt.py` (the user's own model objects, as copies),
+`wrap.py` (the bridge and its speed patches), `safety.py` (what an untrusted checkpoint
+is checked for), `demo.py` (the demo model's fetch), `tiny.py` (the tiny test models'
+table), `environment.py` (device, dtype, cache, memory). This module only re-exports.
 """
 
 from rnr_interp.models.demo import SMOLLM2_GGUF, SMOLLM2_WHEEL, smollm2_dir, smollm2_gguf
