@@ -163,6 +163,19 @@ def test_declared_parameters_count_every_family_exactly(tmp_path):
         assert declared_parameters(tmp_path / name) == sum(p.numel() for p in model.parameters()), name
 
 
+def test_checkpoint_larger_than_its_cuda_device_is_refused_before_loading(tmp_path, monkeypatch):
+    import rnr_interp.models.safety as safety
+
+    model, tok = build_tiny("tiny-llama", n_layers=2)
+    model.save_pretrained(tmp_path)
+    monkeypatch.setattr(safety, "device_memory", lambda device: 2**16 if device == "cuda:0" else None)
+    n_params = sum(p.numel() for p in model.parameters())
+    with pytest.raises(ModelSpecError, match=rf"declares {n_params:,} parameters, 0.0 GiB in float32, more than the 0.0 GiB of cuda:0"):
+        safety.check_declared_size("checkpoint", tmp_path, torch.float32, "cuda:0")
+    safety.check_declared_size("checkpoint", tmp_path, torch.float32, "cpu")
+    safety.check_declared_size("checkpoint", tmp_path, torch.float16, "cuda:1")
+
+
 def test_device_option_holds_for_one_invocation(monkeypatch):
     from typer.testing import CliRunner
 
@@ -220,7 +233,7 @@ def test_hub_name_without_a_slash_goes_to_the_hub_loader(monkeypatch, offline):
     assert "\n" not in str(err.value)
     asked = []
 
-    def cached_hub(name, dtype):
+    def cached_hub(name, dtype, device):
         asked.append(name)
         return build_tiny("tiny-gpt2", n_layers=1)
 

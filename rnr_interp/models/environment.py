@@ -42,6 +42,15 @@ def resolve_device(device: str | None = None) -> str:
     return name
 
 
+def device_memory(device: str) -> int | None:
+    """Bytes of memory on a CUDA device (None for the CPU and MPS, which share the
+    machine's memory)."""
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(parsed.index if parsed.index is not None else torch.cuda.current_device()).total_memory
+
+
 def mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())

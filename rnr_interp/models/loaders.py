@@ -29,12 +29,13 @@ def load_failed(what: str, exc: Exception) -> ModelSpecError:
     return ModelSpecError(f"{what} did not load: {type(exc).__name__}: {text}")
 
 
-def from_pretrained(what: str, source: str | Path, dtype: torch.dtype, **where: Any) -> tuple[nn.Module, Any]:
+def from_pretrained(what: str, source: str | Path, dtype: torch.dtype, device: str = "cpu",
+                    **where: Any) -> tuple[nn.Module, Any]:
     """The causal LM and tokenizer at `source` (a folder or a hub name; `where`: the
-    loaders' location arguments, e.g. `local_files_only` or `gguf_file`); `what` names
-    it in the one-line error. A declared shape that will not fit is refused before
-    anything is allocated."""
-    check_declared_size(what, source, dtype, **where)
+    loaders' location arguments, e.g. `local_files_only` or `gguf_file`), loaded on the
+    CPU; `what` names it in the one-line error. A declared shape that will not fit here
+    or on `device` (where it goes next) is refused before anything is allocated."""
+    check_declared_size(what, source, dtype, device, **where)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -45,22 +46,22 @@ def from_pretrained(what: str, source: str | Path, dtype: torch.dtype, **where: 
     return model, tok
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    return from_pretrained(f"checkpoint {str(path)!r}", path, dtype, local_files_only=True)
+def load_hf_dir(path: Path, dtype: torch.dtype, device: str = "cpu") -> tuple[nn.Module, Any]:
+    return from_pretrained(f"checkpoint {str(path)!r}", path, dtype, device, local_files_only=True)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    return from_pretrained(f"GGUF {str(path)!r}", path.parent, dtype, gguf_file=path.name)
+def load_gguf(path: Path, dtype: torch.dtype, device: str = "cpu") -> tuple[nn.Module, Any]:
+    return from_pretrained(f"GGUF {str(path)!r}", path.parent, dtype, device, gguf_file=path.name)
 
 
-def load_hub(name: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+def load_hub(name: str, dtype: torch.dtype, device: str = "cpu") -> tuple[nn.Module, Any]:
     """A hub model, from the local Hugging Face cache when the hub cannot be reached (so
     an offline machine fails at once instead of after the client's retries)."""
     host = hub_host()
     if hub_reachable(host):
-        return from_pretrained(f"hub model {name!r}", name, dtype)
+        return from_pretrained(f"hub model {name!r}", name, dtype, device)
     return from_pretrained(f"hub model {name!r} (not in the local Hugging Face cache, and {host} cannot be reached from "
-                           "here)", name, dtype, local_files_only=True)
+                           "here)", name, dtype, device, local_files_only=True)
 
 
 def hub_host() -> str:

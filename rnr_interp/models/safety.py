@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rnr_interp.models.environment import machine_memory
+from rnr_interp.models.environment import device_memory, machine_memory
 from rnr_interp.models.errors import ModelSpecError
 
 #: files of a checkpoint folder whose `auto_map` points the loader at Python code the
@@ -72,22 +72,25 @@ def model_memory_limit() -> int:
     return int(gib * 2**30)
 
 
-def check_declared_size(what: str, source: str | Path, dtype: torch.dtype, **where: Any) -> None:
+def check_declared_size(what: str, source: str | Path, dtype: torch.dtype, device: str = "cpu", **where: Any) -> None:
     """Refuse a checkpoint whose declared shape (its parameters, counted from its config
-    before anything is allocated, times `dtype`'s size) exceeds `model_memory_limit()`:
-    loading it would allocate until the machine runs out. A config this count cannot
-    read or build is left to the loader, which builds models the same way and so fails
-    on it too, before any weight is read."""
-    limit = model_memory_limit()
+    before anything is allocated, times `dtype`'s size) exceeds `model_memory_limit()`,
+    or the memory of the CUDA `device` it will be moved to: loading it would allocate
+    until the machine runs out. A config this count cannot read or build is left to the
+    loader, which builds models the same way and so fails on it too, before any weight
+    is read."""
+    gib = 2**30
+    limits = [(model_memory_limit(), "{:,.1f} GiB a model may take here (set " + MODEL_MEMORY_VARIABLE + " to raise the limit)")]
+    if (on_device := device_memory(device)) is not None:
+        limits.append((on_device, "{:,.1f} GiB of " + device))
     n_params = declared_parameters(source, **where)
     if n_params is None:
         return
     need = n_params * torch.empty((), dtype=dtype).element_size()
-    if need > limit:
-        gib = 2**30
-        raise ModelSpecError(
-            f"{what} declares {n_params:,} parameters, {need / gib:,.1f} GiB in {str(dtype).removeprefix('torch.')}, more "
-            f"than the {limit / gib:,.1f} GiB a model may take here (set {MODEL_MEMORY_VARIABLE} to raise the limit)")
+    for limit, named in limits:
+        if need > limit:
+            raise ModelSpecError(f"{what} declares {n_params:,} parameters, {need / gib:,.1f} GiB in "
+                                 f"{str(dtype).removeprefix('torch.')}, more than the {named.format(limit / gib)}")
 
 
 def declared_parameters(source: str | Path, **where: Any) -> int | None:

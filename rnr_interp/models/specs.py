@@ -60,7 +60,7 @@ def load_tiny(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedMo
 
 
 def load_demo(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedModel:
-    model, tok = load_hf_dir(smollm2_dir(), dtype)
+    model, tok = load_hf_dir(smollm2_dir(), dtype, device)
     return wrap(spec, model.to(device=device, dtype=dtype), tok)
 
 
@@ -68,7 +68,7 @@ def load_gguf_file(spec: str, device: str, dtype: torch.dtype, seed: int) -> Loa
     path = Path(spec).expanduser()
     if not path.is_file():
         raise ModelSpecError(f"model spec {spec!r}: GGUF file not found")
-    model, tok = load_gguf(path, dtype)
+    model, tok = load_gguf(path, dtype, device)
     return wrap(spec, model.to(device), tok)
 
 
@@ -77,13 +77,13 @@ def load_folder(spec: str, device: str, dtype: torch.dtype, seed: int) -> Loaded
     if not (path / "config.json").is_file():
         raise ModelSpecError(f"model spec {spec!r}: folder has no config.json (not a Hugging Face checkpoint)")
     refuse_remote_code(path)
-    model, tok = load_hf_dir(path, dtype)
+    model, tok = load_hf_dir(path, dtype, device)
     return wrap(spec, model.to(device), tok)
 
 
 def load_hub_name(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedModel:
     try:
-        model, tok = load_hub(spec, dtype)
+        model, tok = load_hub(spec, dtype, device)
     except ModelSpecError as exc:
         if "/" in spec:
             raise
