@@ -93,14 +93,19 @@ def as_task(task: Task | str, n: int | None = None, data: str | Path | None = No
     return load_task(task, data=data, n=n, **task_options)
 
 
-def checked(lm: LoadedModel, task: Task, max_new_tokens: int | None) -> None:
-    """The command line's checks before a run: a task with questions, every prompt
-    plus its generation inside the model's context."""
+def inputs(model: Any, task: Task | str, n: int | None, data: str | Path | None,
+           max_new_tokens: int | None = None) -> tuple[LoadedModel, Task]:
+    """The model and task of a call, after the command line's checks: a task with
+    questions (loaded first: quicker to find wrong than the model), every prompt plus
+    its generation (`max_new_tokens`, default the task's) inside the model's context."""
     from rnr_interp.engine.sampling import check_prompts_fit
 
-    if len(task) == 0:
-        raise ValueError(f"task {task.name!r} has no questions")
-    check_prompts_fit(lm, task, max_new_tokens or task.max_new_tokens)
+    t = as_task(task, n, data)
+    if len(t) == 0:
+        raise ValueError(f"task {t.name!r} has no questions")
+    lm = as_model(model)
+    check_prompts_fit(lm, t, max_new_tokens or t.max_new_tokens)
+    return lm, t
 
 
 def audit(model: Any, task: Task | str, *, k: int = 32, temperature: float | None = None, seed: int = 0,
@@ -113,9 +118,7 @@ def audit(model: Any, task: Task | str, *, k: int = 32, temperature: float | Non
     from rnr_interp.engine.sampling import Probe, deployed_decoding
 
     probe = Probe(k=k, seed=seed) if temperature is None else Probe(k=k, seed=seed, temperature=temperature)
-    t = as_task(task, n, data)
-    lm = as_model(model)
-    checked(lm, t, max_new_tokens)
+    lm, t = inputs(model, task, n, data, max_new_tokens)
     with run_folder(out) as (folder, kept):
         summary = run_audit(lm, t, folder, probe=probe, deployed=deployed_decoding(t, max_new_tokens), progress=progress,
                             **options)
@@ -127,12 +130,10 @@ def route(model: Any, task: Task | str, *, k: int = 32, n: int | None = None, da
     """The routing audit (`rnr route`): K = `k` temperature samples and `k` route
     evaluations per search and question. `config` sets `RouteConfig` fields (spaces,
     methods, samples, budget, seed, ...; `samples`/`budget` override `k`)."""
-    from rnr_interp.analyses.routing.audit import RouteConfig, route_decoding, run_route_audit
+    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
     cfg = RouteConfig(**{"samples": k, "budget": k, **config})
-    t = as_task(task, n, data)
-    lm = as_model(model)
-    checked(lm, t, route_decoding(t).max_new_tokens)
+    lm, t = inputs(model, task, n, data)  # routes decode to the task's length
     with run_folder(out) as (folder, kept):
         return read_result(folder, run_route_audit(lm, t, folder, cfg, progress=progress, grading=grading), kept)
 
@@ -144,9 +145,7 @@ def repair(model: Any, task: Task | str, *, n: int | None = None, data: str | Pa
     (readout, panel, split, layers, components, sweep, permutation_control, circular)."""
     from rnr_interp.analyses.localise.repair import run_repair
 
-    t = as_task(task, n, data)
-    lm = as_model(model)
-    checked(lm, t, None)
+    lm, t = inputs(model, task, n, data)
     with run_folder(out) as (folder, kept):
         return read_result(folder, run_repair(lm, t, folder, progress=progress, **options), kept)
 
@@ -159,9 +158,7 @@ def steer(model: Any, task: Task | str, *, repair_run: Result | str | Path | Non
     (alphas, alpha_unit, readout, panel, split, permutation_control, circular)."""
     from rnr_interp.analyses.localise.steering import run_steer
 
-    t = as_task(task, n, data)
-    lm = as_model(model)
-    checked(lm, t, None)
+    lm, t = inputs(model, task, n, data)
     with run_folder(out) as (folder, kept):
         summary = run_steer(lm, t, folder, repair_run=kept_folder(repair_run, "repair_run"), progress=progress, **options)
         return read_result(folder, summary, kept)
