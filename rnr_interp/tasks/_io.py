@@ -112,6 +112,11 @@ def collecting_invalid_rows(on_invalid: str) -> Iterator[list[dict[str, Any]] | 
         _SKIPPED.reset(token)
 
 
+def invalid_rows() -> list[dict[str, Any]] | None:
+    """The rows skipped so far in the current skipping block (None: invalid rows refuse)."""
+    return _SKIPPED.get()
+
+
 def row_id(obj: Any) -> str | None:
     """The id a row names itself by, when it has a usable one (for the skipped list)."""
     value = obj.get("id") if isinstance(obj, dict) else None

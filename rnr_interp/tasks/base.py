@@ -25,6 +25,9 @@ class DataFormatError(ValueError):
         super().__init__(f"{where}: {problem}")
         self.path, self.line, self.problem = path, line, problem
 
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt from its parts (it comes back from a child process pickled)
+        return type(self), (self.path, self.line, self.problem)
+
 
 @dataclass(frozen=True)
 class Question:

@@ -2,9 +2,11 @@
 `--task-config FILE.yaml` (your own file in the same format).
 
 The YAML is read the way lm-eval reads it (`include:` of base files, local keys win)
-and its `doc_to_text`, `doc_to_choice` and `doc_to_target` are rendered by lm-eval's
-own Jinja2 environment (`lm_eval.utils.apply_template`: StrictUndefined, so a template
-naming a field the row lacks is an error, not an empty string), with lm-eval's rules
+and its `doc_to_text`, `doc_to_choice` and `doc_to_target` are rendered with the settings
+of lm-eval's Jinja2 environment (StrictUndefined, so a template naming a field the row
+lacks is an error, not an empty string) in a bounded sandbox (`templates`: a template
+reaches no Python object's internals, and a whole task renders in a child process with
+a memory and a CPU limit), with lm-eval's rules
 for a column name, a literal list or an index. Zero-shot: the YAML's `num_fewshot` is
 not applied (`description`, when set, is prepended as lm-eval does at zero shots).
 
@@ -51,9 +53,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import yaml
+from jinja2.exceptions import SecurityError
 
-from ._io import RowError, check_question, invalid_row, iter_jsonl
+from ._io import RowError, check_question, invalid_row, invalid_rows, iter_jsonl
 from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
+from .templates import TemplateLimitError, bounded_call, render
 
 #: the task-name prefix that selects an installed lm-eval YAML
 PREFIX = "lm-eval:"
@@ -68,14 +72,6 @@ _UNSET: Any = object()
 
 class LmEvalUnavailable(ValueError):
     """lm-eval is not importable here (it is installed by `make setup`)."""
-
-
-def _lm_eval_utils() -> Any:
-    try:
-        import lm_eval.utils  # its Jinja2 environment; imports nothing that needs a network
-    except ImportError as e:
-        raise LmEvalUnavailable(f"lm-eval tasks need the lm_eval package ({e}); `make setup` installs lm_eval==0.4.13") from None
-    return lm_eval.utils
 
 
 def installed_tasks_dir() -> Path:
@@ -311,14 +307,18 @@ class Renderer:
 
     def __init__(self, cfg: LmEvalConfig, features: Sequence[str]):
         self.cfg, self.features = cfg, set(features)
-        self.apply_template = _lm_eval_utils().apply_template
         self._fns = {k: v.resolve() for k in ("doc_to_text", "doc_to_target", "doc_to_choice", "description")
                      if isinstance(v := getattr(cfg, k), FunctionRef)}
 
     def _template(self, field: str, template: str, doc: dict[str, Any]) -> str:
         try:
-            return self.apply_template(template, doc)
-        except Exception as e:  # noqa: BLE001 - jinja2's UndefinedError, TemplateSyntaxError, errors inside filters
+            return render(template, doc, field)
+        except TemplateLimitError as e:  # the config's fault, not the row's: the file is refused
+            raise DataFormatError(self.cfg.path, None, f"{e}; the template is refused") from None
+        except SecurityError as e:
+            raise DataFormatError(self.cfg.path, None, f"{field} reaches outside the template's sandbox ({e}); "
+                                  "the template is refused") from None
+        except Exception as e:  # noqa: BLE001 - jinja2's UndefinedError, SecurityError, errors inside filters
             raise RowError(f"{field} of {self.cfg.path.name}: {type(e).__name__}: {e}") from None
 
     def _direct(self, field: str, doc: dict[str, Any]) -> Any:
@@ -681,6 +681,20 @@ def _questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int],
         yield q
 
 
+def _rendered_questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int]) -> list[Question]:
+    """The questions of every doc, rendered in a bounded child process
+    (`templates.bounded_call`); rows it skipped as invalid are kept here as well."""
+    def work() -> tuple[list[Question], list[dict[str, Any]]]:
+        before = len(invalid_rows() or ())
+        questions = list(_questions(cfg, docs, where, row_of))
+        return questions, list(invalid_rows() or ())[before:]
+
+    questions, skipped = bounded_call(work, f"rendering the templates of {cfg.path.name}")
+    if (kept := invalid_rows()) is not None:
+        kept.extend(skipped)
+    return questions
+
+
 def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, data: str | Path | None = None) -> Task:
     """The lm-eval task `task` (a name in the installed lm-eval) or the one a YAML file
     `config` defines, over `data` (None: the YAML's dataset by name)."""
@@ -689,7 +703,7 @@ def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, d
     path = find_task_yaml(task) if task is not None else Path(config)  # type: ignore[arg-type]
     cfg = LmEvalConfig.from_yaml(path)
     docs, where, row_of = read_docs(cfg, data)
-    questions = list(_questions(cfg, docs, where, row_of))
+    questions = _rendered_questions(cfg, docs, where, row_of)
     if not questions:
         raise DataFormatError(where, None, f"no valid questions for {cfg.task} (of {len(docs)} rows)")
     cls = LmEvalMCTask if cfg.output_type == "multiple_choice" else LmEvalGenerationTask

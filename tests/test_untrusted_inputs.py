@@ -1,0 +1,187 @@
+"""Untrusted input (docs/reliability.md, "What is trusted"): task configs, data files
+and run folders handed to `rnr` run no code, are bounded before work, and readers never
+re-render a task config or rewrite a run they do not hold. A sibling of
+test_hostile_inputs.py, for the classes of issue #45."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rnr_interp.cli import app
+from rnr_interp.tasks import load_task
+from rnr_interp.tasks.base import DataFormatError
+
+jinja2_meta = pytest.importorskip("jinja2.meta")
+lm_eval_utils = pytest.importorskip("lm_eval.utils", reason="the parity checks compare with the installed lm-eval")
+
+
+def _data(tmp_path: Path, n: int = 3) -> Path:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"q": f"what is {i}", "a": str(i)}) + "\n" for i in range(n)))
+    return path
+
+
+def _config(tmp_path: Path, doc_to_text: str, extra: str = "") -> Path:
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"task: mine\noutput_type: generate_until\ndoc_to_target: '{{{{a}}}}'\n"
+                    f"doc_to_text: {json.dumps(doc_to_text)}\n{extra}")
+    return path
+
+
+def _children_peak_mb() -> int:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+
+
+# -- templates in a sandbox ------------------------------------------------------------
+
+ESCAPES = [
+    "{{ lipsum.__globals__.os.popen('touch MARK').read() }}",
+    "{{ cycler.__init__.__globals__.os.popen('touch MARK').read() }}",
+    "{{ joiner.__init__.__globals__['os'].system('touch MARK') }}",
+    "{{ namespace.__init__.__globals__.os.environ }}",
+    "{{ [].__class__.__mro__[1].__subclasses__() }}",
+    "{{ q.__class__.__base__.__subclasses__() }}",
+    "{{ self._TemplateReference__context.cycler.__init__.__globals__.os }}",
+    "{{ range.__self__ }}",
+    "{{ q|attr('__class__') }}",
+    "{{ ''['__class__'] }}",
+    "{{ os.environ.HOME }}{{ environ }}",
+]
+
+
+@pytest.mark.parametrize("template", ESCAPES)
+def test_a_template_reaches_no_python_internals_and_runs_nothing(tmp_path, monkeypatch, template):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataFormatError) as refused:
+        load_task("x", task_config=_config(tmp_path, "Q: {{q}} " + template), data=_data(tmp_path))
+    assert not (tmp_path / "MARK").exists()
+    message = str(refused.value)
+    assert "doc_to_text" in message and "\n" not in message
+    assert "/home" not in message and "<class" not in message and "subclasses" not in message.split(": ")[-1]
+
+
+def test_a_refused_template_is_one_line_exit_2_nothing_created(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = _config(tmp_path, "{{ lipsum.__globals__.os.popen('touch MARK').read() }}")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["audit", "--model", "tiny-llama:1", "--task-config", str(config), "--data",
+                                      str(_data(tmp_path)), "--k", "1", "--out", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "doc_to_text" in lines[0]
+    assert not out.exists() and not (tmp_path / "MARK").exists()
+
+
+BOMBS = {
+    "loop": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+    "multiply": "{{ 'x' * 4000000000 }}",
+    "power": "{{ (10 ** 10) ** (10 ** 10) }}",
+    "doubling": "{% set a = 'xxxxxxxxxxxxxxxx' %}" + "{% set a = a ~ a %}" * 40 + "{{ a }}",
+    "output": "{% for i in range(100000) %}{{ q }}{{ q }}{{ q }}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", BOMBS)
+def test_a_template_bomb_is_refused_within_seconds_and_1_gb(tmp_path, name):
+    started = time.monotonic()
+    with pytest.raises(DataFormatError, match="doc_to_text|rendering") as refused:
+        load_task("x", task_config=_config(tmp_path, BOMBS[name]), data=_data(tmp_path))
+    assert time.monotonic() - started < 60  # 2 s of CPU; the wall clock of a shared machine is slower
+    assert "\n" not in str(refused.value)
+    assert _children_peak_mb() < 1024 + 200  # the rendering child's peak: its limit plus the interpreter
+
+
+def test_templates_still_render_rows_and_columns(tmp_path):
+    task = load_task("x", task_config=_config(tmp_path, "Q: {{ q|upper }} {{ q|regex_replace('is', 'was') }}\n"),
+                     data=_data(tmp_path))
+    assert task.questions[1].text == "Q: WHAT IS 1 what was 1\n" and task.questions[1].answer == "1"
+
+
+# -- lm-eval's own YAMLs render as lm-eval renders them --------------------------------
+
+
+class _Column(str):
+    """A column value every template can read: text, with any named field or key."""
+
+    def __new__(cls, value: str = "alpha beta 1"):
+        return super().__new__(cls, value)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Column()
+
+    def __getitem__(self, key):
+        return _Column() if isinstance(key, str) else str.__getitem__(self, key)
+
+
+def _docs(names):
+    """Rows of a few shapes; a template is checked on the first lm-eval renders."""
+    yield {n: _Column() for n in names}
+    yield {n: [_Column("first"), _Column("second"), _Column("third")] for n in names}
+    yield {n: 1 for n in names}
+    yield {n: {"text": [_Column("a"), _Column("b")], "label": ["A", "B"]} for n in names}
+
+
+FIELDS = ("doc_to_text", "doc_to_target", "doc_to_choice", "description", "gen_prefix")
+
+
+def _parity(yamls) -> tuple[int, int, list[str]]:
+    """(YAMLs whose every template lm-eval renders on a synthetic row, of them those the
+    sandbox renders identically, the first differences)."""
+    from rnr_interp.tasks.lmeval import read_yaml
+    from rnr_interp.tasks.templates import render
+
+    rendered, same, differ = 0, 0, []
+    for path in yamls:
+        raw = read_yaml(path)
+        outcomes = []
+        for field in FIELDS:
+            template = raw.get(field)
+            if not (isinstance(template, str) and ("{{" in template or "{%" in template)):
+                continue
+            names = jinja2_meta.find_undeclared_variables(lm_eval_utils.env.parse(template))
+            for doc in _docs(names):
+                try:
+                    want = lm_eval_utils.apply_template(template, doc)
+                except Exception:  # noqa: BLE001 - this row shape does not fit the template
+                    continue
+                try:
+                    got = render(template, doc, field)
+                except Exception as e:  # noqa: BLE001
+                    got = f"refused: {e}"
+                outcomes.append(got == want)
+                if got != want:
+                    differ.append(f"{path.name} {field}: {want[:60]!r} -> {got[:60]!r}")
+                break
+            else:
+                outcomes.append(None)  # renders on none of the synthetic rows, under lm-eval either
+        if outcomes and None not in outcomes:
+            rendered += 1
+            same += all(outcomes)
+    return rendered, same, differ
+
+
+def test_a_sample_of_installed_lm_eval_yamls_renders_identically():
+    from rnr_interp.tasks.lmeval import _installed_yamls
+
+    rendered, same, differ = _parity(_installed_yamls()[::40])
+    assert rendered > 250 and same == rendered, differ[:5]
+
+
+@pytest.mark.slow
+def test_every_installed_lm_eval_yaml_that_renders_renders_identically():
+    """All of them (about two minutes: lm-eval 0.4.13 ships 13,986 YAMLs; 13,7xx render on
+    the synthetic rows, every one identically, with 1,858 distinct templates among them)."""
+    from rnr_interp.tasks.lmeval import _installed_yamls
+
+    yamls = _installed_yamls()
+    rendered, same, differ = _parity(yamls)
+    print(f"{rendered} of {len(yamls)} installed lm-eval YAMLs render; {same} identically")
+    assert rendered > 13_000 and same == rendered, differ[:5]
