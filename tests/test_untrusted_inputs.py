@@ -172,16 +172,18 @@ def test_a_sample_of_installed_lm_eval_yamls_renders_identically():
     from rnr_interp.tasks.lmeval import _installed_yamls
 
     rendered, same, differ = _parity(_installed_yamls()[::40])
-    assert rendered > 250 and same == rendered, differ[:5]
+    assert rendered > 200 and same == rendered, differ[:5]
 
 
 @pytest.mark.slow
 def test_every_installed_lm_eval_yaml_that_renders_renders_identically():
-    """All of them (about two minutes: lm-eval 0.4.13 ships 13,986 YAMLs; 13,7xx render on
-    the synthetic rows, every one identically, with 1,858 distinct templates among them)."""
+    """All of them (about two and a half minutes). lm-eval 0.4.13 ships 13,986 YAMLs; the
+    10,825 with templates that all render on one of the synthetic rows render identically
+    (1,858 distinct templates; the rest have no template, a !function, or a template no
+    synthetic row fits)."""
     from rnr_interp.tasks.lmeval import _installed_yamls
 
     yamls = _installed_yamls()
     rendered, same, differ = _parity(yamls)
     print(f"{rendered} of {len(yamls)} installed lm-eval YAMLs render; {same} identically")
-    assert rendered > 13_000 and same == rendered, differ[:5]
+    assert rendered > 10_000 and same == rendered, differ[:5]
