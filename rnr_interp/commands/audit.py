@@ -227,13 +227,15 @@ def regrade(
 def regraded_folder(run, out: Path):
     """`out` as a folder holding `run`'s manifest and no records: where a regrade writes
     its summary and tables when it leaves the run's own as they are."""
-    from rnr_interp.records import MANIFEST, RunDir, write_json_atomic
+    from rnr_interp.records import MANIFEST, TASK_FILE, RunDir, write_json_atomic, write_text_atomic
 
     if out.resolve() == run.path.resolve():
         return run
     if (out / MANIFEST).is_file() and RunDir(out).config_hash != run.config_hash:
         raise ValueError(f"--out {out} holds another run; choose another folder")
     out.mkdir(parents=True, exist_ok=True)
+    if (run.path / TASK_FILE).is_file():  # the questions the manifest's checksum vouches for, beside it
+        write_text_atomic(out / TASK_FILE, (run.path / TASK_FILE).read_text(encoding="utf-8"))
     write_json_atomic(out / MANIFEST, {**run.manifest, "regraded_from": str(run.path.resolve())})
     return RunDir(out)
 

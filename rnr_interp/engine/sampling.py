@@ -71,7 +71,7 @@ def run_config(kind: str, lm: LoadedModel, task: Task, grading: str | None = Non
     agree. Each analysis adds its own settings as `extra`. `grading` is the headline
     grading (records.GRADINGS); None: the folder's own when resuming, else the default
     (`RunDir.create` settles it, and `RunDir.grading` says which)."""
-    return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
+    return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.run_description(),
             "question_ids_hash": task.ids_hash(), "grading": grading, **extra}
 
 

@@ -5,6 +5,7 @@ A run folder looks like::
     run/
       manifest.json        config given by the caller + created, versions, config_hash
       summary.json         written by the audit when it finishes
+      task.json            the questions (and lm-eval grading settings) the run read
       records/part-00000.parquet, part-00001.parquet, ...
       artefacts/NAME.parquet, NAME.json   named extra tables and JSON (failure sets, ...)
 
@@ -26,7 +27,7 @@ truncated or foreign Parquet parts) raise `RunFolderError`, one line naming the 
 # The package's API, importable from `rnr_interp.records` (each name is defined in the module it comes from).
 from rnr_interp.records.schema import (
     ARTEFACTS_DIR, DEFAULT_GRADING, DEPLOYED, GRADINGS, JOURNAL, LATER_COLUMNS, LEGACY_GRADING, LOCK, MANIFEST,
-    ProbeLabel, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY, RECORD_SCHEMA, RunFolderError, RunLockedError, SUMMARY,
+    ProbeLabel, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY, RECORD_SCHEMA, RunFolderError, RunLockedError, SUMMARY, TASK_FILE,
     short_repr,
 )
 from rnr_interp.records.files import (

@@ -3,6 +3,7 @@ back checked to belong to the run; `--out` checks; `load_runs`."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import warnings
@@ -16,7 +17,7 @@ import pyarrow as pa
 
 from rnr_interp.records.schema import (
     ARTEFACTS_DIR, DEFAULT_GRADING, GRADINGS, JOURNAL, LOCK, MANIFEST, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY,
-    RECORD_SCHEMA, RunFolderError, SUMMARY, short_repr,
+    RECORD_SCHEMA, RunFolderError, SUMMARY, TASK_FILE, short_repr,
 )
 from rnr_interp.records.files import (
     fsync_dir, read_json_file, read_parquet, remove_temp_files, write_json_atomic, write_parquet_atomic,
@@ -28,7 +29,7 @@ from rnr_interp.records.config import (
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
 
-WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR)
+WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR, TASK_FILE)
 #: how deep `check_out_folder` looks for this tool's folders inside an output folder
 _OUT_DEPTH = 6
 
@@ -128,6 +129,7 @@ class RunDir:
         if not (self.path / MANIFEST).is_file():
             raise FileNotFoundError(f"{self.path} is not a run folder (no {MANIFEST})")
         self._manifest: dict[str, Any] = self._read_manifest()
+        self._attach_stored_task()
         # (question_id, probe) groups stored in parts; loaded on first use
         self._stored: set[tuple[str, str]] | None = None
         # the writer lock, for a RunDir from `create`
@@ -149,6 +151,24 @@ class RunDir:
                                  "the records were made under another config, so the folder is refused")
         return manifest
 
+    def _attach_stored_task(self) -> None:
+        """`config["task"]["stored_file"]`: this folder's TASK_FILE when it has one whose
+        checksum the manifest holds (a file edited since is refused naming it); a path
+        the manifest itself names is dropped, never followed."""
+        task = self.config.get("task")
+        if not isinstance(task, dict):
+            return
+        task.pop("stored_file", None)
+        path = self.path / TASK_FILE
+        if not path.is_file():
+            return
+        expected = self.manifest.get("task_sha256")
+        if file_sha256(path) != expected:
+            raise RunFolderError(f"{path}: its content does not match the checksum in {MANIFEST} "
+                                 f"({'none stored' if expected is None else 'edited after the run started?'}); "
+                                 "the run's questions cannot be trusted, so the folder is refused")
+        task["stored_file"] = str(path)
+
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
@@ -167,6 +187,7 @@ class RunDir:
         until it is released or dropped.
         """
         root = Path(path)
+        config, stored = _split_stored_task(config)
         config = normalise(config)
         if "grading" in config and config["grading"] is None:
             # Unspecified: the folder's own grading when resuming it, else the default.
@@ -187,6 +208,8 @@ class RunDir:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run.stored_groups()  # every part must be the run's own before anything is added
                 run._lock = lock
+                if stored is not None and not (root / TASK_FILE).is_file():  # a run from before runs stored it
+                    run._store_task(stored)
                 remove_temp_files(root, run.records_dir, run.artefacts_dir)
                 return run
             records = root / RECORDS_DIR
@@ -204,6 +227,8 @@ class RunDir:
                 "environment": run_environment(),
                 "record_columns": list(RECORD_COLUMNS),
             }
+            if stored is not None:
+                manifest["task_sha256"] = file_sha256(write_json_atomic(root / TASK_FILE, stored))
             # The manifest goes last: its presence is what marks the folder as a run.
             write_json_atomic(root / MANIFEST, manifest)
         except BaseException:
@@ -217,6 +242,13 @@ class RunDir:
         run = cls(root)
         run._lock = lock
         return run
+
+    def _store_task(self, stored: Any) -> None:
+        """Write TASK_FILE into this (locked) run, then the manifest with its checksum."""
+        digest = file_sha256(write_json_atomic(self.path / TASK_FILE, stored))
+        write_json_atomic(self.path / MANIFEST, {**_without_stored_file(self.manifest), "task_sha256": digest})
+        self._manifest = self._read_manifest()
+        self._attach_stored_task()
 
     def release(self) -> None:
         """Give up this process's writer lock on the folder now, for every RunDir of it
@@ -451,6 +483,36 @@ class RunDir:
 
     def read_json(self, name: str) -> Any:
         return read_json_file(self._existing_artefact(name, ".json"))
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _split_stored_task(config: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """(config without `task.stored`, what `task.stored` held): the run's questions go
+    to TASK_FILE, not into the hashed config. A config read from another run (a
+    snapshot) brings that run's TASK_FILE as `task.stored_file`."""
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(task, dict) or not ({"stored", "stored_file"} & task.keys()):
+        return config, None
+    stored = task.get("stored")
+    if stored is None and task.get("stored_file"):
+        stored = read_json_file(Path(task["stored_file"]))
+    return {**config, "task": {k: v for k, v in task.items() if k not in ("stored", "stored_file")}}, stored
+
+
+def _without_stored_file(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as written: without the `task.stored_file` an open RunDir adds."""
+    task = manifest["config"].get("task")
+    if not isinstance(task, dict) or "stored_file" not in task:
+        return manifest
+    return {**manifest, "config": {**manifest["config"], "task": {k: v for k, v in task.items() if k != "stored_file"}}}
 
 
 def _with_later_columns(table: pa.Table) -> pa.Table:

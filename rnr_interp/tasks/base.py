@@ -174,6 +174,17 @@ class Task:
         multiple-choice question's letters), else None: what chance baselines draw from."""
         return None
 
+    def stored(self) -> dict[str, Any]:
+        """What a run stores of its task besides the description (records.TASK_FILE): the
+        questions as asked and graded, so a reader never reads or renders the task's
+        files again (`tasks.reload_task`)."""
+        return {"questions": [dataclasses.asdict(q) for q in self.questions]}
+
+    def run_description(self) -> dict[str, Any]:
+        """`describe()` for a run config, with `stored()` under "stored" (`RunDir.create`
+        writes it to the run's TASK_FILE, outside the hashed config)."""
+        return {**self.describe(), "stored": self.stored()}
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

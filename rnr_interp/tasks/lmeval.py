@@ -47,7 +47,7 @@ import json
 import os
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -285,6 +285,28 @@ class LmEvalConfig:
             exact_match={k: exact[k] for k in ("regexes_to_ignore", "ignore_case", "ignore_punctuation", "ignore_numbers") if k in exact},
             gen_prefix=raw.get("gen_prefix"),
         )
+
+    def stored(self) -> dict[str, Any]:
+        """Every setting, as JSON (functions as {"!function": name}): what a run stores
+        to grade its records later without reading the YAML again (`from_stored`)."""
+        def plain(v: Any) -> Any:
+            if isinstance(v, FunctionRef):
+                return {"!function": v.qualname}
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+        return {f.name: str(self.path) if f.name == "path" else plain(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> "LmEvalConfig":
+        """The config `stored()` gave; its templates are data here, never rendered."""
+        try:
+            values = {f.name: stored[f.name] for f in fields(cls)}
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"stored lm-eval settings lack {e}") from None
+        values["path"], values["filter_list"] = Path(values["path"]), tuple(values["filter_list"])
+        return cls(**values)
 
     def describe(self) -> dict[str, Any]:
         """The settings a run records (functions by their `!function` name)."""
@@ -543,6 +565,9 @@ class LmEvalMCTask(MultipleChoiceTask):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "lm_eval": {**self.config.describe(), "data": self.data}}
 
+    def stored(self) -> dict[str, Any]:
+        return {**super().stored(), "lm_eval": self.config.stored()}
+
 
 class LmEvalGenerationTask(Task):
     """An lm-eval generate_until task: the rendered doc_to_text, stopped at `until`,
@@ -599,6 +624,9 @@ class LmEvalGenerationTask(Task):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "lm_eval": {**self.config.describe(), "data": self.data}}
+
+    def stored(self) -> dict[str, Any]:
+        return {**super().stored(), "lm_eval": self.config.stored()}
 
 
 def exact_match(prediction: str, reference: str, regexes_to_ignore: Sequence[str] | None = None,
@@ -693,6 +721,23 @@ def _rendered_questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callab
     if (kept := invalid_rows()) is not None:
         kept.extend(skipped)
     return questions
+
+
+def stored_lm_eval_task(described: dict[str, Any], stored: Any) -> Task:
+    """The lm-eval task a run stored (`Task.stored()`), with the source and data its
+    description names: questions as asked, graded by the stored filters."""
+    try:
+        cfg = LmEvalConfig.from_stored(stored["lm_eval"])
+        questions = [Question(**{**q, "choices": None if q.get("choices") is None else tuple(q["choices"])})
+                     for q in stored["questions"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{described.get('stored_file')}: not a stored lm-eval task ({type(e).__name__}: {e})") from None
+    cls = LmEvalMCTask if cfg.output_type == "multiple_choice" else LmEvalGenerationTask
+    lm_eval = described.get("lm_eval") or {}
+    task = cls(questions, cfg, source=str(described.get("source") or cfg.path), data=lm_eval.get("data"))
+    if described.get("skipped_rows"):
+        task.skipped_rows = tuple(described["skipped_rows"])
+    return task
 
 
 def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, data: str | Path | None = None) -> Task:
