@@ -323,7 +323,7 @@ def test_regrade_reproduces_the_gsm8k40_route_run_flexibly_but_self_verification
         pytest.skip("the GSM8K data file is not here")
     monkeypatch.setattr(route_audit, "verify_scores", lambda lm, task, q, answers: [0.0] * len(answers))
     run = RunDir(GSM8K40)
-    out = regraded_folder(run, tmp_path / "re")
+    out, _ = regraded_folder(run, tmp_path / "re")
     summary = route_audit.summarize_routes(run, route_audit.route_config_of(run), target=out,
                                            task=reload_task(run.config["task"]), lm=SimpleNamespace(spec=run.config["model"]))
     out.write_summary(summary)

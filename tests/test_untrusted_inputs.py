@@ -187,3 +187,136 @@ def test_every_installed_lm_eval_yaml_that_renders_renders_identically():
     rendered, same, differ = _parity(yamls)
     print(f"{rendered} of {len(yamls)} installed lm-eval YAMLs render; {same} identically")
     assert rendered > 10_000 and same == rendered, differ[:5]
+
+
+# -- readers never execute, and respect the writer -------------------------------------
+
+MARKER_TEMPLATE = "{{ lipsum.__globals__.os.popen('touch MARK').read() }}"
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _one_line_refusal(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+@pytest.fixture
+def lm_eval_run(tmp_path, monkeypatch) -> Path:
+    """A finished audit of a task config of one's own (3 questions, one part each)."""
+    monkeypatch.chdir(tmp_path)
+    config = _config(tmp_path, "Q: {{ q }}\nA:", "filter_list:\n  - name: flexible-extract\n    filter:\n"
+                     "      - function: regex\n        regex_pattern: '(\\d+)'\n      - function: take_first\n")
+    run = tmp_path / "run"
+    result = _cli("audit", "--model", "tiny-llama:1", "--task-config", str(config), "--data", str(_data(tmp_path)),
+                  "--k", "2", "--batch-size", "1", "--max-new-tokens", "4", "--out", str(run), "-q")
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_readers_of_a_run_never_render_its_task_config_again(lm_eval_run, tmp_path):
+    (tmp_path / "mine.yaml").write_text(f"task: mine\ndoc_to_target: '{{{{a}}}}'\ndoc_to_text: {json.dumps(MARKER_TEMPLATE)}\n")
+    assert (lm_eval_run / "task.json").is_file()
+    summary = json.loads((lm_eval_run / "summary.json").read_text())
+    for args in (["pass-at-k", str(lm_eval_run)], ["regrade", str(lm_eval_run), "-q"], ["report", str(lm_eval_run)]):
+        result = _cli(*args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "cannot be reloaded" not in result.output
+    assert not (tmp_path / "MARK").exists()
+    again = json.loads((lm_eval_run / "summary.json").read_text())
+    assert again["D"] == summary["D"] and again["O_K"] == summary["O_K"] and "unfinished" not in again
+    assert "Q: what is 1" in (lm_eval_run / "report.html").read_text()  # the stored question, shown
+
+
+def test_a_run_whose_stored_questions_were_edited_or_removed_is_refused_or_says_so(lm_eval_run, tmp_path):
+    stored = lm_eval_run / "task.json"
+    text = stored.read_text()
+    stored.write_text(text.replace("what is 1", "what is 7"))
+    line = _one_line_refusal(_cli("regrade", str(lm_eval_run), "-q"))
+    assert "task.json" in line and "checksum" in line
+    stored.unlink()  # a run from before runs stored their questions: its YAML is not rendered again
+    line = _one_line_refusal(_cli("regrade", str(lm_eval_run), "-q"))
+    assert "stored no questions" in line and not (tmp_path / "MARK").exists()
+
+
+def test_regrade_of_a_run_being_written_is_refused_and_changes_nothing(lm_eval_run):
+    import subprocess
+    import sys
+
+    before = _files(lm_eval_run)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom rnr_interp.records import writer_lock\n"
+                               f"lock = writer_lock(__import__('pathlib').Path({str(lm_eval_run)!r}))\n"
+                               "print('held', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        line = _one_line_refusal(_cli("regrade", str(lm_eval_run), "-q"))
+        assert "is being written by pid" in line
+        line = _one_line_refusal(_cli("report", str(lm_eval_run)))
+        assert "is being written by pid" in line
+    finally:
+        holder.kill()
+        holder.wait()
+    after = _files(lm_eval_run)
+    after.pop(".lock", None)
+    before.pop(".lock", None)
+    assert after == before
+
+
+def test_a_summary_from_an_unfinished_run_says_so_in_the_file_and_on_the_page(lm_eval_run):
+    parts = sorted((lm_eval_run / "records").glob("part-*.parquet"))
+    assert len(parts) == 3
+    parts[-1].unlink()  # as if the run had been stopped after two questions
+    result = _cli("regrade", str(lm_eval_run), "-q")
+    assert result.exit_code == 0 and "unfinished run: 2 of 3 questions" in result.output
+    summary = json.loads((lm_eval_run / "summary.json").read_text())
+    assert summary["unfinished"] == {"questions_done": 2, "questions": 3}
+    assert _cli("report", str(lm_eval_run)).exit_code == 0
+    assert "unfinished run: 2 of 3 questions" in (lm_eval_run / "report.html").read_text()
+
+
+def test_an_edited_records_part_is_refused_naming_it(lm_eval_run):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = sorted((lm_eval_run / "records").glob("part-*.parquet"))[0]
+    table = pq.read_table(part)
+    flipped = pa.array([not c for c in table["correct"].to_pylist()])
+    pq.write_table(table.set_column(table.schema.get_field_index("correct"), "correct", flipped), part)
+    for args in (["pass-at-k", str(lm_eval_run)], ["regrade", str(lm_eval_run), "-q"]):
+        line = _one_line_refusal(_cli(*args))
+        assert part.name in line and "checksum" in line
+
+
+def test_nothing_is_written_through_a_link_out_of_the_run(lm_eval_run, tmp_path):
+    from rnr_interp.records import RunDir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    records = lm_eval_run / "records"
+    for part in records.iterdir():
+        part.rename(outside / part.name)
+    records.rmdir()
+    records.symlink_to(outside)
+    run = RunDir(lm_eval_run)
+    with pytest.raises(ValueError, match="outside the run folder"):
+        run._writable(run.records_dir / "part-00009.parquet")
+    summary = lm_eval_run / "summary.json"
+    target = tmp_path / "victim.txt"
+    target.write_text('{"mine": 1}')
+    summary.unlink()
+    summary.symlink_to(target)
+    (lm_eval_run / "report.html").unlink(missing_ok=True)
+    (lm_eval_run / "report.html").symlink_to(target)
+    for args in (["regrade", str(lm_eval_run), "-q"], ["report", str(lm_eval_run)]):
+        result = _cli(*args)
+        assert result.exit_code == 0, result.output
+    assert target.read_text() == '{"mine": 1}' and not summary.is_symlink()
+    assert sorted(p.name for p in outside.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]

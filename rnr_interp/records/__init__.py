@@ -31,8 +31,8 @@ from rnr_interp.records.schema import (
     short_repr,
 )
 from rnr_interp.records.files import (
-    JSONTooDeepError, MAX_JSON_DEPTH, first_line, fsync_dir, json_default, parse_json, read_json_file, read_parquet,
-    remove_temp_files, write_json_atomic, write_parquet_atomic, write_text_atomic,
+    JSONTooDeepError, MAX_JSON_DEPTH, first_line, fsync_dir, json_default, parquet_bytes, parse_json, read_json_file,
+    read_parquet, remove_temp_files, write_bytes_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic,
 )
 from rnr_interp.records.journal import Journal
 from rnr_interp.records.config import (
@@ -40,4 +40,4 @@ from rnr_interp.records.config import (
     config_hash, run_environment, hashes_of, lookup, normalise, stable_key, package_versions,
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
-from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, load_runs
+from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, file_sha256, load_runs
