@@ -320,3 +320,84 @@ def test_nothing_is_written_through_a_link_out_of_the_run(lm_eval_run, tmp_path)
         assert result.exit_code == 0, result.output
     assert target.read_text() == '{"mine": 1}' and not summary.is_symlink()
     assert sorted(p.name for p in outside.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+
+
+# -- bounds on input, before work ------------------------------------------------------
+
+
+def _refused_quickly(load, match: str) -> str:
+    started = time.monotonic()
+    with pytest.raises((DataFormatError, ValueError), match=match) as refused:
+        load()
+    assert time.monotonic() - started < 30
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+def test_config_bombs_are_refused_before_they_are_parsed(tmp_path):
+    data = _data(tmp_path)
+    big = _config(tmp_path, "Q: {{q}}", "description: " + "x" * (2 << 20) + "\n")
+    _refused_quickly(lambda: load_task("x", task_config=big, data=data), r"bytes: a task config holds at most 1,048,576")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("task: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    _refused_quickly(lambda: load_task("x", task_config=deep, data=data), "nested too deep")
+    chain = tmp_path / "chain"
+    chain.mkdir()
+    for i in range(1500):
+        (chain / f"c{i}.yaml").write_text(f"include: c{i + 1}.yaml\n" if i < 1499 else "task: mine\n")
+    line = _refused_quickly(lambda: load_task("x", task_config=chain / "c0.yaml", data=data), "more than 16 files deep")
+    assert "c0.yaml" in line
+
+
+def test_data_that_is_not_a_bounded_regular_file_is_refused(tmp_path, monkeypatch):
+    config = _config(tmp_path, "Q: {{q}}")
+    zero = tmp_path / "zero.jsonl"
+    zero.symlink_to("/dev/zero")
+    _refused_quickly(lambda: load_task("x", task_config=config, data=zero), "not a regular file")
+    _refused_quickly(lambda: load_task("gsm8k", data=zero), "not a regular file")
+    big = tmp_path / "big.jsonl"
+    row = json.dumps({"q": "what", "a": "1"}) + "\n"
+    big.write_text(row * (2 * (1 << 20) // len(row) + 1))
+    monkeypatch.setenv("RNR_MAX_DATA_MB", "1")
+    _refused_quickly(lambda: load_task("x", task_config=config, data=big), r"more than the 1 MB .* \(set RNR_MAX_DATA_MB")
+    import bz2
+
+    bomb = tmp_path / "bomb.txt.bz2"
+    bomb.write_bytes(bz2.compress(b"\n" * (4 << 20)))  # 4 MB of newlines in a few hundred bytes
+    _refused_quickly(lambda: load_task("logiqa", data=bomb), "decompresses to more than the 1 MB")
+    monkeypatch.delenv("RNR_MAX_DATA_MB")
+    from rnr_interp.tasks import _io
+
+    monkeypatch.setattr(_io, "MAX_LINE_BYTES", 1000)
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"q": "w" * 2000, "a": "1"}) + "\n")
+    _refused_quickly(lambda: load_task("x", task_config=config, data=long), r"long.jsonl:1: a line of 2,0\d\d bytes")
+
+
+CHAT_BOMBS = {
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "more than 2 s of CPU",
+    "{{ 'x' * 10 ** 20 }}": "OverflowError",
+    "{{ ''.__class__.__mro__ }}": "SecurityError",
+    "{% for i in range(20000) %}{{ messages[0]['content'] }}{% endfor %}": "characters for one prompt",
+}
+
+
+@pytest.mark.parametrize("template", CHAT_BOMBS)
+def test_a_checkpoint_chat_template_is_bounded_and_refused_in_one_line(template):
+    from rnr_interp.engine.sampling import check_prompts_fit
+    from rnr_interp.models import load_model
+
+    lm = load_model("tiny-llama:1")
+    assert lm.chat
+    lm.tokenizer.chat_template = template
+    task = load_task("arithmetic", n=2)
+    line = _refused_quickly(lambda: check_prompts_fit(lm, task, 4), "the chat template of tiny-llama:1")
+    assert CHAT_BOMBS[template] in line
+    assert _children_peak_mb() < 2048  # the rendering child: the parent's pages, shared, plus at most 1 GB
+
+
+def test_temperature_sweep_refuses_nan_before_making_its_folder(tmp_path):
+    out = tmp_path / "sweep"
+    line = _one_line_refusal(_cli("temperature-sweep", "--model", "tiny-llama:1", "--task", "arithmetic", "--n", "2",
+                                  "--k", "1", "--temperatures", "nan,1", "--out", str(out), "-q"))
+    assert "--temperatures must be finite numbers > 0" in line and not out.exists()

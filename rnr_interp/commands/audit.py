@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
@@ -412,6 +413,8 @@ def temperature_sweep(
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
     except ValueError:
         fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
+    if not temps or not all(math.isfinite(t) and t > 0 for t in temps):  # before the model loads and the folder is made
+        fail(f"--temperatures must be finite numbers > 0, got {temperatures!r}")
     check_grading_option(grading)
 
     def body():

@@ -27,7 +27,7 @@ from .gsm8k import GSM8K, load_gsm8k
 from .hellaswag import HellaSwag, load_hellaswag
 from .hf import SPECS as HF_SPECS
 from .hf import HFLoadError, load_hf, load_hf_disk
-from ._io import ON_INVALID, collecting_invalid_rows
+from ._io import ON_INVALID, checked_data_file, collecting_invalid_rows
 from .jsonl import JsonlMCTask, JsonlNumberTask, JsonlTask, load_jsonl
 from .lmeval import PREFIX as LM_EVAL_PREFIX
 from .lmeval import LmEvalGenerationTask, LmEvalMCTask, load_lm_eval, stored_lm_eval_task
@@ -111,9 +111,9 @@ def _load_task(name: str, data: str | Path | None, n: int | None, task_config: s
         if not path.exists():
             raise FileNotFoundError(f"task {name!r}: data file {path} not found")
         return load_hf_disk(name, path, **kw).head(n)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"task {name!r}: data file {path} not found")
-    return _FILE_TASKS[name][0](path, **kw).head(n)
+    return _FILE_TASKS[name][0](checked_data_file(path), **kw).head(n)
 
 
 def reload_task(described: dict[str, Any]) -> Task:

@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator, Sequence
 import yaml
 from jinja2.exceptions import SecurityError
 
-from ._io import RowError, check_question, invalid_row, invalid_rows, iter_jsonl
+from ._io import RowError, check_question, checked_data_file, invalid_row, invalid_rows, iter_jsonl
 from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
 from .templates import TemplateLimitError, bounded_call, render
 
@@ -132,17 +132,32 @@ def _loader(path: Path) -> type[yaml.SafeLoader]:
     return Loader
 
 
+#: the largest task config file read (lm-eval's largest YAML is under 100 kB)
+MAX_CONFIG_BYTES = 1 << 20
+#: the longest chain of `include:` files (lm-eval's own are at most 3 deep)
+MAX_INCLUDE_DEPTH = 16
+
+
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """One task YAML with its `include:` files merged in (lm-eval's rule: included
-    files in order, then the file's own keys win; `task_list` is not inherited)."""
+    files in order, then the file's own keys win; `task_list` is not inherited).
+    Bounded before it is parsed: a file of at most MAX_CONFIG_BYTES, includes at most
+    MAX_INCLUDE_DEPTH deep, nesting as deep as the parser's stack allows."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataFormatError(p, None, "no such task config file")
     p = p.resolve()
     if p in _seen:
         raise DataFormatError(p, None, "include cycle: " + " -> ".join(str(s) for s in (*_seen, p)))
+    if len(_seen) > MAX_INCLUDE_DEPTH:
+        raise DataFormatError(p, None, f"include: more than {MAX_INCLUDE_DEPTH} files deep (from {_seen[0]}); "
+                              "a task config's includes are a few files deep")
+    if (size := p.stat().st_size) > MAX_CONFIG_BYTES:
+        raise DataFormatError(p, None, f"{size:,} bytes: a task config holds at most {MAX_CONFIG_BYTES:,} (its data goes in --data)")
     try:
         cfg = yaml.load(p.read_text(encoding="utf-8"), Loader=_loader(p))  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise DataFormatError(p, None, "not a task config: its YAML is nested too deep to read") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
@@ -462,6 +477,8 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
         raise FileNotFoundError(f"lm-eval task {cfg.task!r}: data {p} not found")
     suffix = p.suffix.lower()
     if p.is_dir() or suffix == ".arrow":
+        if not p.is_dir():
+            checked_data_file(p)
         datasets = _datasets()
         try:
             ds = datasets.load_from_disk(str(p)) if p.is_dir() else datasets.Dataset.from_file(str(p))
@@ -481,7 +498,7 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
         return _processed(cfg, [obj for _, obj in numbered]), str(p), lambda i: lines[i]
     if suffix == ".json":
         try:
-            rows = json.loads(p.read_text(encoding="utf-8"))
+            rows = json.loads(checked_data_file(p).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataFormatError(p, None, f"not valid JSON ({e})") from None
         if isinstance(rows, dict) and isinstance(rows.get("data"), list):
@@ -493,7 +510,7 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
         import pyarrow.parquet as pq
 
         try:
-            rows = pq.read_table(p).to_pylist()
+            rows = pq.read_table(checked_data_file(p)).to_pylist()
         except Exception as e:  # noqa: BLE001 - a damaged or foreign file
             raise DataFormatError(p, None, f"not a readable Parquet file ({type(e).__name__})") from None
         return _processed(cfg, rows), str(p), lambda i: i + 1

@@ -25,7 +25,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from jinja2 import StrictUndefined, Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -123,6 +123,31 @@ def render(template: str, doc: dict[str, Any], field: str) -> str:
     if len(out) > MAX_RENDER_CHARS:
         raise TemplateLimitError(f"{field} renders {len(out):,} characters for one row (the limit is {MAX_RENDER_CHARS:,})")
     return out
+
+
+def render_each(render_one: Callable[[Any], str], items: Sequence[Any], what: str) -> list[str]:
+    """`render_one(item)` for every item, in a bounded child (`bounded_call`), each
+    within MAX_RENDER_SECONDS of CPU and MAX_RENDER_CHARS: for templates that come with
+    a model (a checkpoint's chat template), which render in their own sandbox but
+    unbounded. Any failure is one line naming `what`."""
+    def work() -> list[str]:
+        out = []
+        for item in items:
+            try:
+                with _cpu_timer(MAX_RENDER_SECONDS):
+                    text = render_one(item)
+            except _RenderTimeout:
+                raise TemplateLimitError(f"{what} took more than {MAX_RENDER_SECONDS:g} s of CPU to render one prompt") from None
+            except MemoryError:
+                raise TemplateLimitError(f"{what} needs more than {MAX_RENDER_MEMORY >> 20} MB to render one prompt") from None
+            except Exception as e:  # noqa: BLE001 - jinja2's SecurityError, an OverflowError, a template's own raise
+                raise ValueError(f"{what} does not render ({type(e).__name__}: {e})") from None
+            if len(text) > MAX_RENDER_CHARS:
+                raise TemplateLimitError(f"{what} renders {len(text):,} characters for one prompt (the limit is {MAX_RENDER_CHARS:,})")
+            out.append(text)
+        return out
+
+    return bounded_call(work, f"rendering {what}")
 
 
 def _virtual_memory() -> int:
