@@ -20,7 +20,10 @@ One writer per run folder: `RunDir.create` takes an exclusive `flock` on `run/.l
 of this process for the folder is alive; a second process is refused with the holder's
 name. The kernel drops the lock of a killed process, so a `.lock` left behind by one is
 stale and the next writer takes it over. Readers take no lock and may open a run that is
-still being written. Unreadable files (garbage JSON, a manifest without a config,
+still being written; whatever writes into a run (a regrade, a report) takes it first.
+Every records part's sha256 is in the manifest (`parts_sha256`, written before the part)
+and `task.json`'s too: a file that no longer matches is refused naming it. Nothing is
+written through a link (O_NOFOLLOW) or into a `records/` resolving outside the run. Unreadable files (garbage JSON, a manifest without a config,
 truncated or foreign Parquet parts) raise `RunFolderError`, one line naming the file.
 """
 
