@@ -366,13 +366,13 @@ class RunDir:
         out or not (rows copied from another run, or a part made under a config since
         edited, are refused naming the part), and its bytes those whose checksum the
         manifest holds (`_check_part`). `kw` goes to pyarrow (columns, filters)."""
-        self._check_part(part)
         ids = read_parquet(part, RECORD_SCHEMA, columns=["run_id"])["run_id"]
         foreign = set(ids.unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
         if foreign:
             raise RunFolderError(
                 f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
                 f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
+        self._check_part(part)
         return read_parquet(part, RECORD_SCHEMA, **kw)
 
     def _legacy_run_ids(self) -> tuple[str, ...]:

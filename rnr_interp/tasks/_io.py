@@ -69,15 +69,20 @@ def _read_bytes(p: Path) -> bytes:
     raw = checked_data_file(p).read_bytes()
     if p.suffix != ".bz2":
         return raw
-    limit = max_data_bytes()
-    try:
-        data = bz2.BZ2Decompressor().decompress(raw, max_length=limit + 1)
-    except (OSError, ValueError, EOFError) as e:  # a damaged or truncated stream
-        raise DataFormatError(p, None, f"not a readable bzip2 file ({e})") from None
-    if len(data) > limit:
-        raise DataFormatError(p, None, f"decompresses to more than the {limit >> 20} MB a data file may hold "
-                              f"(set {MAX_DATA_MB_VAR} to raise it)")
-    return data
+    limit, data = max_data_bytes(), bytearray()
+    while raw:  # stream after stream, as bz2.decompress reads them, but never past the limit
+        stream = bz2.BZ2Decompressor()
+        try:
+            data += stream.decompress(raw, max_length=limit + 1 - len(data))
+        except (OSError, ValueError, EOFError) as e:  # a damaged stream
+            raise DataFormatError(p, None, f"not a readable bzip2 file ({e})") from None
+        if len(data) > limit:
+            raise DataFormatError(p, None, f"decompresses to more than the {limit >> 20} MB a data file may hold "
+                                  f"(set {MAX_DATA_MB_VAR} to raise it)")
+        if not stream.eof:
+            raise DataFormatError(p, None, "not a readable bzip2 file (Compressed file ended before the end-of-stream marker was reached)")
+        raw = stream.unused_data
+    return bytes(data)
 
 
 def read_lines(path: str | Path) -> list[str]:
