@@ -215,10 +215,15 @@ def lm_eval_run(tmp_path, monkeypatch) -> Path:
     config = _config(tmp_path, "Q: {{ q }}\nA:", "filter_list:\n  - name: flexible-extract\n    filter:\n"
                      "      - function: regex\n        regex_pattern: '(\\d+)'\n      - function: take_first\n")
     run = tmp_path / "run"
-    result = _cli("audit", "--model", "tiny-llama:1", "--task-config", str(config), "--data", str(_data(tmp_path)),
-                  "--k", "2", "--batch-size", "1", "--max-new-tokens", "4", "--out", str(run), "-q")
+    _data(tmp_path)
+    result = _cli(*_audit_args(tmp_path, config))
     assert result.exit_code == 0, result.output
     return run
+
+
+def _audit_args(tmp_path: Path, config: Path) -> list[str]:
+    return ["audit", "--model", "tiny-llama:1", "--task-config", str(config), "--data", str(tmp_path / "rows.jsonl"),
+            "--k", "2", "--batch-size", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "run"), "-q"]
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -299,18 +304,17 @@ def test_an_edited_records_part_is_refused_naming_it(lm_eval_run):
 
 
 def test_nothing_is_written_through_a_link_out_of_the_run(lm_eval_run, tmp_path):
-    from rnr_interp.records import RunDir
-
     outside = tmp_path / "outside"
     outside.mkdir()
     records = lm_eval_run / "records"
+    (records / "part-00002.parquet").unlink()  # a stopped run, its last question to do
     for part in records.iterdir():
         part.rename(outside / part.name)
     records.rmdir()
     records.symlink_to(outside)
-    run = RunDir(lm_eval_run)
-    with pytest.raises(ValueError, match="outside the run folder"):
-        run._writable(run.records_dir / "part-00009.parquet")
+    line = _one_line_refusal(_cli(*_audit_args(tmp_path, tmp_path / "mine.yaml")))  # the resume
+    assert "outside the run folder" in line
+    assert sorted(p.name for p in outside.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     summary = lm_eval_run / "summary.json"
     target = tmp_path / "victim.txt"
     target.write_text('{"mine": 1}')
@@ -322,7 +326,7 @@ def test_nothing_is_written_through_a_link_out_of_the_run(lm_eval_run, tmp_path)
         result = _cli(*args)
         assert result.exit_code == 0, result.output
     assert target.read_text() == '{"mine": 1}' and not summary.is_symlink()
-    assert sorted(p.name for p in outside.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert sorted(p.name for p in outside.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
 
 
 # -- bounds on input, before work ------------------------------------------------------
