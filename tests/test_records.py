@@ -307,3 +307,10 @@ def test_journal_drops_a_torn_last_line_and_refuses_a_corrupt_one(tmp_path):
     j.path.write_bytes(b'{"a": 1}\nnot json\n')
     with pytest.raises(rec.RunFolderError, match="line 2"):
         j.read()
+
+
+def test_a_reader_opened_before_a_part_was_written_reads_it(tmp_path: Path) -> None:
+    writer = RunDir.create(tmp_path / "run", CONFIG)
+    reader = RunDir(tmp_path / "run")  # its manifest has no checksum of the part written next
+    run_all(writer, QUESTIONS[:1])
+    assert len(reader.read_records()) == len(writer.read_records()) > 0

@@ -291,6 +291,9 @@ class RunDir:
             raise RunFolderError(f"{part}: cannot be read ({exc.strerror})") from None
         if self._verified.get(part) == (stat.st_size, stat.st_mtime_ns):
             return
+        if isinstance(sums, dict) and part.name not in sums:  # written since this RunDir read the manifest?
+            fresh = read_json_file(self.path / MANIFEST)
+            sums = fresh.get(PARTS_SHA256) if isinstance(fresh, dict) else None
         if not isinstance(sums, dict) or part.name not in sums:
             raise RunFolderError(f"{part}: not a part this run wrote (no checksum for it in {MANIFEST}); "
                                  f"move the file out of {self.path} to use the folder")
