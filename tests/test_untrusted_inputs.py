@@ -408,3 +408,20 @@ def test_temperature_sweep_refuses_nan_before_making_its_folder(tmp_path):
     line = _one_line_refusal(_cli("temperature-sweep", "--model", "tiny-llama:1", "--task", "arithmetic", "--n", "2",
                                   "--k", "1", "--temperatures", "nan,1", "--out", str(out), "-q"))
     assert "--temperatures must be finite numbers > 0" in line and not out.exists()
+
+
+def test_a_lock_or_journal_planted_as_a_link_is_never_written_through(tmp_path):
+    from rnr_interp.records import Journal, RunDir
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    run = RunDir.create(tmp_path / "run", {"kind": "audit", "task": load_task("arithmetic", n=2).run_description()})
+    run.release()
+    (tmp_path / "run" / ".lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"\.lock: cannot be opened as the run's lock"):
+        RunDir.create(tmp_path / "run", {"kind": "audit", "task": load_task("arithmetic", n=2).run_description()})
+    journal = tmp_path / "run" / "journal.jsonl"
+    journal.symlink_to(victim)
+    with pytest.raises(OSError):
+        Journal(journal, "id").append([{"done": 1}])
+    assert victim.read_text() == "mine"

@@ -289,7 +289,8 @@ def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, qu
 
 def reload_questions(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The run's questions by id, reloaded from the task in its manifest
-    (`tasks.reload_task`). (None, reason) when the task cannot be reloaded as it was."""
+    (`tasks.reload_task`: an lm-eval task from the questions the run stored, its config
+    never rendered again). (None, reason) when the task cannot be reloaded as it was."""
     from rnr_interp.tasks import reload_task
 
     task = config.get("task") or {}
