@@ -253,6 +253,8 @@ def test_a_run_whose_stored_questions_were_edited_or_removed_is_refused_or_says_
     stored.unlink()  # a run from before runs stored their questions: its YAML is not rendered again
     line = _one_line_refusal(_cli("regrade", str(lm_eval_run), "-q"))
     assert "stored no questions" in line and not (tmp_path / "MARK").exists()
+    assert _cli("report", str(lm_eval_run)).exit_code == 0  # written from the records, saying why the texts are missing
+    assert "stored no questions" in (lm_eval_run / "report.html").read_text() and not (tmp_path / "MARK").exists()
 
 
 def test_regrade_of_a_run_being_written_is_refused_and_changes_nothing(lm_eval_run):
