@@ -236,12 +236,17 @@ def test_generate_until_task_reads_both_filters_and_grades_like_lm_eval(shared_d
     assert task.read_answer_strict(marked, q, finished=False) == "18"
 
 
-def test_lm_eval_task_resumes_and_reloads_from_its_manifest(folders, tmp_path):
+def test_lm_eval_task_reloads_from_what_its_run_stored(folders, tmp_path):
+    from rnr_interp.records import RunDir
     from rnr_interp.tasks import reload_task
 
     task = load_task("lm-eval:commonsense_qa", data=folders["commonsense_qa"])
-    again = reload_task(task.describe())
+    RunDir.create(tmp_path / "run", {"kind": "audit", "task": task.run_description()}).release()
+    again = reload_task(RunDir(tmp_path / "run").config["task"])
     assert again.content_hash() == task.content_hash() and again.name == "lm-eval:commonsense_qa"
+    assert type(again) is type(task) and again.config == task.config
+    with pytest.raises(ValueError, match="stored no questions"):  # a description alone: its YAML is not read again
+        reload_task(task.describe())
 
 
 # -- bad input: one line naming the file and the problem, exit 2, nothing written ---------

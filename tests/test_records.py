@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rnr_interp import records as rec
 from rnr_interp.records import (
@@ -16,6 +18,7 @@ from rnr_interp.records import (
     RECORD_SCHEMA,
     ConfigMismatchError,
     RunDir,
+    RunFolderError,
     load_runs,
 )
 
@@ -238,14 +241,37 @@ def test_load_runs(tmp_path: Path) -> None:
     assert [r.path for r in load_runs(tmp_path / "sweep" / "a")] == [tmp_path / "sweep" / "a"]
 
 
-def test_duplicate_parts_are_dropped_with_a_warning(tmp_path: Path) -> None:
-    # What a crash inside compact() leaves: the merged part and an old part both in place.
+def test_duplicate_parts_are_dropped_with_a_warning(tmp_path: Path, monkeypatch) -> None:
+    # What a crash inside compact() leaves: the merged part and the old parts all in place.
     run = RunDir.create(tmp_path / "run", CONFIG)
     run_all(run, QUESTIONS[:2])
     clean = run.read_records()
-    (run.records_dir / "part-00007.parquet").write_bytes(run.parts()[0].read_bytes())
-    with pytest.warns(UserWarning, match="dropping 4 duplicate"):
-        pd.testing.assert_frame_equal(run.read_records(), clean)
+
+    def killed(self, *args, **kwargs):
+        raise OSError("killed")
+
+    monkeypatch.setattr(Path, "unlink", killed)
+    with pytest.raises(OSError, match="killed"):
+        run.compact()
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match="dropping .* duplicate"):
+        pd.testing.assert_frame_equal(RunDir(run.path).read_records(), clean)
+
+
+def test_a_part_copied_in_or_edited_is_refused_naming_it(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path / "run", CONFIG)
+    run_all(run, QUESTIONS[:2])
+    run.release()
+    first = run.parts()[0]
+    (run.records_dir / "part-00007.parquet").write_bytes(first.read_bytes())  # the same rows, the run's id: not written by it
+    with pytest.raises(RunFolderError, match="part-00007.parquet: not a part this run wrote"):
+        RunDir(run.path).read_records()
+    (run.records_dir / "part-00007.parquet").unlink()
+    table = pq.read_table(first)
+    edited = table.set_column(table.schema.get_field_index("correct"), "correct", pa.array([not c for c in table["correct"].to_pylist()]))
+    pq.write_table(edited, first)  # a hand edit of `correct`, run id kept
+    with pytest.raises(RunFolderError, match="part-00000.parquet: its content does not match its checksum"):
+        RunDir(run.path).read_records()
 
 
 def test_records_feed_the_audit(tmp_path: Path) -> None:
@@ -281,3 +307,10 @@ def test_journal_drops_a_torn_last_line_and_refuses_a_corrupt_one(tmp_path):
     j.path.write_bytes(b'{"a": 1}\nnot json\n')
     with pytest.raises(rec.RunFolderError, match="line 2"):
         j.read()
+
+
+def test_a_reader_opened_before_a_part_was_written_reads_it(tmp_path: Path) -> None:
+    writer = RunDir.create(tmp_path / "run", CONFIG)
+    reader = RunDir(tmp_path / "run")  # its manifest has no checksum of the part written next
+    run_all(writer, QUESTIONS[:1])
+    assert len(reader.read_records()) == len(writer.read_records()) > 0

@@ -242,6 +242,9 @@ def test_an_old_run_folder_resumes_flexibly_and_regrades_strictly(tmp_path):
     old_schema = pa.schema([f for f in RECORD_SCHEMA if f.name not in ("correct_strict", "correct_flexible")])
     pq.write_table(pa.Table.from_pylist(legacy, schema=old_schema), old.records_dir / "part-00000.parquet")
     old.release()
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    del manifest["parts_sha256"]  # a manifest from before parts had checksums
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(manifest))
     resumed = RunDir.create(tmp_path / "run", {**config, "grading": None})
     assert resumed.grading == "flexible" and resumed.run_id == old.run_id
     records = resumed.read_records()
@@ -323,7 +326,7 @@ def test_regrade_reproduces_the_gsm8k40_route_run_flexibly_but_self_verification
         pytest.skip("the GSM8K data file is not here")
     monkeypatch.setattr(route_audit, "verify_scores", lambda lm, task, q, answers: [0.0] * len(answers))
     run = RunDir(GSM8K40)
-    out = regraded_folder(run, tmp_path / "re")
+    out, _ = regraded_folder(run, tmp_path / "re")
     summary = route_audit.summarize_routes(run, route_audit.route_config_of(run), target=out,
                                            task=reload_task(run.config["task"]), lm=SimpleNamespace(spec=run.config["model"]))
     out.write_summary(summary)

@@ -523,12 +523,14 @@ def _same_model(a: str | None, b: str | None) -> bool:
 def load_aligned_task(config: dict[str, Any], data: Optional[Path] = None):
     """The task a run was audited on, rebuilt from its config (name, question count;
     `data` for file tasks) and checked against the stored description and ids."""
-    from rnr_interp.tasks import load_task
+    from rnr_interp.tasks import load_task, reload_task
 
     described = config["task"]
-    lm_eval = described.get("lm_eval") or {}  # an lm-eval task: its YAML, which may be the user's own file
-    task = load_task(described["name"], data=data, n=described.get("n_questions"), task_config=lm_eval.get("yaml"),
-                     on_invalid="skip" if described.get("skipped_rows") else "refuse")
+    if isinstance(described.get("lm_eval"), dict):  # its questions as the run stored them: no YAML is rendered again
+        task = reload_task(described)
+    else:
+        task = load_task(described["name"], data=data, n=described.get("n_questions"),
+                         on_invalid="skip" if described.get("skipped_rows") else "refuse")
     differ = config_diff(comparable({"task": described}), comparable({"task": task.describe()}))
     if differ or task.ids_hash() != config["question_ids_hash"]:
         raise RunMismatchError(["task"], [f"the task rebuilt for the budget control differs from the runs' in "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 import traceback
@@ -374,8 +375,8 @@ def run_temperature_sweep(lm: LoadedModel, task: Task, out: str | Path, temperat
     for a new one; every temperature's audit takes the sweep's)."""
     from rnr_interp.analyses.audit import run_audit
 
-    if not temperatures or any(t <= 0 for t in temperatures):
-        raise ValueError(f"temperatures must be a non-empty list of values > 0, got {list(temperatures)}")
+    if not temperatures or not all(math.isfinite(t) and t > 0 for t in temperatures):
+        raise ValueError(f"temperatures must be a non-empty list of finite values > 0, got {list(temperatures)}")
     run = RunDir.create(out, {"kind": "temperature_sweep", "model": lm.spec, "task": task.describe(),
                               "question_ids_hash": task.ids_hash(), "k": k, "seed": seed,
                               "temperatures": sorted(float(t) for t in temperatures), "grading": grading})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
@@ -145,8 +146,8 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
     check_grading_option(grading)
     if not (run / "manifest.json").is_file():
         fail(f"{run} is not a run folder (no manifest.json)")
-    folder = RunDir(run)
-    total, done = (folder.config.get("task") or {}).get("n_questions"), len(folder.done_question_ids())
+    folder = execute(lambda: RunDir(run), context=f"{run}: ")  # a damaged folder or part: one line
+    total, done = (folder.config.get("task") or {}).get("n_questions"), len(execute(folder.done_question_ids, context=f"{run}: "))
     if not done:
         fail(f"{run} is unfinished: no question sampled yet")
 
@@ -185,6 +186,7 @@ def regrade(
         fail(f"{run} is not a run folder (no manifest.json)")
 
     def body():
+        from rnr_interp.records import writer_lock
         from rnr_interp.tasks import reload_task
 
         folder = RunDir(run)
@@ -193,7 +195,8 @@ def regrade(
             raise ValueError(f"regrade rewrites audit and route runs; {run} is a {kind!r} run")
         described = folder.config["task"]
         task = reload_task({**described, "source": str(data)} if data is not None else described)
-        target = folder if out is None else regraded_folder(folder, out)
+        # A regrade writes into a folder only as its writer: a run still being written is refused.
+        target, lock = (folder, writer_lock(run)) if out is None else regraded_folder(folder, out)
         if kind == "audit":
             from rnr_interp.analyses.audit import summarize
 
@@ -213,7 +216,9 @@ def regrade(
                 lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
             summary = summarize_routes(folder, route_config_of(folder), grading=grading, target=target, task=task, lm=lm)
         summary["regraded"] = {"from": str(run), "records_parts": len(folder.parts())}
+        summary = marked_unfinished(summary, folder)
         target.write_summary(summary)
+        del lock  # the writer lock goes with the last reference in this process
         return target, summary
 
     target, s = execute(body, context=f"{run}: ")
@@ -224,18 +229,35 @@ def regrade(
     run_folder(target.path)
 
 
+def marked_unfinished(summary: dict[str, Any], folder) -> dict[str, Any]:
+    """`summary`, saying so in `unfinished` and in a warning (shown by the CLI and the
+    report) when `folder` holds fewer questions than its task: a summary of a run that
+    is still going, or was stopped, is not that run's result."""
+    total, done = (folder.config.get("task") or {}).get("n_questions"), len(folder.done_question_ids())
+    if total is None or done >= total:
+        return summary
+    note = (f"written from an unfinished run: {done} of {total} questions sampled, the numbers are over those {done} "
+            "(finish the run with its own command, then regrade)")
+    return {**summary, "unfinished": {"questions_done": done, "questions": total},
+            "warnings": [*(summary.get("warnings") or ()), note]}
+
+
 def regraded_folder(run, out: Path):
-    """`out` as a folder holding `run`'s manifest and no records: where a regrade writes
-    its summary and tables when it leaves the run's own as they are."""
-    from rnr_interp.records import MANIFEST, RunDir, write_json_atomic
+    """(`out` as a folder holding `run`'s manifest and no records: where a regrade writes
+    its summary and tables when it leaves the run's own as they are; the writer lock on
+    it, which the regrade holds until it is done)."""
+    from rnr_interp.records import MANIFEST, TASK_FILE, RunDir, write_json_atomic, write_text_atomic, writer_lock
 
     if out.resolve() == run.path.resolve():
-        return run
+        return run, writer_lock(run.path)
     if (out / MANIFEST).is_file() and RunDir(out).config_hash != run.config_hash:
         raise ValueError(f"--out {out} holds another run; choose another folder")
     out.mkdir(parents=True, exist_ok=True)
+    lock = writer_lock(out)
+    if (run.path / TASK_FILE).is_file():  # the questions the manifest's checksum vouches for, beside it
+        write_text_atomic(out / TASK_FILE, (run.path / TASK_FILE).read_text(encoding="utf-8"))
     write_json_atomic(out / MANIFEST, {**run.manifest, "regraded_from": str(run.path.resolve())})
-    return RunDir(out)
+    return RunDir(out), lock
 
 
 def run_task(folder):
@@ -391,6 +413,8 @@ def temperature_sweep(
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
     except ValueError:
         fail(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
+    if not temps or not all(math.isfinite(t) and t > 0 for t in temps):  # before the model loads and the folder is made
+        fail(f"--temperatures must be finite numbers > 0, got {temperatures!r}")
     check_grading_option(grading)
 
     def body():

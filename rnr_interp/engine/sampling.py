@@ -28,6 +28,7 @@ from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
 from rnr_interp.models import LoadedModel, machine_memory
 from rnr_interp.records import DEFAULT_GRADING, stable_key
 from rnr_interp.tasks.base import Question, Task
+from rnr_interp.tasks.templates import render_each
 
 if TYPE_CHECKING:  # the vLLM backend imports vllm lazily; only its type is named here
     from rnr_interp.engine.vllm_backend import VLLMModel
@@ -69,7 +70,7 @@ def run_config(kind: str, lm: LoadedModel, task: Task, grading: str | None = Non
     agree. Each analysis adds its own settings as `extra`. `grading` is the headline
     grading (records.GRADINGS); None: the folder's own when resuming, else the default
     (`RunDir.create` settles it, and `RunDir.grading` says which)."""
-    return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.describe(),
+    return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.run_description(),
             "question_ids_hash": task.ids_hash(), "grading": grading, **extra}
 
 
@@ -200,10 +201,13 @@ def check_prompts_fit(lm: LoadedModel, task: Task, max_new_tokens: int) -> int:
     """Refuse, before anything runs, a task with a question whose prompt plus
     `max_new_tokens` would not fit in the model's context (the engine checks again
     before every model call; this names the question up front). Returns the longest
-    prompt's token count."""
+    prompt's token count. The prompts render first in a bounded child
+    (`templates.render_each`): a checkpoint's chat template is its author's code, and
+    one that loops or grows without end is refused in one line."""
+    rendered = render_each(lambda q: lm.render(task.user_message(q)), task.questions, f"the chat template of {lm.spec}")
     longest = 0
-    for q in task.questions:
-        n = len(prompt_ids(lm, task, q))
+    for q, prompt in zip(task.questions, rendered):
+        n = len(lm.encode(prompt))
         lm.check_fits(n + max_new_tokens, f"question {q.id!r} ({n} prompt tokens + {max_new_tokens} new)")
         longest = max(longest, n)
     return longest

@@ -5,6 +5,7 @@ A run folder looks like::
     run/
       manifest.json        config given by the caller + created, versions, config_hash
       summary.json         written by the audit when it finishes
+      task.json            the questions (and lm-eval grading settings) the run read
       records/part-00000.parquet, part-00001.parquet, ...
       artefacts/NAME.parquet, NAME.json   named extra tables and JSON (failure sets, ...)
 
@@ -19,19 +20,22 @@ One writer per run folder: `RunDir.create` takes an exclusive `flock` on `run/.l
 of this process for the folder is alive; a second process is refused with the holder's
 name. The kernel drops the lock of a killed process, so a `.lock` left behind by one is
 stale and the next writer takes it over. Readers take no lock and may open a run that is
-still being written. Unreadable files (garbage JSON, a manifest without a config,
+still being written; whatever writes into a run (a regrade, a report) takes it first.
+Every records part's sha256 is in the manifest (`parts_sha256`, written before the part)
+and `task.json`'s too: a file that no longer matches is refused naming it. Nothing is
+written through a link (O_NOFOLLOW) or into a `records/` resolving outside the run. Unreadable files (garbage JSON, a manifest without a config,
 truncated or foreign Parquet parts) raise `RunFolderError`, one line naming the file.
 """
 
 # The package's API, importable from `rnr_interp.records` (each name is defined in the module it comes from).
 from rnr_interp.records.schema import (
     ARTEFACTS_DIR, DEFAULT_GRADING, DEPLOYED, GRADINGS, JOURNAL, LATER_COLUMNS, LEGACY_GRADING, LOCK, MANIFEST,
-    ProbeLabel, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY, RECORD_SCHEMA, RunFolderError, RunLockedError, SUMMARY,
+    ProbeLabel, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY, RECORD_SCHEMA, RunFolderError, RunLockedError, SUMMARY, TASK_FILE,
     short_repr,
 )
 from rnr_interp.records.files import (
-    JSONTooDeepError, MAX_JSON_DEPTH, first_line, fsync_dir, json_default, parse_json, read_json_file, read_parquet,
-    remove_temp_files, write_json_atomic, write_parquet_atomic, write_text_atomic,
+    JSONTooDeepError, MAX_JSON_DEPTH, first_line, fsync_dir, json_default, parquet_bytes, parse_json, read_json_file,
+    read_parquet, remove_temp_files, write_bytes_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic,
 )
 from rnr_interp.records.journal import Journal
 from rnr_interp.records.config import (
@@ -39,4 +43,4 @@ from rnr_interp.records.config import (
     config_hash, run_environment, hashes_of, lookup, normalise, stable_key, package_versions,
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
-from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, load_runs
+from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, file_sha256, load_runs

@@ -31,10 +31,12 @@ def normalise(config: dict[str, Any]) -> dict[str, Any]:
 #: config entries that say where something came from, not what it is (the data file's
 #: path): kept in the manifest, left out of the resume check and of the comparison of
 #: runs. What the data is, `task.questions_hash`, counts.
-PROVENANCE_KEYS: tuple[str, ...] = ("task.source", "task.lm_eval.yaml", "task.lm_eval.data")
+PROVENANCE_KEYS: tuple[str, ...] = ("task.source", "task.lm_eval.yaml", "task.lm_eval.data", "task.stored_file")
+#: (`task.stored_file` is where an opened run's TASK_FILE is: set by `RunDir` when it
+#: opens the folder, never read from a manifest.)
 #: config entries left out of config_hash, and so of the records' run_id: the content
 #: hash came after run ids were published, and a run's id stays the one it had.
-UNHASHED_KEYS: tuple[str, ...] = ("task.questions_hash",)
+UNHASHED_KEYS: tuple[str, ...] = ("task.questions_hash", "task.stored_file")
 
 
 def _without(config: dict[str, Any], dotted_keys: Iterable[str]) -> dict[str, Any]:

@@ -36,7 +36,8 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     filesystems) and move it into place; on any error the temp file is removed."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        # O_NOFOLLOW: a link planted at the temp name is refused, not written through
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -78,6 +79,17 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 def write_parquet_atomic(path: Path, table: pa.Table) -> Path:
     return _atomic_write(path, lambda f: pq.write_table(table, f))
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A table as the bytes of a Parquet file (to checksum before it is written)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    return _atomic_write(path, lambda f: f.write(data))
 
 
 def remove_temp_files(*folders: Path) -> None:

@@ -23,7 +23,8 @@ class Journal:
     With a `run_id` (a run's journal always has one), every line appended carries it
     and `read` refuses a line that names another run, so a journal copied from another
     run is never replayed into this one. Lines without one were written before lines
-    carried it: the reader decides whether they are the run's (`unowned`)."""
+    carried it: the reader decides whether they are the run's (`unowned`). A journal
+    that is a link is never written through (O_NOFOLLOW)."""
 
     def __init__(self, path: Path, run_id: str | None = None):
         self.path = Path(path)
@@ -35,7 +36,7 @@ class Journal:
         if not data:
             return
         self._cut_torn_tail()
-        with open(self.path, "ab") as f:
+        with os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -43,7 +44,7 @@ class Journal:
     def _cut_torn_tail(self) -> None:
         if not self.path.is_file() or self.path.stat().st_size == 0:
             return
-        with open(self.path, "r+b") as f:
+        with os.fdopen(os.open(self.path, os.O_RDWR | os.O_NOFOLLOW), "r+b") as f:
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
                 f.seek(0)

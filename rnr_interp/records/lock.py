@@ -55,7 +55,10 @@ class WriterLock:
         self.path = folder / LOCK
         self.stale_holder: str | None = None
         for _ in range(10):  # retried only when the file is swapped under us
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # O_NOFOLLOW: a link planted at the lock's name is never written through
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as exc:
+                raise RunFolderError(f"{self.path}: cannot be opened as the run's lock ({exc.strerror})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:

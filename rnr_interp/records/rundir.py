@@ -3,6 +3,7 @@ back checked to belong to the run; `--out` checks; `load_runs`."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import warnings
@@ -16,10 +17,11 @@ import pyarrow as pa
 
 from rnr_interp.records.schema import (
     ARTEFACTS_DIR, DEFAULT_GRADING, GRADINGS, JOURNAL, LOCK, MANIFEST, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY,
-    RECORD_SCHEMA, RunFolderError, SUMMARY, short_repr,
+    RECORD_SCHEMA, RunFolderError, SUMMARY, TASK_FILE, short_repr,
 )
 from rnr_interp.records.files import (
-    fsync_dir, read_json_file, read_parquet, remove_temp_files, write_json_atomic, write_parquet_atomic,
+    fsync_dir, parquet_bytes, read_json_file, read_parquet, remove_temp_files, write_bytes_atomic, write_json_atomic,
+    write_parquet_atomic,
 )
 from rnr_interp.records.journal import Journal
 from rnr_interp.records.config import (
@@ -28,7 +30,7 @@ from rnr_interp.records.config import (
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
 
-WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR)
+WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR, TASK_FILE)
 #: how deep `check_out_folder` looks for this tool's folders inside an output folder
 _OUT_DEPTH = 6
 
@@ -116,6 +118,8 @@ def _remove_empty(folders: list[Path]) -> None:
 # -- run folders ----------------------------------------------------------------------
 
 _PART_RE = re.compile(r"^part-(\d+)\.parquet$")
+#: the manifest's entry holding each records part's sha256 (part file name -> hex)
+PARTS_SHA256 = "parts_sha256"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -128,10 +132,13 @@ class RunDir:
         if not (self.path / MANIFEST).is_file():
             raise FileNotFoundError(f"{self.path} is not a run folder (no {MANIFEST})")
         self._manifest: dict[str, Any] = self._read_manifest()
+        self._attach_stored_task()
         # (question_id, probe) groups stored in parts; loaded on first use
         self._stored: set[tuple[str, str]] | None = None
         # the writer lock, for a RunDir from `create`
         self._lock: WriterLock | None = None
+        # parts whose checksum was verified: path -> (size, mtime_ns) then
+        self._verified: dict[Path, tuple[int, int]] = {}
 
     def _read_manifest(self) -> dict[str, Any]:
         path = self.path / MANIFEST
@@ -148,6 +155,24 @@ class RunDir:
             raise RunFolderError(f"{path}: its config does not match its {key} (edited after the run started?); "
                                  "the records were made under another config, so the folder is refused")
         return manifest
+
+    def _attach_stored_task(self) -> None:
+        """`config["task"]["stored_file"]`: this folder's TASK_FILE when it has one whose
+        checksum the manifest holds (a file edited since is refused naming it); a path
+        the manifest itself names is dropped, never followed."""
+        task = self.config.get("task")
+        if not isinstance(task, dict):
+            return
+        task.pop("stored_file", None)
+        path = self.path / TASK_FILE
+        if not path.is_file():
+            return
+        expected = self.manifest.get("task_sha256")
+        if file_sha256(path) != expected:
+            raise RunFolderError(f"{path}: its content does not match the checksum in {MANIFEST} "
+                                 f"({'none stored' if expected is None else 'edited after the run started?'}); "
+                                 "the run's questions cannot be trusted, so the folder is refused")
+        task["stored_file"] = str(path)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -167,6 +192,7 @@ class RunDir:
         until it is released or dropped.
         """
         root = Path(path)
+        config, stored_task = _split_stored_task(config)
         config = normalise(config)
         if "grading" in config and config["grading"] is None:
             # Unspecified: the folder's own grading when resuming it, else the default.
@@ -187,6 +213,10 @@ class RunDir:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run.stored_groups()  # every part must be the run's own before anything is added
                 run._lock = lock
+                if PARTS_SHA256 not in run.manifest:  # a run from before parts had checksums: its parts (checked above) get them
+                    run._update_manifest({PARTS_SHA256: {p.name: file_sha256(p) for p in run.parts()}})
+                if stored_task is not None and not (root / TASK_FILE).is_file():  # a run from before runs stored it
+                    run._store_task(stored_task)
                 remove_temp_files(root, run.records_dir, run.artefacts_dir)
                 return run
             records = root / RECORDS_DIR
@@ -203,7 +233,10 @@ class RunDir:
                 "versions": package_versions(),
                 "environment": run_environment(),
                 "record_columns": list(RECORD_COLUMNS),
+                PARTS_SHA256: {},
             }
+            if stored_task is not None:
+                manifest["task_sha256"] = file_sha256(write_json_atomic(root / TASK_FILE, stored_task))
             # The manifest goes last: its presence is what marks the folder as a run.
             write_json_atomic(root / MANIFEST, manifest)
         except BaseException:
@@ -217,6 +250,57 @@ class RunDir:
         run = cls(root)
         run._lock = lock
         return run
+
+    def _store_task(self, stored: Any) -> None:
+        """Write TASK_FILE into this (locked) run, then the manifest with its checksum."""
+        self._update_manifest({"task_sha256": file_sha256(write_json_atomic(self._writable(self.path / TASK_FILE), stored))})
+        self._attach_stored_task()
+
+    def _update_manifest(self, entries: dict[str, Any]) -> None:
+        """Rewrite the manifest (atomically; the writer's) with `entries` added."""
+        self._manifest.update(entries)
+        write_json_atomic(self._writable(self.path / MANIFEST), _without_stored_file(self._manifest))
+
+    def _writable(self, path: Path) -> Path:
+        """`path`, when its folder resolves inside this run folder: a `records/` or
+        `artefacts/` that is a link out of the run is refused, never written through."""
+        folder, root = path.parent.resolve(), self.path.resolve()
+        if folder != root and not folder.is_relative_to(root):
+            raise RunFolderError(f"{path.parent} resolves to {folder}, outside the run folder {self.path}; "
+                                 "nothing is written there")
+        return path
+
+    def _write_part(self, path: Path, table: pa.Table) -> Path:
+        """A records part, its checksum in the manifest first: a kill between the two
+        leaves a checksum of no file, never a part without one."""
+        data = parquet_bytes(table)
+        self._writable(path)
+        self._update_manifest({PARTS_SHA256: {**self.manifest.get(PARTS_SHA256, {}), path.name: hashlib.sha256(data).hexdigest()}})
+        return write_bytes_atomic(path, data)
+
+    def _check_part(self, part: Path) -> None:
+        """Refuse a part whose bytes are not those the run wrote (its checksum in the
+        manifest). Runs from before parts had checksums hold none: their parts are read
+        as before (each row's run_id is still checked), unverified."""
+        sums = self.manifest.get(PARTS_SHA256)
+        if sums is None:
+            return
+        try:
+            stat = part.stat()
+        except OSError as exc:
+            raise RunFolderError(f"{part}: cannot be read ({exc.strerror})") from None
+        if self._verified.get(part) == (stat.st_size, stat.st_mtime_ns):
+            return
+        if isinstance(sums, dict) and part.name not in sums:  # written since this RunDir read the manifest?
+            fresh = read_json_file(self.path / MANIFEST)
+            sums = fresh.get(PARTS_SHA256) if isinstance(fresh, dict) else None
+        if not isinstance(sums, dict) or part.name not in sums:
+            raise RunFolderError(f"{part}: not a part this run wrote (no checksum for it in {MANIFEST}); "
+                                 f"move the file out of {self.path} to use the folder")
+        if file_sha256(part) != sums[part.name]:
+            raise RunFolderError(f"{part}: its content does not match its checksum in {MANIFEST} (edited after it was "
+                                 "written?); the run's records cannot be trusted, so the folder is refused")
+        self._verified[part] = (stat.st_size, stat.st_mtime_ns)
 
     def release(self) -> None:
         """Give up this process's writer lock on the folder now, for every RunDir of it
@@ -283,13 +367,15 @@ class RunDir:
     def _read_part(self, part: Path, **kw: Any) -> pa.Table:
         """A records part of this run: every row's run_id must be the run's, filtered
         out or not (rows copied from another run, or a part made under a config since
-        edited, are refused naming the part). `kw` goes to pyarrow (columns, filters)."""
+        edited, are refused naming the part), and its bytes those whose checksum the
+        manifest holds (`_check_part`). `kw` goes to pyarrow (columns, filters)."""
         ids = read_parquet(part, RECORD_SCHEMA, columns=["run_id"])["run_id"]
         foreign = set(ids.unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
         if foreign:
             raise RunFolderError(
                 f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
                 f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
+        self._check_part(part)
         return read_parquet(part, RECORD_SCHEMA, **kw)
 
     def _legacy_run_ids(self) -> tuple[str, ...]:
@@ -346,7 +432,7 @@ class RunDir:
                 "a part must hold complete groups, so skip done_question_ids() when resuming"
             )
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        path = write_parquet_atomic(self._next_part_path(), table)
+        path = self._write_part(self._next_part_path(), table)
         self.stored_groups().update(groups)
         return path
 
@@ -386,10 +472,12 @@ class RunDir:
         if len(old) <= 1:
             return old[0] if old else None
         table = pa.Table.from_pandas(self.read_records(), schema=RECORD_SCHEMA, preserve_index=False)
-        merged = write_parquet_atomic(self._next_part_path(), table)
+        merged = self._write_part(self._next_part_path(), table)
         for part in old:
             part.unlink()
         fsync_dir(self.records_dir)
+        if PARTS_SHA256 in self.manifest:
+            self._update_manifest({PARTS_SHA256: {merged.name: self.manifest[PARTS_SHA256][merged.name]}})
         return merged
 
     def snapshot(self, out: str | os.PathLike[str]) -> "RunDir":
@@ -403,7 +491,7 @@ class RunDir:
         records = self.read_records()
         snap = RunDir.create(target, self.config, resume=False)
         if len(records):
-            write_parquet_atomic(snap._next_part_path(), pa.Table.from_pandas(records, schema=RECORD_SCHEMA, preserve_index=False))
+            snap._write_part(snap._next_part_path(), pa.Table.from_pandas(records, schema=RECORD_SCHEMA, preserve_index=False))
         snap._stored = None
         return snap
 
@@ -412,7 +500,7 @@ class RunDir:
         """summary.json, with the data rows the task skipped as invalid (from the
         config), so every analysis's summary says what it left out."""
         skipped = (self.config.get("task") or {}).get("skipped_rows")
-        return write_json_atomic(self.path / SUMMARY, {**summary, "skipped_rows": skipped} if skipped else summary)
+        return write_json_atomic(self._writable(self.path / SUMMARY), {**summary, "skipped_rows": skipped} if skipped else summary)
 
     def read_summary(self) -> dict[str, Any]:
         path = self.path / SUMMARY
@@ -437,7 +525,7 @@ class RunDir:
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         """Store a named DataFrame (a non-default index is kept and restored)."""
-        path = self._artefact(name, ".parquet")
+        path = self._writable(self._artefact(name, ".parquet"))
         self.artefacts_dir.mkdir(exist_ok=True)
         return write_parquet_atomic(path, pa.Table.from_pandas(df))
 
@@ -445,12 +533,42 @@ class RunDir:
         return read_parquet(self._existing_artefact(name, ".parquet")).to_pandas()
 
     def write_json(self, name: str, obj: Any) -> Path:
-        path = self._artefact(name, ".json")
+        path = self._writable(self._artefact(name, ".json"))
         self.artefacts_dir.mkdir(exist_ok=True)
         return write_json_atomic(path, obj)
 
     def read_json(self, name: str) -> Any:
         return read_json_file(self._existing_artefact(name, ".json"))
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _split_stored_task(config: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """(config without `task.stored`, what `task.stored` held): the run's questions go
+    to TASK_FILE, not into the hashed config. A config read from another run (a
+    snapshot) brings that run's TASK_FILE as `task.stored_file`."""
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(task, dict) or not ({"stored", "stored_file"} & task.keys()):
+        return config, None
+    stored = task.get("stored")
+    if stored is None and task.get("stored_file"):
+        stored = read_json_file(Path(task["stored_file"]))
+    return {**config, "task": {k: v for k, v in task.items() if k not in ("stored", "stored_file")}}, stored
+
+
+def _without_stored_file(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as written: without the `task.stored_file` an open RunDir adds."""
+    task = manifest["config"].get("task")
+    if not isinstance(task, dict) or "stored_file" not in task:
+        return manifest
+    return {**manifest, "config": {**manifest["config"], "task": {k: v for k, v in task.items() if k != "stored_file"}}}
 
 
 def _with_later_columns(table: pa.Table) -> pa.Table:

@@ -14,6 +14,9 @@ MANIFEST = "manifest.json"
 #: work in progress not yet in a record part (`Journal`)
 JOURNAL = "journal.jsonl"
 SUMMARY = "summary.json"
+#: the run's questions and grading settings as the run read them (`RunDir.create`'s
+#: `task.stored`): what readers grade and show, so no task config is rendered again
+TASK_FILE = "task.json"
 RECORDS_DIR = "records"
 ARTEFACTS_DIR = "artefacts"
 LOCK = ".lock"

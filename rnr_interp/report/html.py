@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from rnr_interp.report.text import answer_change_line, chance_blocks, interval
-from rnr_interp.records import DEPLOYED, RunDir, load_runs
+from rnr_interp.records import DEPLOYED, RunDir, RunFolderError, load_runs, write_text_atomic, writer_lock
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
 
@@ -289,7 +289,8 @@ def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, qu
 
 def reload_questions(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The run's questions by id, reloaded from the task in its manifest
-    (`tasks.reload_task`). (None, reason) when the task cannot be reloaded as it was."""
+    (`tasks.reload_task`: an lm-eval task from the questions the run stored, its config
+    never rendered again). (None, reason) when the task cannot be reloaded as it was."""
     from rnr_interp.tasks import reload_task
 
     task = config.get("task") or {}
@@ -401,7 +402,14 @@ def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | 
     for run in runs:
         rel = run.path.relative_to(root)
         back = os.path.relpath(dest / INDEX_NAME, dest / rel) if sweep else None
-        write_page(dest / rel / REPORT_NAME, *build_page(run, back), images=images)
+        # Into a run folder only as its writer (a run still being written is refused), and
+        # never through a link out of the folder written to.
+        lock = writer_lock(run.path) if out is None else None
+        page = dest / rel / REPORT_NAME
+        if not page.parent.resolve().is_relative_to(dest.resolve()):
+            raise RunFolderError(f"{page.parent} resolves to {page.parent.resolve()}, outside {dest}; no report is written there")
+        write_page(page, *build_page(run, back), images=images)
+        del lock
         pages.append((run, (rel / REPORT_NAME).as_posix()))
     if not sweep:
         return dest / REPORT_NAME
@@ -416,8 +424,7 @@ def write_page(path: Path, text: str, figures: Figures, images: bool) -> Path:
         written = export_figures(figures, path.parent / FIGURES_DIR)
         text = text.replace("</body>", _images_note(written, path.parent) + "</body>")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_text_atomic(path, text)
 
 
 def _images_note(paths: list[Path], folder: Path) -> str:

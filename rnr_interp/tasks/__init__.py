@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from rnr_interp.records import read_json_file
+
 from .arc import ARC, load_arc
 from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task, rotate_options
 from .boolq import BoolQ, load_boolq
@@ -25,10 +27,10 @@ from .gsm8k import GSM8K, load_gsm8k
 from .hellaswag import HellaSwag, load_hellaswag
 from .hf import SPECS as HF_SPECS
 from .hf import HFLoadError, load_hf, load_hf_disk
-from ._io import ON_INVALID, collecting_invalid_rows
+from ._io import ON_INVALID, checked_data_file, collecting_invalid_rows
 from .jsonl import JsonlMCTask, JsonlNumberTask, JsonlTask, load_jsonl
 from .lmeval import PREFIX as LM_EVAL_PREFIX
-from .lmeval import LmEvalGenerationTask, LmEvalMCTask, load_lm_eval
+from .lmeval import LmEvalGenerationTask, LmEvalMCTask, load_lm_eval, stored_lm_eval_task
 from .logiqa import LogiQA, load_logiqa
 from .piqa import PIQA, load_piqa
 from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc, parse_source
@@ -109,20 +111,24 @@ def _load_task(name: str, data: str | Path | None, n: int | None, task_config: s
         if not path.exists():
             raise FileNotFoundError(f"task {name!r}: data file {path} not found")
         return load_hf_disk(name, path, **kw).head(n)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"task {name!r}: data file {path} not found")
-    return _FILE_TASKS[name][0](path, **kw).head(n)
+    return _FILE_TASKS[name][0](checked_data_file(path), **kw).head(n)
 
 
 def reload_task(described: dict[str, Any]) -> Task:
-    """The task a run manifest describes (`Task.describe()`), rebuilt: synthetic tasks
-    from the generator parameters in `source`, file tasks from the file it names (its
-    first `n_questions`, the questions the run was given)."""
+    """The task a run manifest describes (`Task.describe()`), rebuilt: lm-eval tasks
+    from the questions and settings the run stored (`stored_file`, set by `RunDir`: a
+    task config is never rendered again from a run folder, its templates are the
+    config's author's), synthetic tasks from the generator parameters in `source`, file
+    tasks from the file it names (its first `n_questions`, the questions the run was given)."""
     name, source = described.get("name"), str(described.get("source") or "")
     on_invalid = "skip" if described.get("skipped_rows") else "refuse"
-    if isinstance(lm_eval := described.get("lm_eval"), dict):  # the YAML and data it was read from
-        return load_task(name, data=lm_eval.get("data"), n=described.get("n_questions"), on_invalid=on_invalid,
-                         task_config=lm_eval.get("yaml"))
+    if isinstance(described.get("lm_eval"), dict):
+        if not described.get("stored_file"):
+            raise ValueError(f"the run stored no questions of {name} (it was made before runs stored them); its task "
+                             "config is not rendered again from a run folder: rerun it to grade or show its questions")
+        return _same_questions(stored_lm_eval_task(described, read_json_file(Path(described["stored_file"]))), described)
     if (synthetic := parse_source(source)) is not None:
         return _same_questions(load_task(name, **synthetic[1]), described)
     if source and Path(source).is_file():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bz2
 import json
+import os
+import stat
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -27,15 +29,60 @@ class RowError(ValueError):
 
 
 BOM = "\ufeff"
+#: the environment variable that raises the data size bound, in MB
+MAX_DATA_MB_VAR = "RNR_MAX_DATA_MB"
+#: the bound without it: some thirty times the largest benchmark read here (HellaSwag, 7.8 MB decompressed)
+DEFAULT_MAX_DATA_MB = 256
+#: the longest line of a data file (a row of a JSONL file, a question of a text file)
+MAX_LINE_BYTES = 16 << 20
+
+
+def max_data_bytes() -> int:
+    """The most bytes a data file (decompressed) may hold: RNR_MAX_DATA_MB, else 256 MB."""
+    raw = os.environ.get(MAX_DATA_MB_VAR, str(DEFAULT_MAX_DATA_MB))
+    try:
+        mb = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_DATA_MB_VAR}={raw!r}: expected a number of MB") from None
+    return max(mb, 1) << 20
+
+
+def checked_data_file(path: str | Path) -> Path:
+    """`path`, when it is a regular file (links followed) no larger than
+    `max_data_bytes()`: a device (/dev/zero), a pipe or an oversized file is refused
+    before a byte is read."""
+    p = Path(path)
+    try:
+        info = p.stat()
+    except OSError as e:
+        raise DataFormatError(p, None, f"cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DataFormatError(p, None, "not a regular file (a device, a pipe or a socket): data must be a file")
+    limit = max_data_bytes()
+    if info.st_size > limit:
+        raise DataFormatError(p, None, f"{info.st_size:,} bytes, more than the {limit >> 20} MB a data file may hold "
+                              f"(set {MAX_DATA_MB_VAR} to raise it)")
+    return p
 
 
 def _read_bytes(p: Path) -> bytes:
+    raw = checked_data_file(p).read_bytes()
     if p.suffix != ".bz2":
-        return p.read_bytes()
-    try:
-        return bz2.decompress(p.read_bytes())
-    except (OSError, ValueError, EOFError) as e:  # a damaged or truncated stream
-        raise DataFormatError(p, None, f"not a readable bzip2 file ({e})") from None
+        return raw
+    limit, data = max_data_bytes(), bytearray()
+    while raw:  # stream after stream, as bz2.decompress reads them, but never past the limit
+        stream = bz2.BZ2Decompressor()
+        try:
+            data += stream.decompress(raw, max_length=limit + 1 - len(data))
+        except (OSError, ValueError, EOFError) as e:  # a damaged stream
+            raise DataFormatError(p, None, f"not a readable bzip2 file ({e})") from None
+        if len(data) > limit:
+            raise DataFormatError(p, None, f"decompresses to more than the {limit >> 20} MB a data file may hold "
+                                  f"(set {MAX_DATA_MB_VAR} to raise it)")
+        if not stream.eof:
+            raise DataFormatError(p, None, "not a readable bzip2 file (Compressed file ended before the end-of-stream marker was reached)")
+        raw = stream.unused_data
+    return bytes(data)
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -49,6 +96,8 @@ def read_lines(path: str | Path) -> list[str]:
     p = Path(path)
     lines = []
     for line_no, raw in enumerate(_read_bytes(p).split(b"\n"), 1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise DataFormatError(p, line_no, f"a line of {len(raw):,} bytes; a data file's lines hold at most {MAX_LINE_BYTES:,}")
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -110,6 +159,11 @@ def collecting_invalid_rows(on_invalid: str) -> Iterator[list[dict[str, Any]] | 
         yield skipped
     finally:
         _SKIPPED.reset(token)
+
+
+def invalid_rows() -> list[dict[str, Any]] | None:
+    """The rows skipped so far in the current skipping block (None: invalid rows refuse)."""
+    return _SKIPPED.get()
 
 
 def row_id(obj: Any) -> str | None:

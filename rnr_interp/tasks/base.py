@@ -25,6 +25,9 @@ class DataFormatError(ValueError):
         super().__init__(f"{where}: {problem}")
         self.path, self.line, self.problem = path, line, problem
 
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt from its parts (it comes back from a child process pickled)
+        return type(self), (self.path, self.line, self.problem)
+
 
 @dataclass(frozen=True)
 class Question:
@@ -170,6 +173,17 @@ class Task:
         """The answers `read_answer` can give for q when there are finitely many (a
         multiple-choice question's letters), else None: what chance baselines draw from."""
         return None
+
+    def stored(self) -> dict[str, Any]:
+        """What a run stores of its task besides the description (records.TASK_FILE): the
+        questions as asked and graded, so a reader never reads or renders the task's
+        files again (`tasks.reload_task`)."""
+        return {"questions": [dataclasses.asdict(q) for q in self.questions]}
+
+    def run_description(self) -> dict[str, Any]:
+        """`describe()` for a run config, with `stored()` under "stored" (`RunDir.create`
+        writes it to the run's TASK_FILE, outside the hashed config)."""
+        return {**self.describe(), "stored": self.stored()}
 
     def describe(self) -> dict[str, Any]:
         return {

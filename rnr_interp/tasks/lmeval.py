@@ -2,9 +2,11 @@
 `--task-config FILE.yaml` (your own file in the same format).
 
 The YAML is read the way lm-eval reads it (`include:` of base files, local keys win)
-and its `doc_to_text`, `doc_to_choice` and `doc_to_target` are rendered by lm-eval's
-own Jinja2 environment (`lm_eval.utils.apply_template`: StrictUndefined, so a template
-naming a field the row lacks is an error, not an empty string), with lm-eval's rules
+and its `doc_to_text`, `doc_to_choice` and `doc_to_target` are rendered with the settings
+of lm-eval's Jinja2 environment (StrictUndefined, so a template naming a field the row
+lacks is an error, not an empty string) in a bounded sandbox (`templates`: a template
+reaches no Python object's internals, and a whole task renders in a child process with
+a memory and a CPU limit), with lm-eval's rules
 for a column name, a literal list or an index. Zero-shot: the YAML's `num_fewshot` is
 not applied (`description`, when set, is prepended as lm-eval does at zero shots).
 
@@ -45,15 +47,17 @@ import json
 import os
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import yaml
+from jinja2.exceptions import SecurityError
 
-from ._io import RowError, check_question, invalid_row, iter_jsonl
+from ._io import RowError, check_question, checked_data_file, invalid_row, invalid_rows, iter_jsonl
 from .base import LETTERS, DataFormatError, MultipleChoiceTask, Question, Task
+from .templates import TemplateLimitError, bounded_call, render
 
 #: the task-name prefix that selects an installed lm-eval YAML
 PREFIX = "lm-eval:"
@@ -68,14 +72,6 @@ _UNSET: Any = object()
 
 class LmEvalUnavailable(ValueError):
     """lm-eval is not importable here (it is installed by `make setup`)."""
-
-
-def _lm_eval_utils() -> Any:
-    try:
-        import lm_eval.utils  # its Jinja2 environment; imports nothing that needs a network
-    except ImportError as e:
-        raise LmEvalUnavailable(f"lm-eval tasks need the lm_eval package ({e}); `make setup` installs lm_eval==0.4.13") from None
-    return lm_eval.utils
 
 
 def installed_tasks_dir() -> Path:
@@ -136,17 +132,32 @@ def _loader(path: Path) -> type[yaml.SafeLoader]:
     return Loader
 
 
+#: the largest task config file read (lm-eval 0.4.13's largest YAML is 62 kB)
+MAX_CONFIG_BYTES = 1 << 20
+#: the longest chain of `include:` files (lm-eval 0.4.13's longest is 3 files)
+MAX_INCLUDE_DEPTH = 16
+
+
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """One task YAML with its `include:` files merged in (lm-eval's rule: included
-    files in order, then the file's own keys win; `task_list` is not inherited)."""
+    files in order, then the file's own keys win; `task_list` is not inherited).
+    Bounded before it is parsed: a file of at most MAX_CONFIG_BYTES, includes at most
+    MAX_INCLUDE_DEPTH deep, nesting as deep as the parser's stack allows."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataFormatError(p, None, "no such task config file")
     p = p.resolve()
     if p in _seen:
         raise DataFormatError(p, None, "include cycle: " + " -> ".join(str(s) for s in (*_seen, p)))
+    if len(_seen) > MAX_INCLUDE_DEPTH:
+        raise DataFormatError(p, None, f"include: more than {MAX_INCLUDE_DEPTH} files deep (from {_seen[0]}); "
+                              "a task config's includes are a few files deep")
+    if (size := p.stat().st_size) > MAX_CONFIG_BYTES:
+        raise DataFormatError(p, None, f"{size:,} bytes: a task config holds at most {MAX_CONFIG_BYTES:,} (its data goes in --data)")
     try:
         cfg = yaml.load(p.read_text(encoding="utf-8"), Loader=_loader(p))  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise DataFormatError(p, None, "not a task config: its YAML is nested too deep to read") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
@@ -290,6 +301,28 @@ class LmEvalConfig:
             gen_prefix=raw.get("gen_prefix"),
         )
 
+    def stored(self) -> dict[str, Any]:
+        """Every setting, as JSON (functions as {"!function": name}): what a run stores
+        to grade its records later without reading the YAML again (`from_stored`)."""
+        def plain(v: Any) -> Any:
+            if isinstance(v, FunctionRef):
+                return {"!function": v.qualname}
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+        return {f.name: str(self.path) if f.name == "path" else plain(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> "LmEvalConfig":
+        """The config `stored()` gave; its templates are data here, never rendered."""
+        try:
+            values = {f.name: stored[f.name] for f in fields(cls)}
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"stored lm-eval settings lack {e}") from None
+        values["path"], values["filter_list"] = Path(values["path"]), tuple(values["filter_list"])
+        return cls(**values)
+
     def describe(self) -> dict[str, Any]:
         """The settings a run records (functions by their `!function` name)."""
         def shown(v: Any) -> Any:
@@ -311,14 +344,18 @@ class Renderer:
 
     def __init__(self, cfg: LmEvalConfig, features: Sequence[str]):
         self.cfg, self.features = cfg, set(features)
-        self.apply_template = _lm_eval_utils().apply_template
         self._fns = {k: v.resolve() for k in ("doc_to_text", "doc_to_target", "doc_to_choice", "description")
                      if isinstance(v := getattr(cfg, k), FunctionRef)}
 
     def _template(self, field: str, template: str, doc: dict[str, Any]) -> str:
         try:
-            return self.apply_template(template, doc)
-        except Exception as e:  # noqa: BLE001 - jinja2's UndefinedError, TemplateSyntaxError, errors inside filters
+            return render(template, doc, field)
+        except TemplateLimitError as e:  # the config's fault, not the row's: the file is refused
+            raise DataFormatError(self.cfg.path, None, f"{e}; the template is refused") from None
+        except SecurityError as e:
+            raise DataFormatError(self.cfg.path, None, f"{field} reaches outside the template's sandbox ({e}); "
+                                  "the template is refused") from None
+        except Exception as e:  # noqa: BLE001 - jinja2's UndefinedError, SecurityError, errors inside filters
             raise RowError(f"{field} of {self.cfg.path.name}: {type(e).__name__}: {e}") from None
 
     def _direct(self, field: str, doc: dict[str, Any]) -> Any:
@@ -440,6 +477,8 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
         raise FileNotFoundError(f"lm-eval task {cfg.task!r}: data {p} not found")
     suffix = p.suffix.lower()
     if p.is_dir() or suffix == ".arrow":
+        if not p.is_dir():
+            checked_data_file(p)
         datasets = _datasets()
         try:
             ds = datasets.load_from_disk(str(p)) if p.is_dir() else datasets.Dataset.from_file(str(p))
@@ -459,7 +498,7 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
         return _processed(cfg, [obj for _, obj in numbered]), str(p), lambda i: lines[i]
     if suffix == ".json":
         try:
-            rows = json.loads(p.read_text(encoding="utf-8"))
+            rows = json.loads(checked_data_file(p).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataFormatError(p, None, f"not valid JSON ({e})") from None
         if isinstance(rows, dict) and isinstance(rows.get("data"), list):
@@ -471,7 +510,7 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
         import pyarrow.parquet as pq
 
         try:
-            rows = pq.read_table(p).to_pylist()
+            rows = pq.read_table(checked_data_file(p)).to_pylist()
         except Exception as e:  # noqa: BLE001 - a damaged or foreign file
             raise DataFormatError(p, None, f"not a readable Parquet file ({type(e).__name__})") from None
         return _processed(cfg, rows), str(p), lambda i: i + 1
@@ -543,6 +582,9 @@ class LmEvalMCTask(MultipleChoiceTask):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "lm_eval": {**self.config.describe(), "data": self.data}}
 
+    def stored(self) -> dict[str, Any]:
+        return {**super().stored(), "lm_eval": self.config.stored()}
+
 
 class LmEvalGenerationTask(Task):
     """An lm-eval generate_until task: the rendered doc_to_text, stopped at `until`,
@@ -599,6 +641,9 @@ class LmEvalGenerationTask(Task):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "lm_eval": {**self.config.describe(), "data": self.data}}
+
+    def stored(self) -> dict[str, Any]:
+        return {**super().stored(), "lm_eval": self.config.stored()}
 
 
 def exact_match(prediction: str, reference: str, regexes_to_ignore: Sequence[str] | None = None,
@@ -681,6 +726,37 @@ def _questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int],
         yield q
 
 
+def _rendered_questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int]) -> list[Question]:
+    """The questions of every doc, rendered in a bounded child process
+    (`templates.bounded_call`); rows it skipped as invalid are kept here as well."""
+    def work() -> tuple[list[Question], list[dict[str, Any]]]:
+        before = len(invalid_rows() or ())
+        questions = list(_questions(cfg, docs, where, row_of))
+        return questions, list(invalid_rows() or ())[before:]
+
+    questions, skipped = bounded_call(work, f"rendering the templates of {cfg.path.name}")
+    if (kept := invalid_rows()) is not None:
+        kept.extend(skipped)
+    return questions
+
+
+def stored_lm_eval_task(described: dict[str, Any], stored: Any) -> Task:
+    """The lm-eval task a run stored (`Task.stored()`), with the source and data its
+    description names: questions as asked, graded by the stored filters."""
+    try:
+        cfg = LmEvalConfig.from_stored(stored["lm_eval"])
+        questions = [Question(**{**q, "choices": None if q.get("choices") is None else tuple(q["choices"])})
+                     for q in stored["questions"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{described.get('stored_file')}: not a stored lm-eval task ({type(e).__name__}: {e})") from None
+    cls = LmEvalMCTask if cfg.output_type == "multiple_choice" else LmEvalGenerationTask
+    lm_eval = described.get("lm_eval") or {}
+    task = cls(questions, cfg, source=str(described.get("source") or cfg.path), data=lm_eval.get("data"))
+    if described.get("skipped_rows"):
+        task.skipped_rows = tuple(described["skipped_rows"])
+    return task
+
+
 def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, data: str | Path | None = None) -> Task:
     """The lm-eval task `task` (a name in the installed lm-eval) or the one a YAML file
     `config` defines, over `data` (None: the YAML's dataset by name)."""
@@ -689,7 +765,7 @@ def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, d
     path = find_task_yaml(task) if task is not None else Path(config)  # type: ignore[arg-type]
     cfg = LmEvalConfig.from_yaml(path)
     docs, where, row_of = read_docs(cfg, data)
-    questions = list(_questions(cfg, docs, where, row_of))
+    questions = _rendered_questions(cfg, docs, where, row_of)
     if not questions:
         raise DataFormatError(where, None, f"no valid questions for {cfg.task} (of {len(docs)} rows)")
     cls = LmEvalMCTask if cfg.output_type == "multiple_choice" else LmEvalGenerationTask
