@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
                          "records.journal", "records.config", "records.lock", "records.rundir", "records", "tasks", "metrics",
                          "grading", "interventions"]),
-    ("engine and rows", ["engine.decoding", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
+    ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",
                   "analyses.localise.repair", "analyses.localise.steering", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
     ("report", ["report"]),
