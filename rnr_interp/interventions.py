@@ -80,11 +80,37 @@ def family(lm) -> str:
 
 
 def site_hook(lm, site: str, layer: int) -> str:
-    """The hook name of `site` at `layer` in `lm`'s architecture family."""
+    """The hook name of `site` at block `layer` in `lm`'s architecture family. `site` is
+    a key of the site table (`SITES`), any hook point of a block in TransformerLens's own
+    names (``hook_resid_mid``, ``attn.hook_z``, ``ln1.hook_normalized``, ...: the bridge's
+    names, which differ by family where the blocks do, as Gemma's ``ln2_post``), or a full
+    hook name (``blocks.2.hook_resid_pre``), whose block must be `layer`."""
     table = SITES[family(lm)]
-    if site not in table:
-        raise ValueError(f"unknown site {site!r} for {family(lm)} models; known: {', '.join(table)}")
-    return table[site].format(layer=layer)
+    if site in table:
+        return table[site].format(layer=layer)
+    named, within = split_hook_name(site)
+    if named is not None and named != layer:
+        raise ValueError(f"site {site!r} is in block {named}, but the intervention names layer {layer}")
+    name = f"blocks.{layer}.{within}"
+    if name not in lm.bridge.hook_dict:
+        raise ValueError(f"unknown site {site!r} for {family(lm)} models: no hook point {name!r}; known: "
+                         f"{', '.join(table)}, or a block's TransformerLens hook name ({', '.join(block_hook_names(lm)[:6])}, ...)")
+    return name
+
+
+def split_hook_name(name: str) -> tuple[int | None, str]:
+    """``blocks.{l}.rest`` -> (l, rest); a name below a block (``attn.hook_z``) -> (None,
+    name): a SAELens ``hook_name``, say, as a block and a site."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit():
+        return int(parts[1]), parts[2]
+    return None, name
+
+
+def block_hook_names(lm) -> list[str]:
+    """Every hook point below block 0 of `lm`'s bridge, without the block prefix (the
+    sites `site_hook` takes besides the table's)."""
+    return sorted(n.removeprefix("blocks.0.") for n in lm.bridge.hook_dict if n.startswith("blocks.0."))
 
 
 # -- intervention specs --------------------------------------------------------------
@@ -300,6 +326,78 @@ class Route(Intervention):
 
     def layers(self) -> tuple[int, ...]:
         return self.path
+
+
+@register
+@dataclass(frozen=True)
+class AblateHead(Intervention):
+    """Zero one attention head's output: its slice of ``attn.hook_z`` ([batch, pos,
+    head, d_head], the heads' outputs before the output projection)."""
+
+    layer: int
+    head: int
+
+    def label(self) -> str:
+        return f"head:{self.layer}:{self.head}"
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        check_head(lm, self.head)
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def zero_head(act: Float[Tensor, "batch pos head d_head"], hook) -> Tensor:
+            out = act.clone()
+            out[:, :, self.head] = 0
+            return out
+
+        return [(site_hook(lm, "attn.hook_z", self.layer), zero_head)]
+
+
+@dataclass(frozen=True, eq=False)
+class Patch(Intervention):
+    """Activation patching: replace the activation at `site` of block `layer` (with
+    `head`, only that head's slice of a [batch, pos, head, ...] site such as
+    ``attn.hook_z``) by `source`, the same point's activation in another run of the same
+    batch shape (the clean run, patched into the corrupted one). Not registered, since
+    its values live in memory rather than in records; specs compare by identity."""
+
+    layer: int
+    site: str
+    source: Tensor = dataclasses.field(repr=False)
+    head: int | None = None
+
+    def label(self) -> str:
+        return f"patch:{self.site}:{self.layer}" + (f":{self.head}" if self.head is not None else "")
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        site_hook(lm, self.site, self.layer)
+        if self.head is not None:
+            check_head(lm, self.head)
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def patch(act: Tensor, hook) -> Tensor:
+            if self.source.shape != act.shape:
+                raise ValueError(f"Patch source has shape {tuple(self.source.shape)} but {hook.name if hook else self.site} "
+                                 f"has {tuple(act.shape)}: patch runs of equal token lengths")
+            source = self.source.to(act.device, act.dtype)
+            if self.head is None:
+                return source
+            out = act.clone()
+            out[:, :, self.head] = source[:, :, self.head]
+            return out
+
+        return [(site_hook(lm, self.site, self.layer), patch)]
+
+
+def check_head(lm, head: int) -> None:
+    n_heads = lm.bridge.cfg.n_heads
+    if not 0 <= head < n_heads:
+        raise ValueError(f"head {head} does not exist: the model has heads 0..{n_heads - 1}")
 
 
 def first_layer(specs: Sequence[Intervention]) -> int | None:

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                          "grading", "interventions"]),
     ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",
-                  "analyses.localise.repair", "analyses.localise.steering", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
+                  "analyses.localise.repair", "analyses.localise.steering", "analyses.patching", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
     ("report", ["report"]),
     ("reproduce", ["reproduce"]),
     ("commands", ["commands"]),
