@@ -29,11 +29,14 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
+
+from rnr_interp.sae import load_sae
 
 Component = Literal["mlp", "attn", "layer"]
 
@@ -263,6 +266,16 @@ class Steer(Intervention):
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
 
+    @classmethod
+    def from_sae(cls, folder: str | Path, feature: int, alpha: float = 1.0) -> "Steer":
+        """Steer along feature `feature`'s decoder row of the SAELens SAE in `folder`, at
+        the SAE's own hook point (its ``hook_name``, split into block and site)."""
+        sae = load_sae(folder)
+        layer, site = split_hook_name(sae.hook_name)
+        if layer is None:
+            raise ValueError(f"the SAE in {folder} reads {sae.hook_name!r}, not a block's hook point")
+        return cls(layer=layer, vector=tuple(sae.direction(feature).tolist()), alpha=alpha, site=site)
+
     def validate(self, lm) -> None:
         site_hook(lm, self.site, self.layer)
 
@@ -353,6 +366,55 @@ class AblateHead(Intervention):
             return out
 
         return [(site_hook(lm, "attn.hook_z", self.layer), zero_head)]
+
+
+@register
+@dataclass(frozen=True)
+class SAEFeature(Intervention):
+    """Set one feature of a SAELens SAE (the folder `sae`) at the SAE's hook point, every
+    position: ``ablate`` takes the feature's contribution out (its activation to 0),
+    ``clamp`` sets its activation to `value`. The activation x becomes
+    ``x + (target - f(x)) * W_dec[feature]``, f(x) the feature's activation: the rest of
+    x, the SAE's reconstruction error included, stays."""
+
+    sae: str
+    feature: int
+    mode: Literal["ablate", "clamp"] = "ablate"
+    value: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "sae", str(self.sae))
+        if self.mode not in ("ablate", "clamp"):
+            raise ValueError(f"SAEFeature.mode must be 'ablate' or 'clamp', got {self.mode!r}")
+        if self.mode == "ablate" and self.value != 0:
+            raise ValueError("SAEFeature: an ablation sets the feature to 0; clamp it to set another value")
+
+    def label(self) -> str:
+        return f"sae:{self.mode}:{Path(self.sae).name}:{self.feature}" + (f":{self.value:g}" if self.mode == "clamp" else "")
+
+    def layers(self) -> tuple[int, ...]:
+        layer, _ = split_hook_name(load_sae(self.sae).hook_name)
+        if layer is None:
+            raise ValueError(f"the SAE in {self.sae} reads {load_sae(self.sae).hook_name!r}, not a block's hook point")
+        return (layer,)
+
+    def validate(self, lm) -> None:
+        sae = load_sae(self.sae)
+        sae.check_feature(self.feature)
+        site_hook(lm, sae.hook_name, self.layers()[0])
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        sae = load_sae(self.sae)
+
+        def set_feature(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
+            if act.shape[-1] != sae.d_in:
+                raise ValueError(f"the SAE in {self.sae} reads {sae.d_in}-dimensional activations, "
+                                 f"{hook.name if hook else sae.hook_name} has {act.shape[-1]}")
+            f = sae.encode(act)[..., self.feature]
+            d = sae.direction(self.feature).to(act.device)
+            return (act.float() + (self.value - f)[..., None] * d).to(act.dtype)
+
+        return [(site_hook(lm, sae.hook_name, self.layers()[0]), set_feature)]
 
 
 @dataclass(frozen=True, eq=False)
