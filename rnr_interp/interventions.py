@@ -148,22 +148,9 @@ class Intervention(abc.ABC):
     other row's activation as it was, also in a batched sweep where each row carries its
     own set. A spec that needs more than an edit per hook point (state between two hook
     points, as `Ablate` of a whole layer) overrides `hooks(lm, rows)` and builds its hooks
-    with the `RowMask` it is given (`rows.edit`, `rows.where`)::
-
-        @register
-        @dataclass(frozen=True)
-        class Scale(Intervention):
-            layer: int
-            factor: float
-
-            def label(self):
-                return f"scale:{self.layer}:{self.factor:g}"
-
-            def layers(self):
-                return (self.layer,)
-
-            def edits(self, lm):
-                return [(site_hook(lm, "hook_resid_post", self.layer), lambda act, hook: act * self.factor)]
+    with the `RowMask` it is given (`rows.edit`, `rows.where`). A worked example (a spec
+    scaling the residual stream) is in docs/how-it-works.md, "Your own intervention", and
+    runs as a test in tests/test_custom_interventions.py.
     """
 
     @abc.abstractmethod
