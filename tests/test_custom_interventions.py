@@ -91,3 +91,33 @@ def test_registration_refuses_what_records_cannot_hold():
 
             def layers(self):
                 return ()
+
+
+def test_your_own_hooks_and_cache_compose_with_a_custom_spec(lm):
+    """Inside `applied`, the bridge's own run_with_cache reads what the spec wrote."""
+    from rnr_interp.interventions import applied
+
+    ids = torch.tensor([lm.encode(lm.render(PROMPTS[0]))])
+    name = site_hook(lm, "hook_resid_post", 1)
+    with torch.inference_mode():
+        _, plain = lm.bridge.run_with_cache(ids, names_filter=[name])
+        with applied(lm, [Scale(1, 2.0)]):
+            _, scaled = lm.bridge.run_with_cache(ids, names_filter=[name])
+    assert torch.allclose(scaled[name], 2.0 * plain[name])
+
+
+def test_a_custom_spec_in_a_sweep_of_rows_with_replayed_prefills(lm):
+    """The row runner every sweep uses, with stored prefills replayed up to the spec's
+    block: each row generates what it generates alone, without replay."""
+    from rnr_interp.engine.rows import PrefillCache, Row, generate_rows
+    from rnr_interp.tasks import load_task
+
+    task = load_task("arithmetic", n=3)
+    dec = Decoding(max_new_tokens=6)
+    sets = [(Scale(2, -2.0),), (), (Scale(1, 0.5),), (Scale(3, 3.0),)]
+    rows = [Row(q, specs) for q in task.questions for specs in sets]
+    swept = generate_rows(lm, task, rows, dec, prefills=PrefillCache(lm, task, enabled=True))
+    for row, gen in zip(rows, swept):
+        alone = generate_rows(lm, task, [row], dec, prefills=PrefillCache(lm, task, enabled=False))[0]
+        assert gen.tokens == alone.tokens, row.interventions
+    assert len({tuple(g.tokens) for g in swept[:len(sets)]}) > 1  # the specs change something
