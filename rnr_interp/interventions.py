@@ -406,19 +406,23 @@ class SAEFeature(Intervention):
 
 @dataclass(frozen=True, eq=False)
 class Patch(Intervention):
-    """Activation patching: replace the activation at `site` of block `layer` (with
-    `head`, only that head's slice of a [batch, pos, head, ...] site such as
-    ``attn.hook_z``) by `source`, the same point's activation in another run of the same
-    batch shape (the clean run, patched into the corrupted one). Not registered, since
-    its values live in memory rather than in records; specs compare by identity."""
+    """Activation patching: replace the activation at `site` of block `layer` by
+    `source`, the same point's activation in another run of the same batch shape (the
+    clean run, patched into the corrupted one). With `head`, only that head's slice of a
+    [batch, pos, head, ...] site such as ``attn.hook_z``; with `position`, only that
+    position (negative: from the end, where left-padded prompts line up). Not
+    registered, since its values live in memory rather than in records; specs compare by
+    identity."""
 
     layer: int
     site: str
     source: Tensor = dataclasses.field(repr=False)
     head: int | None = None
+    position: int | None = None
 
     def label(self) -> str:
-        return f"patch:{self.site}:{self.layer}" + (f":{self.head}" if self.head is not None else "")
+        return (f"patch:{self.site}:{self.layer}" + (f":head{self.head}" if self.head is not None else "")
+                + (f":pos{self.position}" if self.position is not None else ""))
 
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
@@ -434,10 +438,12 @@ class Patch(Intervention):
                 raise ValueError(f"Patch source has shape {tuple(self.source.shape)} but {hook.name if hook else self.site} "
                                  f"has {tuple(act.shape)}: patch runs of equal token lengths")
             source = self.source.to(act.device, act.dtype)
-            if self.head is None:
+            if self.head is None and self.position is None:
                 return source
+            at = (slice(None), slice(None) if self.position is None else self.position,
+                  *(() if self.head is None else (self.head,)))
             out = act.clone()
-            out[:, :, self.head] = source[:, :, self.head]
+            out[at] = source[at]
             return out
 
         return [(site_hook(lm, self.site, self.layer), patch)]

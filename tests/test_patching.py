@@ -114,6 +114,21 @@ def test_patching_the_whole_residual_stream_recovers_everything(lm):
     assert list(grid.columns) == ["layer"] and grid.loc[0, "layer"] == pytest.approx(1.0, abs=1e-4)
 
 
+def test_patching_by_position_finds_the_token_that_differs(lm):
+    """At block 0's input the runs differ only at the changed token: patching it there
+    recovers everything, patching any other position nothing."""
+    clean, corrupted, answers = pairs(lm)
+    table = patching_sweep(lm, clean, corrupted, answers, level="layer", positions=[-1, -2, -4], layers=[0, 2])
+    first = table[table["layer"] == 0].set_index(["pair", "position"])["recovered"]
+    assert first[(0, -2)] == pytest.approx(1.0, abs=1e-4) and first[(1, -4)] == pytest.approx(1.0, abs=1e-4)
+    assert [first[(0, -1)], first[(0, -4)], first[(1, -1)], first[(1, -2)]] == pytest.approx([0.0] * 4, abs=1e-4)
+    assert list(mean_recovered(table).columns) == [-4, -2, -1]
+    with pytest.raises(ValueError, match="-1..-4"):
+        patching_sweep(lm, clean, corrupted, answers, level="layer", positions=[-5])
+    with pytest.raises(ValueError, match="-1..-4"):
+        patching_sweep(lm, clean, corrupted, answers, level="layer", positions=[0])
+
+
 def test_patching_refuses_bad_pairs(lm):
     with pytest.raises(ValueError, match="equal lengths"):
         patching_sweep(lm, [[1, 2, 3]], [[1, 2]], [(1, 2)])
@@ -121,6 +136,15 @@ def test_patching_refuses_bad_pairs(lm):
         patching_sweep(lm, [[1, 2]], [[1, 2]], [])
     with pytest.raises(ValueError, match="level"):
         patching_sweep(lm, [[1, 2]], [[1, 3]], [(1, 2)], level="neuron")
+    with pytest.raises(ValueError, match="one token each"):
+        patching_sweep(lm, ["12+3"], ["12+4"], [("15 and more", "16")])
+
+
+def test_text_prompts_and_answers_are_the_token_ids_they_encode_to(lm):
+    (three,), (four,) = (lm.tokenizer(t, add_special_tokens=False).input_ids for t in ("3", "4"))
+    by_ids = patching_sweep(lm, [lm.encode("1+2=")], [lm.encode("1+3=")], [(three, four)], level="layer")
+    by_text = patching_sweep(lm, ["1+2="], ["1+3="], [("3", "4")], level="layer")
+    assert by_text.equals(by_ids)
 
 
 def test_patching_heatmap_is_layers_by_heads(lm):

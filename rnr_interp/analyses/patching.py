@@ -26,24 +26,33 @@ from rnr_interp.models import LoadedModel
 
 #: the site a head-level sweep patches: each head's output before the output projection
 HEAD_SITE = "attn.hook_z"
-#: the columns of a sweep's table, one row per (pair, layer, head)
-COLUMNS = ["pair", "site", "layer", "head", "logit_diff", "clean_logit_diff", "corrupted_logit_diff", "recovered"]
+#: the columns of a sweep's table, one row per (pair, layer, head, position)
+COLUMNS = ["pair", "site", "layer", "head", "position", "logit_diff", "clean_logit_diff", "corrupted_logit_diff", "recovered"]
 
 
 def patching_sweep(
     lm: LoadedModel,
-    clean: Sequence[Sequence[int]],
-    corrupted: Sequence[Sequence[int]],
-    answers: Sequence[tuple[int, int]],
+    clean: Sequence[str | Sequence[int]],
+    corrupted: Sequence[str | Sequence[int]],
+    answers: Sequence[tuple[int | str, int | str]],
     level: Literal["head", "layer"] = "head",
     site: str = "hook_resid_pre",
     layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
     rows_per_batch: int = 64,
 ) -> pd.DataFrame:
     """Patch every head (`level="head"`, at ``attn.hook_z``) or every layer's `site`
     (`level="layer"`) of `layers` (default all) from each clean prompt into its corrupted
-    twin (token ids; `answers[i]` = (answer token, wrong token) of pair i). One row per
-    (pair, layer, head) in `COLUMNS` (head is missing at the layer level)."""
+    twin. Prompts are token ids or text (encoded as given, `lm.encode`: pass
+    `lm.render(question)` for the chat prompt); `answers[i]` = (answer, wrong answer) of
+    pair i, token ids or texts of one token each. `positions` (negative, counted from
+    the end: -1 is the last token) patches each position apart, else every position at
+    once; patching a residual-stream site at every position carries the whole clean run
+    (recovered 1 at every layer), so that one wants positions. One row per (pair, layer,
+    head, position) in `COLUMNS` (head missing at the layer level, position when every
+    position is patched)."""
+    clean, corrupted = ([lm.encode(p) if isinstance(p, str) else list(p) for p in ps] for ps in (clean, corrupted))
+    answers = [tuple(_one_token(lm, a) for a in pair) for pair in answers]
     _check_pairs(clean, corrupted, answers)
     if level not in ("head", "layer"):
         raise ValueError(f"level must be 'head' or 'layer', got {level!r}")
@@ -52,7 +61,11 @@ def patching_sweep(
     site = HEAD_SITE if level == "head" else site
     layers = list(range(lm.n_layers)) if layers is None else [int(layer) for layer in layers]
     heads = list(range(lm.bridge.cfg.n_heads)) if level == "head" else [None]
-    cells = [(layer, head) for layer in layers for head in heads]
+    shortest = min(len(p) for p in clean)
+    if positions is not None and not all(-shortest <= int(p) < 0 for p in positions):
+        raise ValueError(f"positions count from the end of the prompts: -1..-{shortest} here, got {list(positions)}")
+    spots = [None] if positions is None else [int(p) for p in positions]
+    cells = [(layer, head, spot) for layer in layers for head in heads for spot in spots]
 
     ids, mask = left_pad([*clean, *corrupted], lm.pad_id, lm.device)
     n = len(clean)
@@ -70,19 +83,29 @@ def patching_sweep(
         chunk = rows[start:start + rows_per_batch]
         pairs = torch.tensor([pair for pair, _ in chunk], device=lm.device)
         # One spec per cell of the chunk, its source the clean activations of the chunk's rows.
-        specs = {cell: Patch(cell[0], site, sources[cell[0]][pairs], head=cell[1]) for cell in dict.fromkeys(c for _, c in chunk)}
+        specs = {cell: Patch(cell[0], site, sources[cell[0]][pairs], head=cell[1], position=cell[2])
+                 for cell in dict.fromkeys(c for _, c in chunk)}
         logits = _last_logits(lm, ids[n:][pairs], mask[n:][pairs], [[specs[cell]] for _, cell in chunk])
         patched += _logit_diff(logits, answer[pairs]).tolist()
 
     table = pd.DataFrame([
-        {"pair": pair, "site": site, "layer": layer, "head": head, "logit_diff": diff,
+        {"pair": pair, "site": site, "layer": layer, "head": head, "position": spot, "logit_diff": diff,
          "clean_logit_diff": float(clean_diff[pair]), "corrupted_logit_diff": float(corrupted_diff[pair])}
-        for (pair, (layer, head)), diff in zip(rows, patched)
+        for (pair, (layer, head, spot)), diff in zip(rows, patched)
     ])
-    table["head"] = table["head"].astype("Int64")
+    table[["head", "position"]] = table[["head", "position"]].astype("Int64")
     gap = table["clean_logit_diff"] - table["corrupted_logit_diff"]
     table["recovered"] = (table["logit_diff"] - table["corrupted_logit_diff"]) / gap.where(gap != 0)
     return table[COLUMNS]
+
+
+def _one_token(lm: LoadedModel, answer: int | str) -> int:
+    if not isinstance(answer, str):
+        return int(answer)
+    ids = lm.tokenizer(answer, add_special_tokens=False).input_ids
+    if len(ids) != 1:
+        raise ValueError(f"answer {answer!r} is {len(ids)} tokens; the logit difference needs one token each")
+    return ids[0]
 
 
 def _check_pairs(clean: Sequence[Sequence[int]], corrupted: Sequence[Sequence[int]], answers: Sequence[tuple[int, int]]) -> None:
@@ -108,7 +131,8 @@ def _logit_diff(logits: Float[Tensor, "b v"], answer: Int[Tensor, "b 2"]) -> Flo
 
 
 def mean_recovered(table: pd.DataFrame) -> pd.DataFrame:
-    """The sweep's `recovered`, averaged over pairs: layers as rows, heads as columns
-    (one column, "layer", for a layer-level sweep)."""
-    heads = table["head"].astype("object").where(table["head"].notna(), "layer")
-    return table.assign(head=heads).pivot_table(index="layer", columns="head", values="recovered", aggfunc="mean")
+    """The sweep's `recovered`, averaged over pairs: layers as rows, and as columns the
+    heads, else the positions, else one column "layer"."""
+    axis = next((c for c in ("head", "position") if table[c].notna().any()), None)
+    column = table[axis].astype("object") if axis else pd.Series("layer", index=table.index)
+    return table.assign(column=column).pivot_table(index="layer", columns="column", values="recovered", aggfunc="mean")
