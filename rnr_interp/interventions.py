@@ -377,7 +377,9 @@ class SAEFeature(Intervention):
             raise ValueError("SAEFeature: an ablation sets the feature to 0; clamp it to set another value")
 
     def label(self) -> str:
-        return f"sae:{self.mode}:{Path(self.sae).name}:{self.feature}" + (f":{self.value:g}" if self.mode == "clamp" else "")
+        # the folder's name and the SAE's hook: two SAEs read apart on any machine
+        where = f"{Path(self.sae).name}@{load_sae(self.sae).hook_name}"
+        return f"sae:{self.mode}:{where}:{self.feature}" + (f":{self.value:g}" if self.mode == "clamp" else "")
 
     def layers(self) -> tuple[int, ...]:
         layer, _ = split_hook_name(load_sae(self.sae).hook_name)

@@ -104,6 +104,7 @@ def test_an_sae_feature_is_set_at_its_hook_and_the_rest_stays(lm, folder, mode, 
     assert not torch.allclose(got[name][0][0], x[0], atol=1e-3)
     assert torch.equal(got[name][0][1], x[1])
     assert loads(dumps([spec])) == (spec,)
+    assert spec.label().startswith(f"sae:{mode}:{Path(folder).name}@blocks.1.hook_resid_pre:{feature}")
 
 
 def test_sae_feature_refuses_bad_specs(lm, folder):
