@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from rnr_interp.sae import load_sae
+from rnr_interp.sae import SAE, load_sae
 
 Component = Literal["mlp", "attn", "layer"]
 
@@ -257,10 +257,7 @@ class Steer(Intervention):
     def from_sae(cls, folder: str | Path, feature: int, alpha: float = 1.0) -> "Steer":
         """Steer along feature `feature`'s decoder row of the SAELens SAE in `folder`, at
         the SAE's own hook point (its ``hook_name``, split into block and site)."""
-        sae = load_sae(folder)
-        layer, site = split_hook_name(sae.hook_name)
-        if layer is None:
-            raise ValueError(f"the SAE in {folder} reads {sae.hook_name!r}, not a block's hook point")
+        sae, layer, site = sae_point(folder)
         return cls(layer=layer, vector=tuple(sae.direction(feature).tolist()), alpha=alpha, site=site)
 
     def validate(self, lm) -> None:
@@ -382,18 +379,15 @@ class SAEFeature(Intervention):
         return f"sae:{self.mode}:{where}:{self.feature}" + (f":{self.value:g}" if self.mode == "clamp" else "")
 
     def layers(self) -> tuple[int, ...]:
-        layer, _ = split_hook_name(load_sae(self.sae).hook_name)
-        if layer is None:
-            raise ValueError(f"the SAE in {self.sae} reads {load_sae(self.sae).hook_name!r}, not a block's hook point")
-        return (layer,)
+        return (sae_point(self.sae)[1],)
 
     def validate(self, lm) -> None:
-        sae = load_sae(self.sae)
+        sae, layer, site = sae_point(self.sae)
         sae.check_feature(self.feature)
-        site_hook(lm, sae.hook_name, self.layers()[0])
+        site_hook(lm, site, layer)
 
     def edits(self, lm) -> list[tuple[str, Edit]]:
-        sae = load_sae(self.sae)
+        sae, layer, site = sae_point(self.sae)
 
         def set_feature(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
             if act.shape[-1] != sae.d_in:
@@ -403,7 +397,16 @@ class SAEFeature(Intervention):
             d = sae.direction(self.feature).to(act.device)
             return (act.float() + (self.value - f)[..., None] * d).to(act.dtype)
 
-        return [(site_hook(lm, sae.hook_name, self.layers()[0]), set_feature)]
+        return [(site_hook(lm, site, layer), set_feature)]
+
+
+def sae_point(folder: str | Path) -> tuple[SAE, int, str]:
+    """The SAELens SAE in `folder`, and the block and site of the hook point it reads."""
+    sae = load_sae(folder)
+    layer, site = split_hook_name(sae.hook_name)
+    if layer is None:
+        raise ValueError(f"the SAE in {folder} reads {sae.hook_name!r}, not a block's hook point")
+    return sae, layer, site
 
 
 @dataclass(frozen=True, eq=False)
