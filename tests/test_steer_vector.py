@@ -81,3 +81,17 @@ def test_a_file_that_is_not_a_tensor_file_is_refused(tmp_path):
     res = CliRunner().invoke(app, ["steer", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "4", "--quiet",
                                    "--vector", str(path), "--layer", "1", "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "is not a tensor saved with torch.save" in res.output, res.output
+
+
+def test_the_command_records_the_vector_and_its_site(tmp_path):
+    app = typer.Typer()
+    app.command("steer")(steer_command)
+    app.command("other")(lambda: None)
+    path = tmp_path / "v.pt"
+    torch.save(torch.linspace(-1, 1, 64), path)
+    res = CliRunner().invoke(app, ["steer", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6", "--panel", "3",
+                                   "--max-new-tokens", "3", "--quiet", "--alphas", "0,4", "--vector", str(path),
+                                   "--site", "blocks.1.hook_resid_mid", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    run = RunDir(tmp_path / "s")
+    assert (run.config["site"], run.config["layer"], run.config["vector"]["size"]) == ("hook_resid_mid", 1, 64)
