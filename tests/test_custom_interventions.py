@@ -121,3 +121,49 @@ def test_a_custom_spec_in_a_sweep_of_rows_with_replayed_prefills(lm):
         alone = generate_rows(lm, task, [row], dec, prefills=PrefillCache(lm, task, enabled=False))[0]
         assert gen.tokens == alone.tokens, row.interventions
     assert len({tuple(g.tokens) for g in swept[:len(sets)]}) > 1  # the specs change something
+
+
+@dataclass(frozen=True)
+class DoubleBlockWrite(Intervention):
+    """Block `layer` writes twice what it writes (resid_post + (resid_post - resid_pre)):
+    state between two hook points, so it builds its hooks from the row mask itself."""
+
+    layer: int
+
+    def label(self):
+        return f"double:{self.layer}"
+
+    def layers(self):
+        return (self.layer,)
+
+    def hooks(self, lm, rows):
+        saved = []
+
+        def save(act, hook=None):
+            saved.append(act)
+            return act
+
+        save.saves_input = True
+        double = rows.edit(lambda act, hook: 2 * act - saved.pop())
+        return [(site_hook(lm, "hook_resid_pre", self.layer), save), (site_hook(lm, "hook_resid_post", self.layer), double)]
+
+
+def test_a_spec_that_builds_its_own_hooks_from_the_row_mask(lm):
+    """Unregistered (it lives in memory only) and changing its own row only."""
+    from rnr_interp.engine.generate import forward, left_pad
+    from rnr_interp.interventions import applied
+
+    ids, mask = left_pad([[5, 6, 7], [8, 9, 10]], lm.pad_id, lm.device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pre, post = "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"
+    kept = {}
+    with torch.inference_mode():
+        with applied(lm, [[DoubleBlockWrite(1)], []]):
+            ours = forward(lm, ids, mask)[0]
+        by_hand = lm.bridge.run_with_hooks(
+            ids, attention_mask=mask, position_ids=pos,
+            fwd_hooks=[(pre, lambda act, hook: kept.setdefault("x", act)), (post, lambda act, hook: 2 * act - kept["x"])])
+        plain = forward(lm, ids, mask)[0]
+    assert torch.allclose(ours[0], by_hand[0], atol=1e-5) and not torch.allclose(ours[0], plain[0], atol=1e-3)
+    assert torch.equal(ours[1], plain[1])
+    assert "DoubleBlockWrite" not in KINDS
