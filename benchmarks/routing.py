@@ -14,7 +14,7 @@ Tokens counted are the generated tokens before each candidate's stop, for both.
 Lines: `sequential` (the searches as they are, one route per search and question per
 round where they ask one at a time; sparse slots, the engine's default on a CPU: each
 route position runs its block on the rows whose route runs it,
-`interventions.Active.run_slot`), `sequential-dense` (the same searches, every row
+`engine.batch.Batch.run_slot`), `sequential-dense` (the same searches, every row
 running the batch's whole union schedule and throwing away the results of the positions
 its route skips: the engine before sparse slots), `sampling`, and `batched` (sparse
 slots, each structured search proposing `--search-batch` routes per round,

@@ -1,36 +1,42 @@
 """The hook registry: interventions as data, and the one place that turns them into hooks.
 
-An intervention is a small frozen spec (`Ablate`, `Steer`, `AblateUnits`, `Route`) that
-serialises to JSON. A *set* is a tuple of specs; a batch carries one set per row, so a
-sweep over every layer and component is one batched forward with row r silencing its own
-block. `applied(lm, rows)` installs the hooks (and, for a `Route`, swaps the block list)
-and restores the model exactly on exit, also when the body raises.
+An intervention is a small frozen spec (`Ablate`, `Steer`, `AblateUnits`, `Route`, or
+your own: subclass `Intervention` and `@register` it) that serialises to JSON. A *set*
+is a tuple of specs; a batch carries one set per row, so a sweep over every layer and
+component is one batched forward with row r silencing its own block: each spec's hooks
+change its own rows only (`RowMask`). `applied(lm, rows)` installs the hooks (and, for a
+`Route`, swaps the block list) and restores the model exactly on exit, also when the
+body raises.
 
 Hook names come from one table, `SITES` (site -> hook point per architecture family,
-`site_hook`), for every write (the specs' `hooks`) and every read (`capturing`, the
+`site_hook`), for every write (the specs' `edits`) and every read (`capturing`, the
 registry's read context). Only the bridge engine has hooks; `engine.decoding.check_hooks`
 refuses interventions on any other engine.
 
 A route is a list of block indices (skips and repeats). It is applied by replacing the
 decoder's layer list with one slot per route position; each slot writes its own KV-cache
 entry (attention's ``cycle_offset``), so a repeated block does not overwrite the keys of
-its first pass and cached generation stays exact. Rows on different routes share one
-list (`route_schedule`); with sparse slots (`sparse_slots_pay`) each position runs its
-block on the rows whose route runs it only, and its cache entry holds those rows only.
+its first pass and cached generation stays exact. Rows on different routes in one batch
+are the engine's business (`engine.batch`): which rows run which position, and which
+rows each cache entry holds.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Literal, Sequence, Union
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
-from transformers.cache_utils import Cache
+
+from rnr_interp.sae import SAE, load_sae
 
 Component = Literal["mlp", "attn", "layer"]
 
@@ -77,25 +83,118 @@ def family(lm) -> str:
 
 
 def site_hook(lm, site: str, layer: int) -> str:
-    """The hook name of `site` at `layer` in `lm`'s architecture family."""
+    """The hook name of `site` at block `layer` in `lm`'s architecture family. `site` is
+    a key of the site table (`SITES`), any hook point of a block in TransformerLens's own
+    names (``hook_resid_mid``, ``attn.hook_z``, ``ln1.hook_normalized``, ...: the bridge's
+    names, which differ by family where the blocks do, as Gemma's ``ln2_post``), or a full
+    hook name (``blocks.2.hook_resid_pre``), whose block must be `layer`."""
     table = SITES[family(lm)]
-    if site not in table:
-        raise ValueError(f"unknown site {site!r} for {family(lm)} models; known: {', '.join(table)}")
-    return table[site].format(layer=layer)
+    if site in table:
+        return table[site].format(layer=layer)
+    named, within = split_hook_name(site)
+    if named is not None and named != layer:
+        raise ValueError(f"site {site!r} is in block {named}, but the intervention names layer {layer}")
+    name = f"blocks.{layer}.{within}"
+    if name not in lm.bridge.hook_dict:
+        raise ValueError(f"unknown site {site!r} for {family(lm)} models: no hook point {name!r}; known: "
+                         f"{', '.join(table)}, or a block's TransformerLens hook name ({', '.join(block_hook_names(lm)[:6])}, ...)")
+    return name
+
+
+def split_hook_name(name: str) -> tuple[int | None, str]:
+    """``blocks.{l}.rest`` -> (l, rest); a name below a block (``attn.hook_z``) -> (None,
+    name): a SAELens ``hook_name``, say, as a block and a site."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit():
+        return int(parts[1]), parts[2]
+    return None, name
+
+
+def block_hook_names(lm) -> list[str]:
+    """Every hook point below block 0 of `lm`'s bridge, without the block prefix (the
+    sites `site_hook` takes besides the table's)."""
+    return sorted(n.removeprefix("blocks.0.") for n in lm.bridge.hook_dict if n.startswith("blocks.0."))
 
 
 # -- intervention specs --------------------------------------------------------------
 #
-# Each spec type says, as methods, what it is called in records (`label`), which layers
-# it names (`layers`, checked against the model), and which hooks write it (`hooks`,
-# given the batch's `Active` for the per-row masks). A new intervention type is one
-# class here plus its entry in KINDS.
+# A spec says what it is called in records (`label`), which blocks its hooks sit in
+# (`layers`, checked against the model; the engine may replay the blocks before the
+# first of them from a stored prefill), and what it does to an activation (`edits`).
+# The registry runs each edit on the spec's own batch rows only (`RowMask.edit`), so a
+# batched sweep can give every row its own set.
 
-Hook = tuple[str, Any]
+#: an edit: (the activation at a hook point, the hook point) -> the activation that replaces it
+Edit = Callable[[Tensor, Any], Tensor]
+#: (hook name, hook function), as `bridge.hooks(fwd_hooks=...)` takes them
+Hook = tuple[str, Callable[..., Tensor]]
 
 
+class Intervention(abc.ABC):
+    """The base of every intervention spec, and the extension point for your own.
+
+    A new intervention is one frozen dataclass that subclasses this and carries
+    `@register` (records store it as JSON under its class name; `from_json` reads it
+    back), with:
+
+    - `label()`: its short text in the records' `intervention` column;
+    - `layers()`: every block its hooks sit in (the engine replays the blocks before
+      the first of them from a stored prefill, so leaving one out changes results);
+    - `validate(lm)` (optional): raise ValueError for a model it cannot apply to;
+    - `edits(lm)`: ``[(hook name, edit)]``, each edit ``(act, hook) -> new act`` over
+      the whole batch; hook names from `site_hook` or any TransformerLens hook name.
+
+    The registry applies each edit to the rows whose set holds this spec and keeps every
+    other row's activation as it was, also in a batched sweep where each row carries its
+    own set. A spec that needs more than an edit per hook point (state between two hook
+    points, as `Ablate` of a whole layer) overrides `hooks(lm, rows)` and builds its hooks
+    with the `RowMask` it is given (`rows.edit`, `rows.where`). A worked example (a spec
+    scaling the residual stream) is in docs/how-it-works.md, "Your own intervention", and
+    runs as a test in tests/test_custom_interventions.py.
+    """
+
+    @abc.abstractmethod
+    def label(self) -> str:
+        """The spec in the records' `intervention` column."""
+
+    @abc.abstractmethod
+    def layers(self) -> tuple[int, ...]:
+        """Every block the spec's hooks sit in."""
+
+    def validate(self, lm) -> None:
+        """Raise ValueError when the spec cannot apply to `lm`."""
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        """(hook name, edit) pairs; `hooks` confines each edit to the spec's rows."""
+        return []
+
+    def hooks(self, lm, rows: "RowMask") -> list[Hook]:
+        """The spec's hooks, changing the rows `rows` selects only."""
+        return [(name, rows.edit(edit)) for name, edit in self.edits(lm)]
+
+
+#: kind (class name, as records hold it) -> spec class; filled by `register`
+KINDS: dict[str, type[Intervention]] = {}
+
+
+def register(cls: type[Intervention]) -> type[Intervention]:
+    """Class decorator: make a spec class a known intervention kind (by class name), so
+    records that hold it read back (`from_json`). It must be a frozen dataclass that
+    subclasses `Intervention`."""
+    if not (isinstance(cls, type) and issubclass(cls, Intervention)):
+        raise TypeError(f"{getattr(cls, '__name__', cls)!r} is not a subclass of Intervention")
+    if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):
+        raise TypeError(f"{cls.__name__} must be a frozen dataclass (@dataclass(frozen=True)): specs are hashed and stored as JSON")
+    known = KINDS.get(cls.__name__)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"intervention kind {cls.__name__!r} is already registered by {known.__module__}.{known.__qualname__}")
+    KINDS[cls.__name__] = cls
+    return cls
+
+
+@register
 @dataclass(frozen=True)
-class Ablate:
+class Ablate(Intervention):
     """Silence one block's MLP output, attention output, or the whole layer (the
     residual stream passes through that layer unchanged)."""
 
@@ -115,19 +214,27 @@ class Ablate:
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
 
-    def validate(self, lm) -> None:
-        pass
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        return [(site_hook(lm, COMPONENT_SITE[self.component], self.layer), lambda act, hook: torch.zeros_like(act))]
 
-    def hooks(self, active: "Active", lm) -> list[Hook]:
+    def hooks(self, lm, rows: "RowMask") -> list[Hook]:
         if self.component != "layer":
-            return [(site_hook(lm, COMPONENT_SITE[self.component], self.layer), active.zero(self))]
+            return super().hooks(lm, rows)
         # The whole layer: its output is replaced by its input, saved on the way in.
-        return [(site_hook(lm, "hook_resid_pre", self.layer), active.save_resid_pre(self.layer)),
-                (site_hook(lm, "hook_resid_post", self.layer), active.skip_layer(self))]
+        saved: list[Tensor] = []
+
+        def save(act: Float[Tensor, "batch pos d"], hook=None) -> Tensor:
+            saved.append(act)
+            return act
+
+        save.saves_input = True  # registered before every writing hook
+        return [(site_hook(lm, "hook_resid_pre", self.layer), save),
+                (site_hook(lm, "hook_resid_post", self.layer), rows.edit(lambda act, hook: saved.pop()))]
 
 
+@register
 @dataclass(frozen=True)
-class Steer:
+class Steer(Intervention):
     """Add ``alpha * vector`` at site `site` (a key of the site table, e.g.
     ``hook_mlp_out``) of block `layer`, at every position."""
 
@@ -146,15 +253,29 @@ class Steer:
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
 
+    @classmethod
+    def from_sae(cls, folder: str | Path, feature: int, alpha: float = 1.0) -> "Steer":
+        """Steer along feature `feature`'s decoder row of the SAELens SAE in `folder`, at
+        the SAE's own hook point (its ``hook_name``, split into block and site)."""
+        sae, layer, site = sae_point(folder)
+        return cls(layer=layer, vector=tuple(sae.direction(feature).tolist()), alpha=alpha, site=site)
+
     def validate(self, lm) -> None:
         site_hook(lm, self.site, self.layer)
 
-    def hooks(self, active: "Active", lm) -> list[Hook]:
-        return [(site_hook(lm, self.site, self.layer), active.steer(self))]
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def add(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
+            v = torch.tensor(self.vector, device=act.device, dtype=act.dtype)
+            if v.shape[-1] != act.shape[-1]:
+                raise ValueError(f"Steer vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
+            return act + self.alpha * v
+
+        return [(site_hook(lm, self.site, self.layer), add)]
 
 
+@register
 @dataclass(frozen=True)
-class AblateUnits:
+class AblateUnits(Intervention):
     """Zero chosen MLP neurons (site ``mlp.hook_post``, the input of the down
     projection)."""
 
@@ -176,12 +297,17 @@ class AblateUnits:
         if self.units and (min(self.units) < 0 or max(self.units) >= d_mlp):
             raise ValueError(f"AblateUnits names unit {max(self.units)}, but layer {self.layer} has {d_mlp} units")
 
-    def hooks(self, active: "Active", lm) -> list[Hook]:
-        return [(site_hook(lm, "mlp.hook_post", self.layer), active.zero_units(self))]
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def zero_units(act: Float[Tensor, "batch pos d_mlp"], hook) -> Tensor:
+            units = torch.tensor(self.units, device=act.device, dtype=torch.long)
+            return act * torch.ones(act.shape[-1], device=act.device, dtype=act.dtype).index_fill(0, units, 0.0)
+
+        return [(site_hook(lm, "mlp.hook_post", self.layer), zero_units)]
 
 
+@register
 @dataclass(frozen=True)
-class Route:
+class Route(Intervention):
     """Run the blocks in this order (indices into the model's blocks). Applied by
     swapping the decoder's block list (`routed`), not by hooks."""
 
@@ -198,14 +324,143 @@ class Route:
     def layers(self) -> tuple[int, ...]:
         return self.path
 
+
+@register
+@dataclass(frozen=True)
+class AblateHead(Intervention):
+    """Zero one attention head's output: its slice of ``attn.hook_z`` ([batch, pos,
+    head, d_head], the heads' outputs before the output projection)."""
+
+    layer: int
+    head: int
+
+    def label(self) -> str:
+        return f"head:{self.layer}:{self.head}"
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
     def validate(self, lm) -> None:
-        pass
+        check_head(lm, self.head)
 
-    def hooks(self, active: "Active", lm) -> list[Hook]:
-        return []
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def zero_head(act: Float[Tensor, "batch pos head d_head"], hook) -> Tensor:
+            out = act.clone()
+            out[:, :, self.head] = 0
+            return out
+
+        return [(site_hook(lm, "attn.hook_z", self.layer), zero_head)]
 
 
-def first_layer(specs: Sequence["Intervention"]) -> int | None:
+@register
+@dataclass(frozen=True)
+class SAEFeature(Intervention):
+    """Set one feature of a SAELens SAE (the folder `sae`) at the SAE's hook point, every
+    position: ``ablate`` takes the feature's contribution out (its activation to 0),
+    ``clamp`` sets its activation to `value`. The activation x becomes
+    ``x + (target - f(x)) * W_dec[feature]``, f(x) the feature's activation: the rest of
+    x, the SAE's reconstruction error included, stays."""
+
+    sae: str
+    feature: int
+    mode: Literal["ablate", "clamp"] = "ablate"
+    value: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "sae", str(self.sae))
+        if self.mode not in ("ablate", "clamp"):
+            raise ValueError(f"SAEFeature.mode must be 'ablate' or 'clamp', got {self.mode!r}")
+        if self.mode == "ablate" and self.value != 0:
+            raise ValueError("SAEFeature: an ablation sets the feature to 0; clamp it to set another value")
+
+    def label(self) -> str:
+        # the folder's name and the SAE's hook: two SAEs read apart on any machine
+        where = f"{Path(self.sae).name}@{load_sae(self.sae).hook_name}"
+        return f"sae:{self.mode}:{where}:{self.feature}" + (f":{self.value:g}" if self.mode == "clamp" else "")
+
+    def layers(self) -> tuple[int, ...]:
+        return (sae_point(self.sae)[1],)
+
+    def validate(self, lm) -> None:
+        sae, layer, site = sae_point(self.sae)
+        sae.check_feature(self.feature)
+        site_hook(lm, site, layer)
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        sae, layer, site = sae_point(self.sae)
+
+        def set_feature(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
+            if act.shape[-1] != sae.d_in:
+                raise ValueError(f"the SAE in {self.sae} reads {sae.d_in}-dimensional activations, "
+                                 f"{hook.name if hook else sae.hook_name} has {act.shape[-1]}")
+            f = sae.encode(act)[..., self.feature]
+            d = sae.direction(self.feature).to(act.device)
+            return (act.float() + (self.value - f)[..., None] * d).to(act.dtype)
+
+        return [(site_hook(lm, site, layer), set_feature)]
+
+
+def sae_point(folder: str | Path) -> tuple[SAE, int, str]:
+    """The SAELens SAE in `folder`, and the block and site of the hook point it reads."""
+    sae = load_sae(folder)
+    layer, site = split_hook_name(sae.hook_name)
+    if layer is None:
+        raise ValueError(f"the SAE in {folder} reads {sae.hook_name!r}, not a block's hook point")
+    return sae, layer, site
+
+
+@dataclass(frozen=True, eq=False)
+class Patch(Intervention):
+    """Activation patching: replace the activation at `site` of block `layer` by
+    `source`, the same point's activation in another run of the same batch shape (the
+    clean run, patched into the corrupted one). With `head`, only that head's slice of a
+    [batch, pos, head, ...] site such as ``attn.hook_z``; with `position`, only that
+    position (negative: from the end, where left-padded prompts line up). Not
+    registered, since its values live in memory rather than in records; specs compare by
+    identity."""
+
+    layer: int
+    site: str
+    source: Tensor = dataclasses.field(repr=False)
+    head: int | None = None
+    position: int | None = None
+
+    def label(self) -> str:
+        return (f"patch:{self.site}:{self.layer}" + (f":head{self.head}" if self.head is not None else "")
+                + (f":pos{self.position}" if self.position is not None else ""))
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        site_hook(lm, self.site, self.layer)
+        if self.head is not None:
+            check_head(lm, self.head)
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def patch(act: Tensor, hook) -> Tensor:
+            if self.source.shape != act.shape:
+                raise ValueError(f"Patch source has shape {tuple(self.source.shape)} but {hook.name if hook else self.site} "
+                                 f"has {tuple(act.shape)}: patch runs of equal token lengths")
+            source = self.source.to(act.device, act.dtype)
+            if self.head is None and self.position is None:
+                return source
+            at = (slice(None), slice(None) if self.position is None else self.position,
+                  *(() if self.head is None else (self.head,)))
+            out = act.clone()
+            out[at] = source[at]
+            return out
+
+        return [(site_hook(lm, self.site, self.layer), patch)]
+
+
+def check_head(lm, head: int) -> None:
+    n_heads = lm.bridge.cfg.n_heads
+    if not 0 <= head < n_heads:
+        raise ValueError(f"head {head} does not exist: the model has heads 0..{n_heads - 1}")
+
+
+def first_layer(specs: Sequence[Intervention]) -> int | None:
     """The first block a set of specs touches (a spec's hooks sit in the blocks its
     `layers` names); None for an empty set."""
     return min((layer for spec in specs for layer in spec.layers()), default=None)
@@ -239,9 +494,7 @@ def route_schedule(paths: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], lis
         schedule.append(layer)
 
 
-Intervention = Union[Ablate, Steer, AblateUnits, Route]
 InterventionSet = tuple[Intervention, ...]
-KINDS: dict[str, type] = {cls.__name__: cls for cls in (Ablate, Steer, AblateUnits, Route)}
 
 
 # -- serialisation ---------------------------------------------------------------
@@ -276,241 +529,147 @@ def set_id(specs: Sequence[Intervention]) -> str:
 # -- application -----------------------------------------------------------------
 
 
-class Active:
-    """The interventions in force during an `applied` block. `select` and
-    `repeat_interleave` keep the per-row assignment aligned when the caller
-    reorders the batch (dropping finished rows, expanding a prompt to K samples)."""
+class BatchRows:
+    """Which specs each row of the batch carries, while an `applied` block is in force.
+    `select` and `repeat_interleave` keep the assignment aligned when the caller
+    reorders the batch (dropping finished rows, expanding a prompt to K samples); hooks
+    read it when they run, so nothing is re-registered."""
 
-    def __init__(self, row_sets: list[InterventionSet], device: torch.device, shared: bool = False,
-                 route: Route | None = None, row_slots: list[tuple[int, ...]] | None = None, sparse: bool = True):
+    def __init__(self, row_sets: list[InterventionSet], device: torch.device, shared: bool = False):
         self.row_sets = row_sets
         self.device = device
-        #: the layer list every row goes through (applied by swapping the decoder's list), or None
-        self.route = route
-        #: rows with routes of their own: the positions of `route` each row runs (the
-        #: others pass its residual stream through); None when every row runs all of it
-        self.row_slots = row_slots
-        #: with row_slots: a position runs its block on its own rows only (gathered, then
-        #: scattered back), and its KV-cache entry holds those rows only. Otherwise every
-        #: row runs every position and the rows that skip it keep their input (`run_slot`).
-        self.sparse = sparse
-        # Rows of the batch a block is running on now (sparse slots), for the hook masks.
-        self._running: Tensor | None = None
-        # One set for every row, whatever the batch size: no per-row masks needed.
+        #: one set for every row, whatever the batch size: no per-row masks needed
         self.shared = shared
-        # Fixed at entry: hooks stay registered even when select() drops every row of a spec.
-        self._specs = list(dict.fromkeys(s for r in row_sets for s in r))
-        self._masks: dict[Intervention, Bool[Tensor, "batch"]] = {}
-        self._resid_pre: dict[int, Tensor] = {}
+        #: fixed at entry: hooks stay registered even when select() drops every row of a spec
+        self.specs: list[Intervention] = list(dict.fromkeys(s for r in row_sets for s in r))
+        #: the batch rows a block is running on now, where it runs on some only (else None)
+        self.running: Int[Tensor, "rows"] | None = None
+        self._rows: dict[Intervention, Bool[Tensor, "batch"]] = {}
         self._rebuild()
 
-    def _rebuild(self):
-        if self.row_slots is not None:
-            keep = torch.zeros((len(self.route.path), len(self.row_slots)), dtype=torch.bool)
-            for r, slots in enumerate(self.row_slots):
-                keep[list(slots), r] = True
-            self._slot_keep = keep.to(self.device)
-            # Per position, the rows that run it (None: every row, nothing to gather).
-            self._slot_rows = [None if bool(k.all()) else k.nonzero().squeeze(-1).to(self.device) for k in keep]
+    def _rebuild(self) -> None:
         if self.shared:
-            self._masks = {s: None for s in self._specs}
             return
-        masks = {s: [False] * len(self.row_sets) for s in self._specs}
+        masks = {s: [False] * len(self.row_sets) for s in self.specs}
         for r, specs in enumerate(self.row_sets):
             for s in specs:
                 masks[s][r] = True
-        self._masks = {s: torch.tensor(m, device=self.device) for s, m in masks.items()}
+        self._rows = {s: torch.tensor(m, device=self.device) for s, m in masks.items()}
 
-    def select(self, index: Sequence[int] | Tensor, cache=None) -> None:
-        """Keep these rows of the batch (in this order), and with `cache` (a
-        `DynamicCache` of this batch) its rows too: with sparse slots each position's
-        entry keeps those of its own rows that stay."""
-        if cache is not None:
-            self._select_cache(cache, index)
+    def select(self, index: Sequence[int] | Tensor) -> None:
+        """Keep these rows of the batch, in this order."""
         if self.shared:
             return
         index = index.tolist() if isinstance(index, Tensor) else [int(i) for i in index]
         self.row_sets = [self.row_sets[i] for i in index]
-        if self.row_slots is not None:
-            self.row_slots = [self.row_slots[i] for i in index]
         self._rebuild()
 
     def repeat_interleave(self, k: int) -> None:
+        """Each row becomes k consecutive rows."""
         if self.shared:
             return
         self.row_sets = [s for s in self.row_sets for _ in range(k)]
-        if self.row_slots is not None:
-            self.row_slots = [s for s in self.row_slots for _ in range(k)]
         self._rebuild()
-
-    def _select_cache(self, cache, index: Sequence[int] | Tensor) -> None:
-        index = torch.as_tensor(index, dtype=torch.long, device=self.device)
-        if not self.owns_slot_rows():
-            cache.batch_select_indices(index)
-            return
-        for slot, layer in enumerate(cache.layers):
-            runs = self._slot_keep[slot]
-            # Where each kept row that runs this position sits among the position's rows.
-            at = (runs.cumsum(0) - 1)[index][runs[index]]
-            layer.batch_select_indices(at)
-
-    def owns_slot_rows(self) -> bool:
-        """Whether route positions hold only the rows that run them (sparse slots:
-        their KV-cache entries too)."""
-        return self.sparse and self.row_slots is not None
-
-    def entry_rows(self, slot: int) -> Bool[Tensor, "batch"] | None:
-        """Which batch rows the KV-cache entry of route position `slot` holds (None:
-        every row; with sparse slots, the rows whose route runs it)."""
-        return self._slot_keep[slot] if self.owns_slot_rows() else None
-
-    def run_slot(self, slot: int, block: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """Route position `slot`: the block's output for the rows whose route runs it,
-        the unchanged residual stream for the others. Sparse: the block runs on those
-        rows alone, every batch-shaped argument (the residual stream, the attention
-        mask, positions, rotary tables: tensors whose first axis is the batch) cut to
-        them, and the results are scattered back. Dense: every row runs it and the
-        others' results are thrown away."""
-        before = args[0] if args else kwargs["hidden_states"]
-        rows = self._slot_rows[slot]
-        if rows is None:
-            return block(*args, **kwargs)
-        if not self.sparse:
-            out = block(*args, **kwargs)
-            keep = self._slot_keep[slot].view(-1, 1, 1)
-            if isinstance(out, tuple):
-                return (torch.where(keep, out[0], before), *out[1:])
-            return torch.where(keep, out, before)
-        if rows.numel() == 0:
-            _hold_length([*args, *kwargs.values()], slot, before)
-            return before
-        batch = before.shape[0]
-        args = tuple(_batch_rows(a, rows, batch) for a in args)
-        kwargs = {k: _batch_rows(v, rows, batch) for k, v in kwargs.items()}
-        self._running = rows
-        try:
-            out = block(*args, **kwargs)
-        finally:
-            self._running = None
-        if isinstance(out, tuple):
-            return (before.index_copy(0, rows, out[0]), *out[1:])
-        return before.index_copy(0, rows, out)
-
-    def row_prefixes(self) -> list[int]:
-        """Per row, the leading full-path blocks it runs unchanged before anything of
-        its own, so its prefill may replay them from stored states (0: nothing to reuse,
-        also for a row that changes nothing). Without a route: the blocks before the
-        first one the row's interventions touch (`first_layer`). With one: the blocks
-        before the row's route departs from the full path, and none where any row has
-        another intervention, since hook masks and route slots would have to agree
-        inside the replayed blocks."""
-        if self.route is None:
-            return [first_layer(specs) or 0 for specs in self.row_sets]
-        if any(self.row_sets):
-            return [0] * len(self.row_sets)
-        n = len(self.route.path)
-        slots = self.row_slots if self.row_slots is not None else [tuple(range(n))] * len(self.row_sets)
-        prefixes = [min(shared_prefix(self.route.path), shared_prefix(s)) for s in slots]
-        return [p if p < n else 0 for p in prefixes]
 
     @contextlib.contextmanager
     def restricted(self, rows: Sequence[int]) -> Iterator[None]:
         """The batch is these rows only, for the body (a prefill run in groups)."""
-        saved = (self.row_sets, self.row_slots)
+        saved = self.row_sets
         self.select(rows)
         try:
             yield
         finally:
             if not self.shared:
-                self.row_sets, self.row_slots = saved
+                self.row_sets = saved
                 self._rebuild()
 
-    # Hook functions read the masks at call time, so select() needs no re-registration.
-    def _mask(self, spec: Intervention, act: Tensor) -> Tensor:
-        mask = self._masks[spec]
-        if mask is None:
-            return torch.ones((), dtype=torch.bool, device=act.device)
-        if self._running is not None:
-            mask = mask[self._running]
-        if mask.shape[0] != act.shape[0]:
+    def rows_of(self, spec: Intervention) -> Bool[Tensor, "batch"] | None:
+        """Which rows of the batch running now carry `spec` (None: every row)."""
+        if self.shared:
+            return None
+        rows = self._rows[spec]
+        return rows if self.running is None else rows[self.running]
+
+    def mask(self, spec: Intervention) -> "RowMask":
+        return RowMask(self, spec)
+
+
+class RowMask:
+    """The rows of the batch one spec applies to, read when its hook runs (the batch
+    shrinks as rows finish, and a block may run on some rows only). What a spec's
+    `hooks` build their hooks from: `edit` turns a whole-batch edit into a hook that
+    changes these rows only."""
+
+    def __init__(self, batch: BatchRows, spec: Intervention):
+        self.batch, self.spec = batch, spec
+
+    def __call__(self, act: Tensor) -> Bool[Tensor, "batch ..."] | None:
+        """A mask that broadcasts against `act` (batch first), or None for every row."""
+        rows = self.batch.rows_of(self.spec)
+        if rows is None:
+            return None
+        if rows.shape[0] != act.shape[0]:
             raise RuntimeError(
-                f"intervention rows ({mask.shape[0]}) do not match the batch ({act.shape[0]}); "
-                "call Active.select/repeat_interleave when reshaping the batch"
+                f"intervention rows ({rows.shape[0]}) do not match the batch ({act.shape[0]}); "
+                "call select/repeat_interleave on the applied batch when reshaping it"
             )
-        return mask.view(-1, *([1] * (act.ndim - 1)))
+        return rows.view(-1, *([1] * (act.ndim - 1)))
 
-    def zero(self, spec: Intervention):
-        def hook(act: Float[Tensor, "batch pos d"], hook=None):
-            return torch.where(self._mask(spec, act), torch.zeros_like(act), act)
+    def where(self, act: Tensor, edited: Tensor) -> Tensor:
+        """`edited` in this spec's rows, `act` in every other."""
+        mask = self(act)
+        return edited if mask is None else torch.where(mask, edited, act)
 
-        return hook
-
-    def zero_units(self, spec: AblateUnits):
-        def hook(act: Float[Tensor, "batch pos d_mlp"], hook=None):
-            units = torch.tensor(spec.units, device=act.device, dtype=torch.long)
-            keep = torch.ones(act.shape[-1], device=act.device, dtype=act.dtype).index_fill(0, units, 0.0)
-            return torch.where(self._mask(spec, act), act * keep, act)
+    def edit(self, edit: Edit) -> Callable[..., Tensor]:
+        """A hook applying `edit` to this spec's rows only."""
+        def hook(act: Tensor, hook=None) -> Tensor:
+            return self.where(act, edit(act, hook))
 
         return hook
 
-    def steer(self, spec: Steer):
-        def hook(act: Float[Tensor, "batch pos d"], hook=None):
-            v = torch.tensor(spec.vector, device=act.device, dtype=act.dtype)
-            if v.shape[-1] != act.shape[-1]:
-                raise ValueError(f"Steer vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
-            return torch.where(self._mask(spec, act), act + spec.alpha * v, act)
 
-        return hook
-
-    def save_resid_pre(self, layer: int):
-        def hook(act: Tensor, hook=None):
-            self._resid_pre[layer] = act
-            return act
-
-        hook.saves_input = True  # registered before every writing hook
-        return hook
-
-    def skip_layer(self, spec: Ablate):
-        def hook(act: Tensor, hook=None):
-            return torch.where(self._mask(spec, act), self._resid_pre.pop(spec.layer), act)
-
-        return hook
-
-    def hooks(self, lm) -> list[Hook]:
-        hooks = [h for spec in self._masks for h in spec.hooks(self, lm)]
-        # Inputs are saved before any hook at the same point changes them (stable sort).
-        return sorted(hooks, key=lambda h: not getattr(h[1], "saves_input", False))
+def batch_hooks(lm, batch: BatchRows) -> list[Hook]:
+    """Every spec's hooks for `batch`, those that save an input first."""
+    hooks = [h for spec in batch.specs for h in spec.hooks(lm, batch.mask(spec))]
+    # Inputs are saved before any hook at the same point changes them (stable sort).
+    return sorted(hooks, key=lambda h: not getattr(h[1], "saves_input", False))
 
 
-def _normalise_rows(rows: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None, batch_size: int | None):
-    if rows is None:
-        rows = ()
-    rows = list(rows)
-    if not rows or not isinstance(rows[0], (list, tuple)):
-        # One set for every row.
-        return [tuple(rows)] * (batch_size or 1), True
-    return [tuple(r) for r in rows], False
+def row_sets(lm, rows: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None,
+             batch_size: int | None) -> tuple[list[InterventionSet], list[Route | None], bool]:
+    """`rows` (one set for every row, or one set per row) checked against `lm`: each
+    row's set without its `Route`, each row's route (None: the full path), and whether
+    one set serves every row."""
+    rows = list(rows or ())
+    shared = not rows or not isinstance(rows[0], (list, tuple))
+    sets = [tuple(rows)] * (batch_size or 1) if shared else [tuple(r) for r in rows]
+    _validate(lm, {s for r in sets for s in r})
+    routes = [next((s for s in r if isinstance(s, Route)), None) for r in sets]
+    return [tuple(s for s in r if not isinstance(s, Route)) for r in sets], routes, shared
 
 
-def _validate(lm, specs: Sequence[Intervention]) -> None:
+def _validate(lm, specs: Iterable[Intervention]) -> None:
     n = lm.n_layers
     for s in specs:
+        if not isinstance(s, Intervention):
+            raise TypeError(f"{s!r} is not an intervention spec (a subclass of Intervention)")
         bad = [i for i in s.layers() if not 0 <= i < n]
         if bad:
             raise ValueError(f"{type(s).__name__} names layer {bad[0]}, but the model has layers 0..{n - 1}")
         s.validate(lm)
 
 
-def sparse_slots_pay(lm) -> bool:
-    """Whether rows on different routes should run only their own route positions
-    (`Active.sparse`) on `lm`'s device, for callers that leave the choice to it. On a
-    CPU a block's cost grows with its rows: on the demo model, route batches whose rows
-    passed 20-40% of their schedule's positions by generated 1.07-1.40x faster with
-    sparse slots (CPU time, 5 to 32 rows; docs/performance.md). On a GPU a block costs
-    about the same for 1 row or 40 and the gathers add kernel launches per position, so
-    there the union schedule runs dense; that side is not measured yet. Either way the
-    generations are the same."""
-    return lm.device.type == "cpu"
+@contextlib.contextmanager
+def installed(lm, batch: BatchRows, path: Sequence[int] | None = None, run_slot: "RunSlot | None" = None) -> Iterator[None]:
+    """`batch`'s hooks, and the decoder on the layer list `path` (None: its own), for
+    the body; the model is restored on exit, also when the body raises."""
+    with contextlib.ExitStack() as stack:
+        if path is not None:
+            stack.enter_context(routed(lm, path, run_slot=run_slot))
+        hooks = batch_hooks(lm, batch)
+        if hooks:
+            stack.enter_context(lm.bridge.hooks(fwd_hooks=hooks))
+        yield
 
 
 @contextlib.contextmanager
@@ -518,36 +677,22 @@ def applied(
     lm,
     rows: Sequence[Intervention] | Sequence[Sequence[Intervention]] | None = None,
     batch_size: int | None = None,
-    sparse_slots: bool | None = None,
-) -> Iterator[Active]:
-    """Install interventions for the body of the block.
+) -> Iterator[BatchRows]:
+    """Install interventions for the body of the block, restoring the model exactly on
+    exit (also when the body raises). Your own `run_with_hooks`, `run_with_cache` and
+    `bridge.hooks()` compose with it.
 
     ``rows`` is either one set (applies to every row) or one set per batch row. Rows may
-    carry different `Route`s (a row without one runs the full path): the decoder then
-    runs `route_schedule` of them, each row passing the residual stream through the
-    positions its own route does not run, with its own KV-cache slot per position.
-    `sparse_slots` (default: `sparse_slots_pay`): a position runs its block on the rows
-    whose route runs it only, rather than on every row (`Active.run_slot`).
-    """
-    row_sets, shared = _normalise_rows(rows, batch_size)
-    all_specs = {s for r in row_sets for s in r}
-    _validate(lm, all_specs)
-    routes = [next((s for s in r if isinstance(s, Route)), None) for r in row_sets]
-    route, row_slots = routes[0] if routes else None, None
+    share one `Route`; a batch whose rows take different routes runs through the
+    engine (`engine.batch.batch_applied`, `engine.generate.generate`), which gives each
+    route position its own KV-cache entry and rows."""
+    sets, routes, shared = row_sets(lm, rows, batch_size)
     if len(set(routes)) > 1:
-        full = tuple(range(lm.n_layers))
-        schedule, row_slots = route_schedule([r.path if r is not None else full for r in routes])
-        route = Route(schedule)
-    row_sets = [tuple(s for s in r if not isinstance(s, Route)) for r in row_sets]
-    sparse = sparse_slots_pay(lm) if sparse_slots is None else sparse_slots
-    active = Active(row_sets, lm.device, shared=shared, route=route, row_slots=row_slots, sparse=sparse)
-    with contextlib.ExitStack() as stack:
-        if route is not None:
-            stack.enter_context(routed(lm, route.path, run_slot=active.run_slot if row_slots is not None else None))
-        hooks = active.hooks(lm)
-        if hooks:
-            stack.enter_context(lm.bridge.hooks(fwd_hooks=hooks))
-        yield active
+        raise ValueError("rows on different routes need the engine's batch: use engine.batch.batch_applied "
+                         "or engine.generate.generate")
+    batch = BatchRows(sets, lm.device, shared=shared)
+    with installed(lm, batch, routes[0].path if routes and routes[0] is not None else None):
+        yield batch
 
 
 # -- reads -------------------------------------------------------------------------
@@ -575,34 +720,9 @@ def capturing(lm, names: Sequence[str], keep: Callable[[Tensor], Tensor] = lambd
 # -- routes ------------------------------------------------------------------------
 
 
-#: `Active.run_slot(slot, block, args, kwargs)`: runs a route position for the rows it applies to
+#: run_slot(slot, block, args, kwargs): runs a route position for the rows it applies to
+#: (the engine's batch, `engine.batch.Batch.run_slot`, for rows on routes of their own)
 RunSlot = Callable[[int, Callable[..., Any], tuple, dict], Any]
-
-
-def _batch_rows(value: Any, rows: Tensor, batch: int) -> Any:
-    """`value` cut to batch rows `rows` where it is batch-shaped (a tensor of two or
-    more axes whose first is the batch; tuples item by item), else unchanged: what a
-    block is called with (the residual stream, a [batch, 1, q, kv] mask, [batch, t]
-    positions, rotary (cos, sin)) as opposed to what every row shares (the cache
-    object, 1-D cache positions, flags)."""
-    if isinstance(value, Tensor):
-        return value.index_select(0, rows) if value.ndim >= 2 and value.shape[0] == batch else value
-    if isinstance(value, tuple):
-        return tuple(_batch_rows(v, rows, batch) for v in value)
-    return value
-
-
-def _hold_length(block_args: Sequence[Any], slot: int, hidden: Float[Tensor, "batch pos d"]) -> None:
-    """A route position that no row of the batch runs (they left, or a prefill group has
-    none) writes an entry of no rows for these positions into the KV cache among the
-    block's arguments, if any: an entry must still grow with the sequence, since the
-    decoder reads the cache's length (for the masks) from entry 0. Its head axes are
-    placeholders: an entry of no rows never gains rows (rows only leave a batch) and is
-    never read; `generate._prefill`'s join leaves it out."""
-    cache = next((a for a in block_args if isinstance(a, Cache)), None)
-    if cache is not None:
-        empty = hidden.new_zeros((0, 1, hidden.shape[1], 1))
-        cache.update(empty, empty, slot)
 
 
 class _RouteSlot(nn.Module):
@@ -641,7 +761,7 @@ def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
 
 
 @contextlib.contextmanager
-def _layer_list(lm, modules: list[nn.Module], layer_types: list[str] | None) -> Iterator[None]:
+def layer_list(lm, modules: list[nn.Module], layer_types: list[str] | None) -> Iterator[None]:
     """Run the decoder over `modules` instead of its own block list (and matching
     per-position layer types), restoring both on exit."""
     owner, attr = _decoder_layers(lm.hf_model)
@@ -664,7 +784,8 @@ def _layer_list(lm, modules: list[nn.Module], layer_types: list[str] | None) -> 
             setattr(config, k, v)
 
 
-def _current_layers(lm) -> tuple[list[nn.Module], list[str] | None]:
+def current_layers(lm) -> tuple[list[nn.Module], list[str] | None]:
+    """The decoder's block list now (a route's while one is applied) and its layer types."""
     owner, attr = _decoder_layers(lm.hf_model)
     return list(getattr(owner, attr)), getattr(lm.hf_model.config.get_text_config(), "layer_types", None)
 
@@ -674,42 +795,10 @@ def routed(lm, path: Sequence[int], run_slot: RunSlot | None = None) -> Iterator
     """Swap the decoder's block list for `path`, one KV-cache slot per position
     (`run_slot`: runs each position for the rows it applies to, for rows with routes of
     their own)."""
-    blocks, layer_types = _current_layers(lm)
+    blocks, layer_types = current_layers(lm)
     slots = []
     for slot, layer in enumerate(path):
         atype = layer_types[layer] if layer_types is not None else None
         slots.append(_RouteSlot(blocks[layer], layer, slot, getattr(blocks[layer], "attention_type", atype), run_slot))
-    with _layer_list(lm, slots, [layer_types[i] for i in path] if layer_types is not None else None):
-        yield
-
-
-class _Replay(nn.Module):
-    """Stands for the first p positions of the layer list during a prefill: writes
-    their stored keys/values into the cache and returns the stored residual stream
-    entering position p, instead of recomputing blocks that are the same as before."""
-
-    def __init__(self, resid: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor], cache, attention_type: str | None):
-        super().__init__()
-        self.resid, self.keys, self.values, self.cache = resid, keys, values, cache
-        if attention_type is not None:
-            self.attention_type = attention_type
-
-    def forward(self, hidden_states: Tensor, *args, **kwargs) -> Tensor:
-        for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            self.cache.update(k, v, i)
-        return self.resid.to(hidden_states.dtype)
-
-
-@contextlib.contextmanager
-def replaying(lm, resid: Tensor, keys: Sequence[Tensor], values: Sequence[Tensor], cache) -> Iterator[None]:
-    """For one prefill forward: replace the first p = len(keys) positions of the
-    current layer list (the full path's, or a route's that starts with blocks
-    0..p-1) by their stored results. `resid` is the residual entering position p."""
-    layers, layer_types = _current_layers(lm)
-    p = len(keys)
-    if not 0 < p < len(layers):
-        raise ValueError(f"cannot replay {p} of {len(layers)} layers")
-    head = _Replay(resid, keys, values, cache, getattr(layers[p - 1], "attention_type", None))
-    types = [layer_types[0], *layer_types[p:]] if layer_types is not None else None
-    with _layer_list(lm, [head, *layers[p:]], types):
+    with layer_list(lm, slots, [layer_types[i] for i in path] if layer_types is not None else None):
         yield

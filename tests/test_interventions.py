@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from rnr_interp.engine.batch import batch_applied
 from rnr_interp.engine.decoding import Decoding
 
 from rnr_interp.engine.generate import forward, generate, left_pad
@@ -113,7 +114,7 @@ def test_rows_on_mixed_routes_equal_each_route_rebuilt(lm, sparse):
     family = lm.spec.split(":")[0]
     routes = MIXED_ROUTES[:len(PROMPTS)] if sparse else MIXED_ROUTES[-len(PROMPTS):]
     ids, mask = batch(lm)
-    with torch.inference_mode(), applied(lm, [[Route(r)] for r in routes], sparse_slots=sparse) as active:
+    with torch.inference_mode(), batch_applied(lm, [[Route(r)] for r in routes], sparse_slots=sparse) as active:
         assert active.owns_slot_rows() is sparse
         mixed = forward(lm, ids, mask)[0]
     for r, path in enumerate(routes):
@@ -139,7 +140,7 @@ def test_sparse_slots_run_each_block_on_its_own_rows_only(lm):
     work = {}
     for sparse in (True, False):
         seen, hooks = block_rows(lm)
-        with torch.inference_mode(), hooks, applied(lm, [[Route(r)] for r in routes], sparse_slots=sparse):
+        with torch.inference_mode(), hooks, batch_applied(lm, [[Route(r)] for r in routes], sparse_slots=sparse):
             forward(lm, ids, mask)
         work[sparse] = sum(seen)
     assert work[True] == sum(map(len, routes))
@@ -158,7 +159,7 @@ def test_sparse_slots_generate_what_dense_slots_generate(spec, monkeypatch):
     import rnr_interp.engine.generate as engine
     from rnr_interp.engine.generate import prompt_states
 
-    import rnr_interp.interventions as registry
+    import rnr_interp.engine.batch as registry
 
     monkeypatch.setattr(engine, "COMPACT_SHARE", 0.0)  # finished rows leave at once
     held = []  # positions run by no row left (or none of a prefill group)
@@ -239,7 +240,7 @@ def test_interventions_past_block_p_replay_blocks_before_it(lm, monkeypatch):
     vector = tuple(torch.linspace(-1, 1, lm.bridge.cfg.d_model).tolist())
     rows[3] = [Steer(3, vector, 4.0, site="hook_resid_pre")]
     prompts.append(prompts[0])
-    with torch.inference_mode(), applied(lm, rows) as active:
+    with torch.inference_mode(), batch_applied(lm, rows) as active:
         assert active.row_prefixes() == [2, 2, 2, 3]
     dec = Decoding(max_new_tokens=8)
     replayed = []
@@ -263,7 +264,7 @@ def test_row_prefixes_are_the_blocks_before_a_row_changes_anything(lm):
              ([[Route((0, 1, 1, 2, 3))]] * 3, [2, 2, 2]), ([[Route((0, 1, 2, 3)), Ablate("mlp", 3)]] * 2, [0, 0]),
              ([[Route((0, 1, 2, 3))]] * 2, [0, 0]), ([[Route((0, 1, 3))], [Route((0, 1, 2, 2, 3))], []], [2, 3, 3])]
     for rows, prefixes in cases:
-        with torch.inference_mode(), applied(lm, rows) as active:
+        with torch.inference_mode(), batch_applied(lm, rows) as active:
             assert active.row_prefixes() == prefixes, rows
 
 

@@ -19,10 +19,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 LAYERS: list[tuple[str, list[str]]] = [
     ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
                          "records.journal", "records.config", "records.lock", "records.rundir", "records", "tasks", "metrics",
-                         "grading", "interventions"]),
-    ("engine and rows", ["engine.decoding", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
+                         "grading", "sae", "interventions"]),
+    ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",
-                  "analyses.localise.repair", "analyses.localise.steering", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
+                  "analyses.localise.repair", "analyses.localise.steering", "analyses.patching", "analyses.checkpoints", "analyses.finetune", "analyses.sweep"]),
     ("report", ["report"]),
     ("reproduce", ["reproduce"]),
     ("notebook API", ["notebook"]),

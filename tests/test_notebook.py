@@ -46,6 +46,8 @@ def test_readme_python_section_runs_on_a_tiny_model(scratch):
     assert isinstance(namespace["res"], rnr.Result) and isinstance(namespace["records"], pd.DataFrame)
     assert len(namespace["records"]) == 24 * (1 + 32)  # the deployed answer and K samples per question
     assert len(namespace["outs"]) == 4 and namespace["logits"].shape[-1] == namespace["model"].facts()["d_vocab"]
+    heads = namespace["heads"]  # the head-patching sweep: one row per layer and head
+    assert isinstance(heads, pd.DataFrame) and len(heads) == 4 * namespace["model"].bridge.cfg.n_heads
     assert left_behind(scratch) == []
 
 

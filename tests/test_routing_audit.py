@@ -321,7 +321,8 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
 def test_prefix_reuse_equals_running_the_route_from_scratch(spec):
     from rnr_interp.engine.generate import _replay_args, forward, generate, left_pad, new_cache, prompt_states
     from rnr_interp.interventions import shared_prefix
-    from rnr_interp.interventions import Route, applied, replaying
+    from rnr_interp.engine.batch import replaying
+    from rnr_interp.interventions import Route, applied
 
     lm = load_model(spec)
     prompts = [lm.encode(lm.render(p)) for p in ["hello 12+3", "what is 7*8 exactly?", "a"]]

@@ -261,9 +261,14 @@ def steer(
     readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    vector: Annotated[Optional[Path], typer.Option("--vector", help="steer along this vector instead of v: a 1-D tensor "
+                                                   "saved with torch.save (read as weights only)")] = None,
+    site: Annotated[Optional[str], typer.Option("--site", help="with --vector, where to add it: a site-table key, a "
+                                                "block's TransformerLens hook name, or blocks.N.NAME (default: "
+                                                "--component's output)")] = None,
 ):
-    """Steer the chosen block along v (from the selection parts): rescue held-out
-    failures, induce failures in the held-out panel."""
+    """Steer the chosen block along v (from the selection parts, or --vector): rescue
+    held-out failures, induce failures in the held-out panel."""
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.interventions import COMPONENT_SITE
     from rnr_interp.analyses.localise.steering import run_steer
@@ -276,13 +281,31 @@ def steer(
                   on_invalid=on_invalid, layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
-                  permutation_control=permute_control, circular=circular)
+                  permutation_control=permute_control, circular=circular, site=site,
+                  vector=None if vector is None else _vector_file(vector))
     _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}, "
                  f"residual RMS norm {s.get('residual_rms', 0):.3f}; alpha in {s.get('alpha_unit_words')}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     print_multiple_choice(s)
     run_folder(out)
+
+
+def _vector_file(path: Path):
+    """The tensor saved in `path`, read with torch's weights-only loader (no code runs), or a one-line refusal."""
+    import pickle
+
+    import torch
+
+    if not path.is_file():
+        fail(f"--vector {path}: no such file")
+    try:
+        vector = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        fail(f"--vector {path} is not a tensor saved with torch.save ({str(e).splitlines()[0]})")
+    if not isinstance(vector, torch.Tensor):
+        fail(f"--vector {path} holds a {type(vector).__name__}, not a tensor")
+    return vector
 
 
 def units(

@@ -29,7 +29,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from rnr_interp.engine.decoding import Decoding, Generation, cut_at_stop, plan_columns
-from rnr_interp.interventions import Active, Intervention, applied, capturing, replaying, site_hook
+from rnr_interp.engine.batch import Batch, batch_applied, replaying
+from rnr_interp.interventions import Intervention, applied, capturing, site_hook
 from rnr_interp.models import LoadedModel
 
 
@@ -216,11 +217,11 @@ def _replay_args(states: Sequence[PromptStates], p: int, width: int):
 
 
 def _prefill(
-    lm: LoadedModel, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b t"], active: Active,
+    lm: LoadedModel, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b t"], active: Batch,
     reuse: Sequence[PromptStates] | None,
 ) -> tuple[Float[Tensor, "b v"], object]:
     """The prompts' forward into a new cache: the last position's logits and the cache.
-    With `reuse`, rows go in groups of equal `Active.row_prefixes`, each group replaying
+    With `reuse`, rows go in groups of equal `Batch.row_prefixes`, each group replaying
     its leading unchanged blocks, and the groups' caches are joined in row order (a
     batch silencing every layer recomputes, row by row, only the blocks from its own
     silenced one on)."""
@@ -246,7 +247,7 @@ def _prefill(
     joined = new_cache()
     for i in range(len(parts[0][2].layers)):
         # An entry holds every row, or (sparse route slots) the rows that run it; a
-        # group's entry of no rows is a placeholder (`interventions._hold_length`).
+        # group's entry of no rows is a placeholder (`batch._hold_length`).
         held = active.entry_rows(i)
         at = order if held is None else torch.tensor([r for r in in_parts if held[r]], dtype=torch.long).argsort().to(ids.device)
         layers = [cache.layers[i] for _, _, cache in parts]
@@ -348,11 +349,11 @@ def generate(
     seeds: seeds[b][j] for prompt b, column j (needed when any temperature > 0);
     interventions: one set for all, or one set per prompt (shared by its n columns).
     reuse: `prompt_states` of these prompts; each row's prefill replays the leading
-    blocks it runs unchanged (`Active.row_prefixes`: before its route departs from the
+    blocks it runs unchanged (`Batch.row_prefixes`: before its route departs from the
     full path, or before the first block its interventions hook) instead of
     recomputing them.
     sparse_slots: rows on different routes run only their own route positions
-    (`interventions.applied`; default: where that pays, `sparse_slots_pay`).
+    (`batch.batch_applied`; default: where that pays, `sparse_slots_pay`).
     Returns result[b][j].
     """
     B = len(prompts)
@@ -368,7 +369,7 @@ def generate(
     stop_ids = torch.tensor(sorted(lm.stop_token_ids), dtype=torch.long, device=device)
 
     ids, mask = left_pad(prompts, lm.pad_id, device)
-    with applied(lm, interventions, batch_size=B, sparse_slots=sparse_slots) as active:
+    with batch_applied(lm, interventions, batch_size=B, sparse_slots=sparse_slots) as active:
         if use_cache:
             last, cache = _prefill(lm, ids, mask, active, reuse)
         else:

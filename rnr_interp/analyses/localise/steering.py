@@ -42,6 +42,7 @@ the report draws them.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -52,13 +53,16 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Cohort, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary,
+    PANEL_CAP, ROTATION, Cohort, Split, build_cohort, check_localisation_options, check_permutation_control, circular_rows,
+    cohort_summary,
     localisation_config, multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
 )
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
-from rnr_interp.interventions import SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook
+from rnr_interp.interventions import (
+    SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook, split_hook_name,
+)
 from rnr_interp.metrics import DEPLOYED, INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import ProbeLabel, RunDir
@@ -145,14 +149,35 @@ def steering_vector(v: Tensor, unit: str, rms: float) -> Tensor:
 # -- steering --------------------------------------------------------------------------
 
 
-def steer_spec(layer: int, component: str, v: Tensor, alpha: float) -> Steer:
-    return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=COMPONENT_SITE[component])
+def steer_spec(layer: int, component: str, v: Tensor, alpha: float, site: str | None = None) -> Steer:
+    """Steering along v at block `layer`: at `site` if given, else where `component` writes."""
+    return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=site or COMPONENT_SITE[component])
+
+
+def given_vector(lm: LoadedModel, vector: Tensor, site: str | None, layer: int | None, component: str) -> tuple[int, str]:
+    """The block and site a given steering vector is added at (the site's own block when
+    it is a full ``blocks.N.`` name), after checking the vector fits that point."""
+    named, within = split_hook_name(site or COMPONENT_SITE[component])
+    if named is not None and layer is not None and named != layer:
+        raise ValueError(f"site {site!r} is in block {named}, but --layer is {layer}")
+    layer, site = (named, within) if named is not None else (layer, within)
+    if layer is None:
+        raise ValueError(f"a given vector needs its block: pass --layer, or a full site name such as blocks.3.{site}")
+    check_localisation_options(lm, layer=layer)
+    name = site_hook(lm, site, layer)
+    v = torch.as_tensor(vector)
+    if v.ndim != 1 or not torch.is_floating_point(v) or not bool(torch.isfinite(v).all()):
+        raise ValueError(f"the steering vector must be one finite row of numbers, got a tensor of shape {tuple(v.shape)} ({v.dtype})")
+    width = last_position(lm, [[lm.pad_id]], [(site, layer)])[(site, layer)].shape[-1]
+    if v.shape[0] != width:
+        raise ValueError(f"the steering vector has {v.shape[0]} numbers but {name} has {width}")
+    return layer, site
 
 
 def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
                    run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
-                   level: float = 0.95, circular: bool = False) -> pd.DataFrame:
+                   level: float = 0.95, circular: bool = False, site: str | None = None) -> pd.DataFrame:
     """Table (alpha, direction, rate, lo, hi, k, n): rescue = -alpha v on `failure`
     (rate: now right), induction = +alpha v on `panel` (rate: now wrong); Wilson
     interval on each rate's own denominator. Pass the held-out parts: v is chosen on
@@ -160,8 +185,8 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
     `circular`: right means right under every cyclic shift of the options."""
     rows = []
     for alpha in alphas:
-        rows += [Row(q, (steer_spec(layer, component, v, -alpha),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
-        rows += [Row(q, (steer_spec(layer, component, v, alpha),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
+        rows += [Row(q, (steer_spec(layer, component, v, -alpha, site),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
+        rows += [Row(q, (steer_spec(layer, component, v, alpha, site),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
                        desc="steer", progress=progress)
     table = []
@@ -369,8 +394,10 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               repair_run: Path | None = None, alphas: Sequence[float] | None = None, alpha_unit: str = "rms",
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
-              batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
-    """Direction for the chosen block from the selection parts; rescue and induction
+              batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
+              ) -> dict[str, Any]:
+    """Direction for the chosen block from the selection parts (or `vector`, added at
+    `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
     grid defaults to that unit's `DEFAULT_ALPHAS_BY_UNIT`). `permutation_control`
     re-scores the rescue at every non-zero alpha on the held-out failures with options
@@ -384,6 +411,12 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     decoding = decoding or deployed_decoding(task)
     # only when on, so a default run's config (and run_id) is what it always was
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
+    if vector is not None:
+        layer, site = given_vector(lm, vector, site, layer, component)
+        digest = hashlib.sha256(torch.as_tensor(vector, dtype=torch.float32).numpy().tobytes()).hexdigest()
+        control.update(site=site, vector={"sha256": digest, "size": int(vector.shape[0])})
+    elif site is not None:
+        raise ValueError("a steering site needs a given vector (--vector); without one v is the block's own output")
     run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
@@ -394,18 +427,21 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
-    chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
-                               decoding=decoding, batch_size=batch_size, progress=progress)
     (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
-    v = direction(lm, task, f_sel, p_sel, chosen, component)
+    if vector is None:
+        chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
+                                   decoding=decoding, batch_size=batch_size, progress=progress)
+        v = direction(lm, task, f_sel, p_sel, chosen, component)
+    else:
+        chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
     rms = residual_rms(lm, task, [*f_sel, *p_sel], chosen)
     u = steering_vector(v, alpha_unit, rms)
-    run.write_json("direction", {"layer": chosen, "component": component, "site": COMPONENT_SITE[component],
+    run.write_json("direction", {"layer": chosen, "component": component, "site": site or COMPONENT_SITE[component],
                                  "norm": float(v.norm()), "vector": v.tolist(), "why": why,
-                                 "from": "selection parts of the failure set and panel",
+                                 "from": "selection parts of the failure set and panel" if vector is None else "given",
                                  "alpha_unit": alpha_unit, "residual_rms": rms, "steered_norm_per_alpha": float(u.norm())})
-    table = steering_sweep(lm, task, f_out, p_out, chosen, component, u, alphas=alphas,
-                           decoding=decoding, run=run, batch_size=batch_size, progress=progress, circular=cohort.circular)
+    table = steering_sweep(lm, task, f_out, p_out, chosen, component, u, alphas=alphas, decoding=decoding, run=run,
+                           batch_size=batch_size, progress=progress, circular=cohort.circular, site=site)
     for effect, direction_name in ((RESCUE_EFFECT, "rescue"), (INDUCTION_EFFECT, "induction")):
         mine = table["direction"] == direction_name
         table.loc[mine, "power"] = [wilson_power(effect, int(n)) for n in table.loc[mine, "n"]]
@@ -419,7 +455,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues, grading=run.grading))
     if permutation_control:
         # every non-zero alpha: the sweep reports them all and chooses none
-        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a),) for a in alphas if a != 0}
+        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a, site),) for a in alphas if a != 0}
         summary["permutation_control"] = run_permutation_control(lm, task, f_out, steered, run, decoding=decoding,
                                                                  batch_size=batch_size, progress=progress)
     run.write_summary(summary)
