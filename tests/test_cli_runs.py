@@ -48,7 +48,8 @@ def test_quiet_prints_no_progress_bar_not_even_model_loading(tmp_path: Path) -> 
 
 
 def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None:
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     run = tmp_path / "route"
     run_route_audit(load_model("tiny-llama:3"), load_task("arithmetic", n=3), run,
@@ -83,7 +84,8 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     import json
 
     import rnr_interp.models
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(2)))

@@ -9,18 +9,10 @@ import pytest
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir
-from rnr_interp.analyses.routing.audit import (
-    BLIND_SEARCHES,
-    SEARCH_SELECTORS,
-    RouteConfig,
-    RouteEvaluator,
-    Search,
-    _picks_correct,
-    _selector_choices,
-    blind_reward,
-    run_route_audit,
-    run_searches,
-)
+from rnr_interp.analyses.routing.config import BLIND_SEARCHES, SEARCH_SELECTORS, RouteConfig
+from rnr_interp.analyses.routing.evaluator import RouteEvaluator, Search, blind_reward, run_searches
+from rnr_interp.analyses.routing.run import run_route_audit
+from rnr_interp.analyses.routing.summary import _picks_correct, _selector_choices
 from rnr_interp.analyses.routing.selectors import select
 from rnr_interp.analyses.routing.batching import Lockstep
 from rnr_interp.analyses.routing.spaces import make_space
@@ -169,7 +161,7 @@ def test_every_method_spends_exactly_k_distinct_routes_batched_and_sequential():
     size; the evaluator generates each (question, route) pair once."""
     from types import SimpleNamespace
 
-    from rnr_interp.analyses.routing.audit import audit_searches, matched_searches
+    from rnr_interp.analyses.routing.run import audit_searches, matched_searches
 
     spaces = {"native": make_space("native", 8)}
     questions = [SimpleNamespace(id="q"), SimpleNamespace(id="p")]
@@ -462,7 +454,7 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     """A route run killed inside a chunk keeps the chunk's samples and evaluations in the
     run's journal; resumed, it generates only what was missing, writes the records an
     uninterrupted run writes, and leaves no journal behind."""
-    import rnr_interp.analyses.routing.audit as audit
+    import rnr_interp.analyses.routing.run as audit
     import rnr_interp.engine.rows as row_runner
 
     lm, task, cfg, summary, records = routed_run
@@ -512,7 +504,7 @@ def test_a_summary_so_far_is_the_summary_of_a_run_over_the_chunks_written(routed
     run over those questions alone reports, and leaves the stopped run as it was."""
     import shutil
 
-    from rnr_interp.analyses.routing.audit import summarize_so_far
+    from rnr_interp.analyses.routing.summary import summarize_so_far
 
     lm, task, cfg, _, _ = routed_run
     stopped = tmp_path / "stopped"
@@ -543,7 +535,7 @@ def test_a_summary_so_far_refuses_what_it_cannot_summarise(routed_run, tmp_path)
     import shutil
 
     from rnr_interp.records import RunFolderError
-    from rnr_interp.analyses.routing.audit import summarize_so_far
+    from rnr_interp.analyses.routing.summary import summarize_so_far
 
     lm, task, _, _, records = routed_run
     run = RunDir(records.attrs["run"])
@@ -563,13 +555,13 @@ def test_route_batches_hold_the_rows_of_the_device(monkeypatch, tmp_path):
     where rows are nearly free), never fewer than the chunk's questions."""
     import types
 
-    import rnr_interp.analyses.routing.audit as audit
-
+    import rnr_interp.analyses.routing.config as config
+    import rnr_interp.analyses.routing.run as audit
     import rnr_interp.engine.rows as row_runner
 
     lm = load_model("tiny-llama:6")
-    assert audit.route_rows(lm) == audit.ROUTE_ROWS
-    assert audit.route_rows(types.SimpleNamespace(device=torch.device("cuda", 0))) == audit.GPU_ROUTE_ROWS > audit.ROUTE_ROWS
+    assert config.route_rows(lm) == config.ROUTE_ROWS
+    assert config.route_rows(types.SimpleNamespace(device=torch.device("cuda", 0))) == config.GPU_ROUTE_ROWS > config.ROUTE_ROWS
     sizes, original = [], row_runner.generate
     monkeypatch.setattr(row_runner, "generate", lambda *a, **kw: sizes.append(len(a[1])) or original(*a, **kw))
     monkeypatch.setattr(audit, "route_rows", lambda lm_: 5)
@@ -586,7 +578,7 @@ def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_p
     another question's gold. Planted: one method's candidates name every *other*
     question's gold and never its own, so its oracle is 0 and its null is 1 under any
     derangement; the other methods' nulls are `grading.derangement_null` of their records."""
-    from rnr_interp.analyses.routing.audit import summarize_routes
+    from rnr_interp.analyses.routing.summary import summarize_routes
     from rnr_interp.grading import derangement_null, graded
 
     _, task, cfg, _, records = routed_run

@@ -201,7 +201,8 @@ def regrade(
             probe = (folder.config.get("probe") or {}).get("name", "temperature")
             summary = summarize(folder, probe, ci=old.get("ci", "wilson"), task=task, grading=grading)
         else:
-            from rnr_interp.analyses.routing.audit import route_config_of, summarize_routes, verification_stored
+            from rnr_interp.analyses.routing.config import route_config_of
+            from rnr_interp.analyses.routing.summary import summarize_routes, verification_stored
 
             lm = None
             if not verification_stored(folder):
@@ -277,7 +278,8 @@ def route(
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     check_grading_option(grading)
     options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
@@ -300,7 +302,8 @@ def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:
     """A route audit's size (`sampling.RunSize`) for `load_inputs`: the deployed answer,
     the temperature samples and every search's budget of routes per question, voted over
     the budget; a chunk's samples (or a route batch, if larger) generated at once."""
-    from rnr_interp.analyses.routing.audit import audit_searches_count, route_rows
+    from rnr_interp.analyses.routing.config import route_rows
+    from rnr_interp.analyses.routing.run import audit_searches_count
     from rnr_interp.engine.sampling import run_size
 
     def size(t, max_new_tokens, generating):
@@ -321,7 +324,8 @@ def route_summary(
 ):
     """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions. Reads records (no model), and the task's file where it is here, for the chance nulls."""
     from rnr_interp.records import RunDir
-    from rnr_interp.analyses.routing.audit import route_config_of, summarize_so_far
+    from rnr_interp.analyses.routing.config import route_config_of
+    from rnr_interp.analyses.routing.summary import summarize_so_far
 
     def body():
         folder = RunDir(run)

@@ -1,0 +1,330 @@
+"""The routing audit's summary and tables, from a route run's records only: oracle
+curves, oracles at K with their chance nulls, baseline - search differences, the
+selectors' picks and their gap recovery, the exclusion rule."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
+from rnr_interp.models import LoadedModel
+from rnr_interp.grading import graded, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
+from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir, RunFolderError
+from rnr_interp.analyses.routing.config import (BASELINES, BLIND_SEARCHES, CANDIDATE_SELECTORS, SEARCH_SELECTORS, STRUCTURED,
+                                                VOTES, RouteConfig, route_config_of)
+from rnr_interp.analyses.routing.evaluator import verify_rows
+from rnr_interp.analyses.routing.search import round_size
+from rnr_interp.analyses.routing.selectors import select
+from rnr_interp.analyses.routing.spaces import make_space
+from rnr_interp.tasks import reload_task
+from rnr_interp.tasks.base import Task
+
+
+def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
+    """A route run's summary over the chunks it has written so far, without touching the
+    run (it may still be going): its records are copied into a new run folder `out`
+    (`RunDir.snapshot`), which gets the summary and tables a finished run gets, over
+    those questions. For runs that take hours (GSM8K answers on a CPU). No model; the
+    task is reloaded from the file the run names, for the golds of the chance nulls
+    (where it cannot be, the summary goes without them and says so)."""
+    cfg = route_config_of(run)
+    if not run.done_question_ids():
+        raise RunFolderError(f"{run.path}: no chunk written yet, nothing to summarise")
+    snap = run.snapshot(out)  # counted from the copy: the run may write a chunk meanwhile
+    try:
+        task, why = reload_task(run.config["task"]), None
+    except (OSError, ValueError, RunFolderError) as exc:
+        task, why = None, f"chance nulls: the run's task cannot be reloaded here ({exc})"
+    summary = summarize_routes(snap, cfg, task=task)
+    if why is not None:
+        summary.setdefault("missing", []).append(why)
+    summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
+                           "questions_total": (run.config.get("task") or {}).get("n_questions")}
+    snap.write_summary(summary)
+    return summary
+
+
+def _candidates(records: pd.DataFrame, probe: str, qids: Sequence[str]) -> list[pd.DataFrame]:
+    """Each question's candidates of one probe, in evaluation order."""
+    by_q = {qid: g.sort_values("candidate").reset_index(drop=True) for qid, g in records[records.probe == probe].groupby("question_id", sort=False)}
+    missing = [q for q in qids if q not in by_q]
+    if missing:
+        raise ValueError(f"questions without {probe!r} candidates: {missing[:5]}")
+    return [by_q[q] for q in qids]
+
+
+def _prefix_oracle(cands: list[pd.DataFrame], budget: int, exchangeable: bool) -> np.ndarray:
+    """(questions, budget): o_i after b evaluations. Random routes after the full path are
+    exchangeable, so their curve is the unbiased pass@k with the full path always in;
+    an adaptive search's curve is the running best in its own evaluation order."""
+    out = np.zeros((len(cands), budget))
+    ks = np.arange(1, budget + 1)
+    for i, g in enumerate(cands):
+        correct = g["correct"].astype(bool).to_numpy()
+        if exchangeable:
+            out[i] = oracle_curve_after_first(bool(correct[0]), len(correct) - 1, int(correct[1:].sum()), ks)
+        else:
+            running = np.maximum.accumulate(correct[:budget].astype(float))
+            out[i, :len(running)] = running
+            out[i, len(running):] = running[-1] if len(running) else 0.0
+    return out
+
+
+def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int) -> list[dict[str, Any]]:
+    lo, hi = bootstrap_ci(values, seed=seed)
+    return [{"cell": cell, "method": method, "kind": kind, "budget": b + 1, "accuracy": float(v), "lo": float(l), "hi": float(h)}
+            for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
+
+
+def route_of(intervention: str) -> tuple[int, ...]:
+    """The route in a route record's intervention id ("route:0-1-1-2", `Route.label`)."""
+    return tuple(int(i) for i in intervention.removeprefix("route:").split("-"))
+
+
+def verification_stored(run: RunDir) -> bool:
+    """Whether a route run's records hold its self-verification scores (runs made
+    before they were stored do not)."""
+    return bool(run.read_records()["probe"].str.startswith("verify:").any())
+
+
+def _verify_tables(records: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
+    """Stored self-verification scores: per verified probe label, per question, answer -> score."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for probe, g in records[records.probe.str.startswith("verify:")].groupby("probe", sort=False):
+        source = str(probe).removeprefix("verify:")
+        out[source] = {qid: dict(zip(h.extracted, h.logprob)) for qid, h in g.groupby("question_id", sort=False)}
+    return out
+
+
+def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, target: RunDir | None = None,
+                     task: Task | None = None, lm: LoadedModel | None = None) -> dict[str, Any]:
+    """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
+    and mean edit distance per method, random - structured and random_matched -
+    structured at K (Newcombe paired), and each selector's accuracy, selection gap and
+    gap recovery (paired), all under `grading` (default: the run's), with the deployed
+    accuracy, oracles@K and selector accuracies under the other grading beside
+    (`summary[other]`), the chance null of the temperature probe and each probe's
+    unfinished rate. Tables (under `grading`): route_curves, route_cells,
+    route_distances, selectors, written to `target` (default: the run).
+
+    Reads the records only. Records of runs made before both grades were recorded get
+    their strict grade from their texts when `task` is given (`grading.regrade`), and
+    before self-verification scores were stored, from `lm` when it is given (`rnr
+    regrade` passes both); without them those parts are left out and named in
+    `summary["missing"]`."""
+    grading = grading or run.grading
+    records = run.read_records()
+    if task is not None:
+        records = regrade(records, task)
+    both = not records["correct_strict"].isna().any()
+    if grading == "strict" and not both:
+        raise RunFolderError(f"{run.path}: its records hold no strict grades (made before they were recorded); "
+                             "`rnr regrade RUN` reads them from the texts")
+    verify = _verify_tables(records)
+    headline = graded(records, grading)  # a copy of the records: made once
+    t_scores = question_scores(headline, "temperature")
+    qids = list(t_scores.index)
+    rand_labels = {space: str(ProbeLabel.route(space, "random")) for space in cfg.spaces}
+    if "temperature" not in verify and lm is not None and task is not None:
+        # a run from before the scores were stored: the model scores them now
+        by_id = {q.id: q for q in task.questions}
+        rows = records[records.probe.isin(["temperature", *rand_labels.values()])].to_dict("records")
+        verify = _verify_tables(pd.DataFrame(verify_rows(lm, task, [by_id[q] for q in qids], rows,
+                                                         ["temperature", *rand_labels.values()])))
+    # The selectors' choices are answer-blind: made once, then graded either way.
+    choices = {"temperature": _selector_choices(_candidates(records, "temperature", qids), {}, verify.get("temperature"))}
+    for space, label in rand_labels.items():
+        choices[space] = _selector_choices(
+            _candidates(records, label, qids),
+            {name: _candidates(records, str(ProbeLabel.route(space, name)), qids) for name in BLIND_SEARCHES},
+            verify.get(label))
+    summary, tables = _graded_routes(headline, run.config, cfg, choices)
+    if "temperature" not in verify:
+        summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
+    other = other_grading(grading)
+    if both:
+        beside, _ = _graded_routes(graded(records, other), run.config, cfg, choices)
+        summary[other] = {"deployed": beside["deployed"], "oracle_at_k": beside["oracle_at_k"],
+                          "temperature_oracle": beside["temperature"]["oracle"],
+                          "cells": {cell: {"oracle_at_k": c["oracle_at_k"],
+                                           "selectors": {name: sel["accuracy"] for name, sel in c["selectors"].items()}}
+                                    for cell, c in beside["cells"].items()}}
+    else:
+        summary.setdefault("missing", []).append(f"{other}: these records hold no strict grades (`rnr regrade` reads them)")
+    summary["grading"] = grading
+    if task is not None:
+        null = question_null(headline, task, "temperature", grading, cfg.samples, seed=cfg.seed)
+        if null is not None:
+            summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
+        _route_nulls(headline, task, grading, cfg, summary, tables)
+    summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])
+                                  if not str(p).startswith("verify:")}
+    summary["warnings"] = [w for p, r in summary["unfinished_rate"].items() if (w := unfinished_warning(r, p))]
+    for name, table in tables.items():
+        (target or run).write_table(name, table)
+    return summary
+
+
+def _route_nulls(records: pd.DataFrame, task: Task, grading: str, cfg: RouteConfig, summary: dict[str, Any],
+                 tables: dict[str, pd.DataFrame]) -> None:
+    """Each cell's chance null per method, beside its oracle@K: what the same K route
+    candidates reach by coincidence (`grading.question_null`: graded against another
+    question's gold, or guessing like them for a finite option set). A gold-rewarded
+    search steers its routes toward the true gold; its null asks how often that set
+    holds a wrong question's gold instead. Into `summary["cells"][cell]["null"][method]`
+    and the `route_cells` table (`null_oracle`, `oracle_minus_null` with its interval)."""
+    columns: list[dict[str, Any]] = []
+    for cell, c in summary["cells"].items():
+        c["null"] = {}
+        for m in c["oracle_at_k"]:
+            label = str(ProbeLabel.route(c["space"], m))
+            null = question_null(records, task, label, grading, cfg.budget, seed=cfg.seed)
+            if null is None:
+                continue
+            scores = question_scores(records, label)
+            c["null"][m] = null_summary(scores["d"].to_numpy(), scores["o"].to_numpy(), *null, seed=cfg.seed)
+            lo, hi = c["null"][m]["O_K_minus_null_ci"]
+            columns.append({"cell": cell, "method": m, "null_oracle": c["null"][m]["O_K"],
+                            "oracle_minus_null": c["null"][m]["O_K_minus_null"],
+                            "oracle_minus_null_lo": lo, "oracle_minus_null_hi": hi})
+    if columns and len(tables["route_cells"]):
+        tables["route_cells"] = tables["route_cells"].merge(pd.DataFrame(columns), on=["cell", "method"], how="left")
+
+
+def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConfig,
+                   choices: dict[str, dict[str, list[int | None]]]) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """`summarize_routes`' summary and tables from records graded one way (`correct`)."""
+    model, task_name = config["model"], config["task"]["name"]
+    n_layers = int(config["model_facts"]["n_layers"])
+    scores = question_scores(records, "temperature")
+    qids = list(scores.index)
+    d = scores["d"].to_numpy()
+    greedy = float(d.mean())
+    # Format collapse, judged on the one output every method shares: the full path's.
+    deployed = records[records.probe == DEPLOYED]
+    collapse_rate = unparsed_rate(deployed[deployed.question_id.isin(qids)])
+    excluded = bool(collapse_rate > cfg.collapse)
+    curves, cells, distances, selectors = [], [], [], []
+    summary: dict[str, Any] = {"kind": "route", "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
+                               "n_questions": len(scores), "deployed": greedy,
+                               "deployed_ci": list(wilson_interval(d.sum(), len(d))),
+                               "proposals": {m: round_size(m, cfg.proposals) for m in STRUCTURED},
+                               "exclusion": {"rule": "full path's unparsed rate > collapse", "collapse": cfg.collapse,
+                                             "full_path_unparsed_rate": collapse_rate},
+                               "cells": {}}
+    # Plain sampling's selection gap, the same for every cell.
+    temperature = _picks_correct(choices["temperature"], _candidates(records, "temperature", qids), {})
+    t_oracle = scores["o"].to_numpy()
+    summary["temperature"] = {"oracle": float(t_oracle.mean()),
+                              "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
+    methods = list(dict.fromkeys(("random", *cfg.methods)))
+    for space_name in cfg.spaces:
+        cell = f"{model}/{task_name}/{space_name}"
+        space = make_space(space_name, n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
+        rand_label = str(ProbeLabel.route(space_name, "random"))
+        rand = _candidates(records, rand_label, qids)
+        rand_unparsed = unparsed_rate(pd.concat(rand))  # shown, not judged (see the exclusion rule)
+        at_k: dict[str, np.ndarray] = {}
+        edits: dict[str, np.ndarray] = {}
+        for m in methods:
+            cands = _candidates(records, str(ProbeLabel.route(space_name, m)), qids)
+            curve = _prefix_oracle(cands, cfg.budget, m in BASELINES)
+            curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
+            at_k[m] = curve[:, -1].astype(bool)
+            edits[m] = np.concatenate([[space.edits(route_of(i)) for i in g["intervention"]] for g in cands])
+            values, counts = np.unique(edits[m], return_counts=True)
+            distances += [{"cell": cell, "space": space_name, "method": m, "edits": int(v), "routes": int(c)}
+                          for v, c in zip(values, counts)]
+        for vote, weighted in VOTES.items():
+            curves += _curve_rows(cell, vote, "vote", vote_matrix(rand, np.arange(1, cfg.budget + 1), weighted, 1, cfg.seed), cfg.seed)
+        blind = {name: _candidates(records, str(ProbeLabel.route(space_name, name)), qids) for name in BLIND_SEARCHES}
+        picks = _picks_correct(choices[space_name], rand, blind)
+        oracle = at_k["random"]
+        oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
+        #: no method beat greedy anywhere: the comparison could not have gone either way
+        informative = any(v.mean() > greedy for v in at_k.values())
+        diffs = {base: {m: {"value": oracle_at_k[base] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], at_k[base])]}
+                        for m in STRUCTURED if m in at_k} for base in BASELINES if base in at_k}
+        for m, v in at_k.items():
+            lo, hi = wilson_interval(v.sum(), len(v))
+            row = {"cell": cell, "model": model, "task": task_name, "space": space_name, "method": m,
+                   "oracle": float(v.mean()), "oracle_lo": lo, "oracle_hi": hi, "edits_mean": float(edits[m].mean())}
+            for base, column in (("random", "random_minus"), ("random_matched", "matched_minus")):
+                diff = diffs.get(base, {}).get(m)
+                row |= {column: diff["value"] if diff else np.nan, f"{column}_lo": diff["ci"][0] if diff else np.nan,
+                        f"{column}_hi": diff["ci"][1] if diff else np.nan}
+            cells.append({**row, "deployed": greedy, "n_questions": len(qids), "k": cfg.budget, "excluded": excluded,
+                          "informative": informative, "unparsed_rate": collapse_rate,
+                          "random_unparsed_rate": rand_unparsed})
+        cell_sel = {}
+        for name, hit in picks.items():
+            cell_sel[name] = selection_summary(d, oracle, hit)
+            selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "routes", **_flat(cell_sel[name])})
+        for name, sel in summary["temperature"]["selectors"].items():
+            selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "temperature", **_flat(sel)})
+        summary["cells"][cell] = {
+            "space": space_name, "oracle_at_k": oracle_at_k, "edits_mean": {m: float(v.mean()) for m, v in edits.items()},
+            "excluded": excluded, "informative": informative, "unparsed_rate": collapse_rate,
+            "random_minus_structured": diffs.get("random", {}), "matched_minus_structured": diffs.get("random_matched", {}),
+            "selectors": cell_sel,
+        }
+    sel = pd.DataFrame(selectors)
+    tables = {"route_curves": pd.DataFrame(curves), "route_cells": pd.DataFrame(cells),
+              "route_distances": pd.DataFrame(distances), "selectors": sel}
+    kept = [c for c, v in summary["cells"].items() if not v["excluded"]]
+    summary["excluded_cells"] = [c for c in summary["cells"] if c not in kept]
+    summary["oracle_at_k"] = {m: float(np.nanmean([summary["cells"][c]["oracle_at_k"][m] for c in kept])) if kept else float("nan") for m in methods}
+    routes_sel = sel[(sel.source == "routes") & sel.cell.isin(kept)] if len(sel) else sel
+    summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
+                            for name, g in routes_sel.groupby("selector", sort=False)} if len(routes_sel) else {}
+    return summary, tables
+
+
+def _flat(sel: dict[str, Any]) -> dict[str, Any]:
+    """A selection summary as table columns (intervals as _lo/_hi)."""
+    out: dict[str, Any] = {}
+    for key, value in sel.items():
+        if key.endswith("_ci"):
+            out[f"{key[:-3]}_lo"], out[f"{key[:-3]}_hi"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _selector_choices(cands: list[pd.DataFrame], blind: dict[str, list[pd.DataFrame]],
+                      verify: dict[str, dict[str, float]] | None) -> dict[str, list[int | None]]:
+    """Per selector, the candidate it picks for each question (None: it abstains): the
+    candidate selectors over `cands` (self-verification from the stored per-answer
+    scores `verify`, question -> answer -> score; left out when None), and each search
+    selector over its blind search's candidates in `blind`. Answer-blind: no grade is
+    read, so one choice serves both gradings."""
+    names = [n for n in CANDIDATE_SELECTORS if verify is not None or n != "self_verification"]
+    choices: dict[str, list[int | None]] = {name: [] for name in names}
+    for g in cands:
+        if verify is not None:
+            by_answer = verify.get(g["question_id"].iloc[0], {})
+            g = g.assign(verify_yes_logprob=[by_answer.get(a, -math.inf) if isinstance(a, str) else -math.inf
+                                             for a in g["extracted"]])
+        for name in names:
+            choices[name].append(select(g, name))
+    for name, (probe, selector) in SEARCH_SELECTORS.items():
+        if probe in blind:
+            choices[name] = [select(g, selector) for g in blind[probe]]
+    return choices
+
+
+def _picks_correct(choices: dict[str, list[int | None]], cands: list[pd.DataFrame],
+                   blind: dict[str, list[pd.DataFrame]]) -> dict[str, np.ndarray]:
+    """Per selector, whether its pick is correct (`correct`) for each question; an
+    abstention is wrong."""
+    def pool(name: str) -> list[pd.DataFrame]:
+        return blind[SEARCH_SELECTORS[name][0]] if name in SEARCH_SELECTORS else cands
+
+    return {name: np.asarray([bool(g.loc[i, "correct"]) if i is not None else False
+                              for i, g in zip(picked, pool(name))], dtype=bool)
+            for name, picked in choices.items()}
