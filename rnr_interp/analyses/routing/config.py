@@ -17,8 +17,36 @@ from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space, s
 from rnr_interp.tasks.base import Task
 
 STRUCTURED = ADAPTIVE
-#: the random samplers the structured searches are compared with
-BASELINES = ("random", "random_matched")
+#: how each search's random stream is seeded (`evaluator.search_rng`), as the manifest names it
+SEED_STREAMS = ("numpy default_rng(SeedSequence([seed, crc32(probe label), crc32(question id)])): one stream per "
+                "search (space:method) and question, so no two questions share a random route list and no two "
+                "methods share a draw")
+
+
+#: how far above zero the lower bound of oracle - null must be to call an oracle above
+#: chance: a bootstrap quantile of differences of sums of 1/n can land a rounding error
+#: (such as 8.17e-18) off an exact 0, and that decided a call before
+CHANCE_TOLERANCE = 1e-9
+
+
+def above_chance(lower_bound: float) -> bool:
+    """Whether an oracle whose oracle - null interval starts at `lower_bound` is above
+    its chance null: the bound exceeds 0 by more than floating-point error."""
+    return bool(lower_bound > CHANCE_TOLERANCE)
+
+
+def matched_control(search: str) -> str:
+    """The probe method of `search`'s own `random_matched` control, random routes at that
+    search's distances ("random_matched_mcts"; a probe label's parts are split at ':')."""
+    return f"random_matched_{search}"
+
+
+def draws_at_random(method: str) -> bool:
+    """Whether `method`'s routes after the full path are drawn without a reward (random,
+    random_matched and each search's matched control): exchangeable draws."""
+    return method == "random" or method.startswith("random_matched")
+
+
 #: selectors over a probe's K candidates (weighted_majority is majority's second line)
 CANDIDATE_SELECTORS = ("majority", "weighted_majority", "confidence", "self_verification")
 #: answer-blind searches: probe method -> the search run with `search_reward`
@@ -140,4 +168,4 @@ def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig, grading: str
     `grading` None: the folder's own when resuming, else the default."""
     samplers = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len).sampler for name in cfg.spaces}
     return run_config("route", lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)),
-                      random_samplers=samplers)
+                      random_samplers=samplers, seed_streams=SEED_STREAMS)

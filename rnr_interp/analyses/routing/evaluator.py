@@ -5,6 +5,7 @@ confidence) and self-verification's scores of proposed answers."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -133,7 +134,7 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searc
     evaluation order."""
     lockstep = Lockstep(evaluator)
 
-    def job(q: Question, s: Search):
+    def job(q: Question, s: Search, label: str):
         evaluate = lockstep.evaluate_for(q.id)
 
         def score(routes):
@@ -142,16 +143,23 @@ def run_searches(evaluator: RouteEvaluator, questions: Sequence[Question], searc
                 on_evaluated(len(rows))
             return [s.reward(q, row) for row in rows]
 
-        # Every search of a method shares one seed across questions (random search asks
-        # every question for the same routes, which batch fully); runs are reproducible.
-        return SEARCHES[s.method](s.space, score, budget, np.random.default_rng(seed), **s.options)
+        return SEARCHES[s.method](s.space, score, budget, search_rng(seed, label, q.id), **s.options)
 
     pairs = [(label, s, q) for label, s in searches.items() for q in questions]
-    results = lockstep.run([lambda s=s, q=q: job(q, s) for _, s, q in pairs])
+    results = lockstep.run([lambda s=s, q=q, label=label: job(q, s, label) for label, s, q in pairs])
     out: dict[str, dict[str, list]] = {label: {} for label in searches}
     for (label, _, q), res in zip(pairs, results):
         out[label][q.id] = [(route, evaluator.cache[(q.id, route)]) for route, _ in res.evaluated]
     return out
+
+
+def search_rng(seed: int, label: str, question_id: str) -> np.random.Generator:
+    """The random stream of one search (its probe label) on one question
+    (`config.SEED_STREAMS`). A search shares it with no other search and no other
+    question: random routes are a fresh draw per question, a search without a reward
+    signal yet explores from its own stream, and genetic search's first generation is
+    not random's. Reproducible from the run's seed."""
+    return np.random.default_rng([seed, zlib.crc32(label.encode()), zlib.crc32(question_id.encode())])
 
 
 @torch.inference_mode()

@@ -3,15 +3,16 @@ answer-blind selectors, on one model and task.
 
 For every question and route space (a *cell* is model x task x space):
 - `deployed`: greedy on the full path; `temperature`: K temperature samples (same prefill);
-- `random`: the full path + K-1 distinct routes from the space's own sampler (one shared
-  seed, so every question gets the same routes and each route is one batch over all
-  questions);
+- `random`: the full path + K-1 distinct routes from the space's own sampler, a fresh
+  draw for every question (`evaluator.search_rng`: one seed stream per search and
+  question);
 - `mcts`, `hill_climb`, `genetic`: oracle searches with the gold answer as reward, K
   distinct route evaluations each (the full path first, as for random);
-- `random_matched`: the full path + K-1 distinct random routes whose distances from the
-  full path (`RouteSpace.edits`) are drawn from those of the routes the oracle searches
-  evaluated on the chunk's questions in the same space (`search.random_matched`); run
-  after them, one shared seed like `random`;
+- `random_matched_SEARCH` (`random_matched` in the config), one per structured search:
+  the full path + K-1 distinct random routes whose distances from the full path
+  (`RouteSpace.edits`) are drawn from those of the routes that search evaluated on the
+  chunk's questions in the same space (`search.random_matched`); run after them, a
+  fresh draw per question like `random`;
 - `mcts_blind`, `hill_climb_blind`, `genetic_blind`: the same searches, K evaluations
   each, rewarded answer-blind by the model's per-token probability of its own output
   (`selectors.search_reward`).
@@ -47,8 +48,8 @@ from tqdm.auto import tqdm
 from rnr_interp.engine.sampling import Probe, sample_questions
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import Journal, ProbeLabel, RunDir
-from rnr_interp.analyses.routing.config import (BLIND_SEARCHES, STRUCTURED, RouteConfig, route_decoding, route_rows,
-                                                route_run_config, route_spaces)
+from rnr_interp.analyses.routing.config import (BLIND_SEARCHES, STRUCTURED, RouteConfig, matched_control, route_decoding,
+                                                route_rows, route_run_config, route_spaces)
 from rnr_interp.analyses.routing.evaluator import RouteEvaluator, Search, blind_reward, gold_reward, run_searches, verify_rows
 from rnr_interp.analyses.routing.search import round_size
 from rnr_interp.analyses.routing.spaces import RouteSpace
@@ -73,7 +74,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
     evaluator.restore(saved)
     saved_samples = {tuple(e["question_ids"]): e["samples"] for e in saved if "samples" in e}
     searches = audit_searches(spaces, cfg.methods, cfg.proposals)
-    n_matched = len(spaces) if "random_matched" in cfg.methods else 0
+    n_matched = len(spaces) * matched_count(cfg)
     verified = [str(ProbeLabel.sample("temperature")), *(str(ProbeLabel.route(name, "random")) for name in spaces)]
 
     bar = tqdm(total=len(task.questions), initial=len(task.questions) - len(questions), unit="q", desc="route audit", disable=not progress)
@@ -127,8 +128,15 @@ def audit_searches(spaces: dict[str, RouteSpace], methods: Sequence[str], propos
 
 
 def audit_searches_count(cfg: RouteConfig) -> int:
-    """How many searches `audit_searches` runs on every question (each writes `budget` rows)."""
-    return len(cfg.spaces) * (len(dict.fromkeys(("random", *cfg.methods))) + len(BLIND_SEARCHES))
+    """How many searches the audit runs on every question (each writes `budget` rows):
+    `audit_searches`' and the matched controls (`matched_searches`)."""
+    searched = [m for m in cfg.methods if m in STRUCTURED]
+    return len(cfg.spaces) * (len({"random", *searched}) + len(BLIND_SEARCHES) + matched_count(cfg))
+
+
+def matched_count(cfg: RouteConfig) -> int:
+    """How many matched controls `matched_searches` runs per space and question."""
+    return len([m for m in cfg.methods if m in STRUCTURED]) if "random_matched" in cfg.methods else 0
 
 
 def _round(method: str, proposals: int | None) -> dict[str, Any]:
@@ -138,19 +146,21 @@ def _round(method: str, proposals: int | None) -> dict[str, Any]:
 
 def matched_searches(spaces: dict[str, RouteSpace], methods: Sequence[str],
                      found: dict[str, dict[str, list[tuple[tuple[int, ...], dict[str, Any]]]]]) -> dict[str, Search]:
-    """`random_matched` per space, its distance profile the edit distances
-    (`RouteSpace.edits`) of every route after the full path that the gold-rewarded
-    structured searches among `methods` evaluated on these questions in that space
-    (`found`, from `run_searches`); none when `methods` has no random_matched."""
+    """With `random_matched` among `methods`: per space and gold-rewarded structured
+    search among `methods`, that search's own matched control (`config.matched_control`),
+    its distance profile the edit distances (`RouteSpace.edits`) of every route after the
+    full path that this search evaluated on these questions in that space (`found`, from
+    `run_searches`). Each search is then compared with random routes at its own
+    distances, not at a pool of all the searches' distances."""
     if "random_matched" not in methods:
         return {}
     out = {}
     for name, space in spaces.items():
-        profile = [space.edits(route) for m in methods if m in STRUCTURED
-                   for pairs in found[str(ProbeLabel.route(name, m))].values() for route, _ in pairs[1:]]
-        out[str(ProbeLabel.route(name, "random_matched"))] = Search(space, "random_matched", gold_reward, {"profile": profile})
+        for m in (m for m in methods if m in STRUCTURED):
+            profile = [space.edits(route) for pairs in found[str(ProbeLabel.route(name, m))].values() for route, _ in pairs[1:]]
+            out[str(ProbeLabel.route(name, matched_control(m)))] = Search(space, "random_matched", gold_reward,
+                                                                          {"profile": profile})
     return out
-
 
 
 #: the fields of a route evaluation's row in the journal (`candidate_row`'s)

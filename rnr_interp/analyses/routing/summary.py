@@ -10,14 +10,17 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.grading import graded, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
+from rnr_interp.grading import graded, graded_answers, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
 from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir, RunFolderError
-from rnr_interp.analyses.routing.config import (BASELINES, BLIND_SEARCHES, CANDIDATE_SELECTORS, SEARCH_SELECTORS, STRUCTURED,
-                                                VOTES, RouteConfig, route_config_of)
+from rnr_interp.analyses.routing.config import (BLIND_SEARCHES, CANDIDATE_SELECTORS, SEARCH_SELECTORS, STRUCTURED, VOTES,
+                                                RouteConfig, above_chance, draws_at_random, matched_control,
+                                                route_config_of)
 from rnr_interp.analyses.routing.evaluator import verify_rows
+from rnr_interp.analyses.routing.layers import LAYER_ACTIONS, best_routes, route_layers, route_of
 from rnr_interp.analyses.routing.search import round_size
 from rnr_interp.analyses.routing.selectors import select
 from rnr_interp.analyses.routing.spaces import make_space
@@ -81,11 +84,6 @@ def _curve_rows(cell: str, method: str, kind: str, values: np.ndarray, seed: int
             for b, (v, l, h) in enumerate(zip(values.mean(0), np.atleast_1d(lo), np.atleast_1d(hi)))]
 
 
-def route_of(intervention: str) -> tuple[int, ...]:
-    """The route in a route record's intervention id ("route:0-1-1-2", `Route.label`)."""
-    return tuple(int(i) for i in intervention.removeprefix("route:").split("-"))
-
-
 def verification_stored(run: RunDir) -> bool:
     """Whether a route run's records hold its self-verification scores (runs made
     before they were stored do not)."""
@@ -105,12 +103,22 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
                      task: Task | None = None, lm: LoadedModel | None = None) -> dict[str, Any]:
     """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
     and mean edit distance per method, random - structured and random_matched -
-    structured at K (Newcombe paired), and each selector's accuracy, selection gap and
-    gap recovery (paired), all under `grading` (default: the run's), with the deployed
-    accuracy, oracles@K and selector accuracies under the other grading beside
-    (`summary[other]`), the chance null of the temperature probe and each probe's
+    structured at K (Newcombe paired, and two-way: `two_way_ci`), and each selector's
+    accuracy, selection gap and gap recovery (paired), all under `grading` (default:
+    the run's), with the deployed accuracy, oracles@K and selector accuracies under the
+    other grading beside (`summary[other]`), the chance null of the temperature probe
+    and of each route oracle, where the gains are (`layers`), and each probe's
     unfinished rate. Tables (under `grading`): route_curves, route_cells,
-    route_distances, selectors, written to `target` (default: the run).
+    route_distances, selectors, route_layers, route_questions, written to `target`
+    (default: the run).
+
+    The summary's keys: kind, model, task, k, budget, n_questions, deployed,
+    deployed_ci, proposals, exclusion, cells (per cell: space, oracle_at_k,
+    oracle_two_way, edits_mean, excluded, informative, unparsed_rate,
+    random_minus_structured, matched_minus_structured, selectors, null), temperature,
+    excluded_cells, oracle_at_k, selectors, grading, the other grading's name, null,
+    layers (`layers_summary`), unfinished_rate, warnings and, where something could not
+    be computed, missing.
 
     Reads the records only. Records of runs made before both grades were recorded get
     their strict grade from their texts when `task` is given (`grading.regrade`), and
@@ -143,12 +151,16 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
             _candidates(records, label, qids),
             {name: _candidates(records, str(ProbeLabel.route(space, name)), qids) for name in BLIND_SEARCHES},
             verify.get(label))
-    summary, tables = _graded_routes(headline, run.config, cfg, choices)
+    collapse = full_path_unparsed(records, qids, task, grading)
+    summary, tables = _graded_routes(headline, run.config, cfg, choices, collapse)
     if "temperature" not in verify:
         summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
+    if collapse[1] != grading:
+        summary.setdefault("missing", []).append(f"exclusion rule: the {grading} parse of the full path needs the task's "
+                                                 f"file; the {collapse[1]} parse was read")
     other = other_grading(grading)
     if both:
-        beside, _ = _graded_routes(graded(records, other), run.config, cfg, choices)
+        beside, _ = _graded_routes(graded(records, other), run.config, cfg, choices, collapse)
         summary[other] = {"deployed": beside["deployed"], "oracle_at_k": beside["oracle_at_k"],
                           "temperature_oracle": beside["temperature"]["oracle"],
                           "cells": {cell: {"oracle_at_k": c["oracle_at_k"],
@@ -162,12 +174,36 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
         if null is not None:
             summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
         _route_nulls(headline, task, grading, cfg, summary, tables)
+    n_layers = int(run.config["model_facts"]["n_layers"])
+    tables["route_layers"] = route_layers(headline, cfg.spaces, n_layers, qids, task, grading, cfg.seed)
+    summary["layers"] = layers_summary(tables["route_layers"])
+    tables["route_questions"] = best_routes(headline, cfg.spaces, n_layers, qids)
     summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])
                                   if not str(p).startswith("verify:")}
     summary["warnings"] = [w for p, r in summary["unfinished_rate"].items() if (w := unfinished_warning(r, p))]
     for name, table in tables.items():
         (target or run).write_table(name, table)
     return summary
+
+
+def layers_summary(table: pd.DataFrame, ranked: int = 5) -> dict[str, Any]:
+    """`summary["layers"]`, from the `route_layers` table (`layers.route_layers`): per
+    space, `top` -> {layer, action ("skip" | "repeat"), gain, gain_ci, null_gain,
+    above_chance} (the largest gain; ties to the lower layer, skip first), and `ranked`,
+    the `ranked` largest gains in the same form. Without the task's golds null_gain is
+    None and nothing is above chance."""
+    def entry(r: pd.Series) -> dict[str, Any]:
+        return {"layer": int(r["layer"]), "action": str(r["action"]), "gain": float(r["gain"]),
+                "gain_ci": [float(r["gain_ci_low"]), float(r["gain_ci_high"])],
+                "null_gain": None if pd.isna(r["null_gain"]) else float(r["null_gain"]),
+                "above_chance": bool(r["above_chance"])}
+
+    out: dict[str, Any] = {}
+    for space, g in table.groupby("space", sort=False):
+        order = g.assign(rank=g["action"].map(LAYER_ACTIONS.index))
+        order = order.sort_values(["gain", "rank", "layer"], ascending=[False, True, True], kind="stable")
+        out[str(space)] = {"top": entry(order.iloc[0]), "ranked": [entry(r) for _, r in order.head(ranked).iterrows()]}
+    return out
 
 
 def _route_nulls(records: pd.DataFrame, task: Task, grading: str, cfg: RouteConfig, summary: dict[str, Any],
@@ -189,16 +225,30 @@ def _route_nulls(records: pd.DataFrame, task: Task, grading: str, cfg: RouteConf
             scores = question_scores(records, label)
             c["null"][m] = null_summary(scores["d"].to_numpy(), scores["o"].to_numpy(), *null, seed=cfg.seed)
             lo, hi = c["null"][m]["O_K_minus_null_ci"]
+            c["null"][m]["above_chance"] = above_chance(lo)
             columns.append({"cell": cell, "method": m, "null_oracle": c["null"][m]["O_K"],
                             "oracle_minus_null": c["null"][m]["O_K_minus_null"],
-                            "oracle_minus_null_lo": lo, "oracle_minus_null_hi": hi})
+                            "oracle_minus_null_lo": lo, "oracle_minus_null_hi": hi, "above_chance": above_chance(lo)})
     if columns and len(tables["route_cells"]):
         tables["route_cells"] = tables["route_cells"].merge(pd.DataFrame(columns), on=["cell", "method"], how="left")
 
 
+def full_path_unparsed(records: pd.DataFrame, qids: Sequence[str], task: Task | None, grading: str) -> tuple[float, str]:
+    """The exclusion rule's measure: the share of the full path's greedy answers with no
+    answer as `grading` reads them (`grading.graded_answers`; strict reading needs the
+    task, without it the flexible parse is read and named), and the parse read."""
+    deployed = records[(records.probe == DEPLOYED) & records.question_id.isin(qids)]
+    if grading == "flexible" or task is None:
+        return unparsed_rate(deployed), "flexible"
+    answers = graded_answers(deployed, task, grading)
+    return (float(np.mean([a is None for a in answers])) if answers else math.nan), grading
+
+
 def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConfig,
-                   choices: dict[str, dict[str, list[int | None]]]) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """`summarize_routes`' summary and tables from records graded one way (`correct`)."""
+                   choices: dict[str, dict[str, list[int | None]]],
+                   collapse: tuple[float, str]) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """`summarize_routes`' summary and tables from records graded one way (`correct`),
+    format collapse judged on `collapse` (`full_path_unparsed`)."""
     model, task_name = config["model"], config["task"]["name"]
     n_layers = int(config["model_facts"]["n_layers"])
     scores = question_scores(records, "temperature")
@@ -206,8 +256,7 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
     d = scores["d"].to_numpy()
     greedy = float(d.mean())
     # Format collapse, judged on the one output every method shares: the full path's.
-    deployed = records[records.probe == DEPLOYED]
-    collapse_rate = unparsed_rate(deployed[deployed.question_id.isin(qids)])
+    collapse_rate, parse = collapse
     excluded = bool(collapse_rate > cfg.collapse)
     curves, cells, distances, selectors = [], [], [], []
     summary: dict[str, Any] = {"kind": "route", "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
@@ -215,14 +264,14 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
                                "deployed_ci": list(wilson_interval(d.sum(), len(d))),
                                "proposals": {m: round_size(m, cfg.proposals) for m in STRUCTURED},
                                "exclusion": {"rule": "full path's unparsed rate > collapse", "collapse": cfg.collapse,
-                                             "full_path_unparsed_rate": collapse_rate},
+                                             "full_path_unparsed_rate": collapse_rate, "parse": parse},
                                "cells": {}}
     # Plain sampling's selection gap, the same for every cell.
     temperature = _picks_correct(choices["temperature"], _candidates(records, "temperature", qids), {})
     t_oracle = scores["o"].to_numpy()
     summary["temperature"] = {"oracle": float(t_oracle.mean()),
                               "selectors": {name: selection_summary(d, t_oracle, hit) for name, hit in temperature.items()}}
-    methods = list(dict.fromkeys(("random", *cfg.methods)))
+    methods, controls = route_methods(records, cfg)
     for space_name in cfg.spaces:
         cell = f"{model}/{task_name}/{space_name}"
         space = make_space(space_name, n_layers, min_len=cfg.min_len, max_len=cfg.max_len)
@@ -231,11 +280,13 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
         rand_unparsed = unparsed_rate(pd.concat(rand))  # shown, not judged (see the exclusion rule)
         at_k: dict[str, np.ndarray] = {}
         edits: dict[str, np.ndarray] = {}
+        route_var: dict[str, float] = {}  # the route draw's variance of a random method's oracle
         for m in methods:
             cands = _candidates(records, str(ProbeLabel.route(space_name, m)), qids)
-            curve = _prefix_oracle(cands, cfg.budget, m in BASELINES)
+            curve = _prefix_oracle(cands, cfg.budget, draws_at_random(m))
             curves += _curve_rows(cell, m, "oracle", curve, cfg.seed)
             at_k[m] = curve[:, -1].astype(bool)
+            route_var[m] = route_jackknife_variance(cands) if draws_at_random(m) else 0.0
             edits[m] = np.concatenate([[space.edits(route_of(i)) for i in g["intervention"]] for g in cands])
             values, counts = np.unique(edits[m], return_counts=True)
             distances += [{"cell": cell, "space": space_name, "method": m, "edits": int(v), "routes": int(c)}
@@ -248,16 +299,25 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
         oracle_at_k = {m: float(v.mean()) for m, v in at_k.items()}
         #: no method beat greedy anywhere: the comparison could not have gone either way
         informative = any(v.mean() > greedy for v in at_k.values())
-        diffs = {base: {m: {"value": oracle_at_k[base] - oracle_at_k[m], "ci": [float(x) for x in paired_diff_ci(at_k[m], at_k[base])]}
-                        for m in STRUCTURED if m in at_k} for base in BASELINES if base in at_k}
+        baselines = {"random": {m: "random" for m in STRUCTURED}, "random_matched": controls}
+        diffs = {base: {m: _difference(at_k[against], at_k[m], route_var[against]) | {"baseline": against}
+                        for m, against in per_search.items() if m in at_k and against in at_k}
+                 for base, per_search in baselines.items()}
+        diffs = {base: d for base, d in diffs.items() if d}
         for m, v in at_k.items():
             lo, hi = wilson_interval(v.sum(), len(v))
+            two_way = two_way_ci(v.astype(float), route_var[m], (lo, hi), low=0.0)
             row = {"cell": cell, "model": model, "task": task_name, "space": space_name, "method": m,
-                   "oracle": float(v.mean()), "oracle_lo": lo, "oracle_hi": hi, "edits_mean": float(edits[m].mean())}
+                   "oracle": float(v.mean()), "oracle_lo": lo, "oracle_hi": hi,
+                   "oracle_two_way_lo": two_way["ci_two_way"][0], "oracle_two_way_hi": two_way["ci_two_way"][1],
+                   "edits_mean": float(edits[m].mean())}
             for base, column in (("random", "random_minus"), ("random_matched", "matched_minus")):
                 diff = diffs.get(base, {}).get(m)
                 row |= {column: diff["value"] if diff else np.nan, f"{column}_lo": diff["ci"][0] if diff else np.nan,
-                        f"{column}_hi": diff["ci"][1] if diff else np.nan}
+                        f"{column}_hi": diff["ci"][1] if diff else np.nan,
+                        f"{column}_two_way_lo": diff["ci_two_way"][0] if diff else np.nan,
+                        f"{column}_two_way_hi": diff["ci_two_way"][1] if diff else np.nan}
+            row["matched_control"] = controls.get(m, "")
             cells.append({**row, "deployed": greedy, "n_questions": len(qids), "k": cfg.budget, "excluded": excluded,
                           "informative": informative, "unparsed_rate": collapse_rate,
                           "random_unparsed_rate": rand_unparsed})
@@ -268,7 +328,10 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
         for name, sel in summary["temperature"]["selectors"].items():
             selectors.append({"cell": cell, "space": space_name, "selector": name, "source": "temperature", **_flat(sel)})
         summary["cells"][cell] = {
-            "space": space_name, "oracle_at_k": oracle_at_k, "edits_mean": {m: float(v.mean()) for m, v in edits.items()},
+            "space": space_name, "oracle_at_k": oracle_at_k,
+            "oracle_two_way": {m: two_way_ci(v.astype(float), route_var[m], wilson_interval(v.sum(), len(v)), low=0.0)
+                               for m, v in at_k.items() if draws_at_random(m)},
+            "edits_mean": {m: float(v.mean()) for m, v in edits.items()},
             "excluded": excluded, "informative": informative, "unparsed_rate": collapse_rate,
             "random_minus_structured": diffs.get("random", {}), "matched_minus_structured": diffs.get("random_matched", {}),
             "selectors": cell_sel,
@@ -283,6 +346,85 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
     summary["selectors"] = {name: {"accuracy": float(g.accuracy.mean()), "gap_recovery_median": float(g.gap_recovery.median())}
                             for name, g in routes_sel.groupby("selector", sort=False)} if len(routes_sel) else {}
     return summary, tables
+
+
+def route_methods(records: pd.DataFrame, cfg: RouteConfig) -> tuple[list[str], dict[str, str]]:
+    """The probe methods of a run's route cells, and per structured search the matched
+    control it is compared with: its own (`config.matched_control`) where the records
+    hold it, else the pooled `random_matched` of runs made before each search had its
+    own (experiments/runs/arith40 and arith10_seq)."""
+    searches = [m for m in cfg.methods if m in STRUCTURED]
+    controls: dict[str, str] = {}
+    if "random_matched" in cfg.methods:
+        probes = set(records["probe"])
+        own = all(str(ProbeLabel.route(s, matched_control(m))) in probes for s in cfg.spaces for m in searches)
+        controls = {m: matched_control(m) if own else "random_matched" for m in searches}
+    return list(dict.fromkeys(("random", *searches, *controls.values()))), controls
+
+
+def route_jackknife_variance(cands: list[pd.DataFrame]) -> float:
+    """The variance that the draw of routes adds to a random method's oracle at K: a
+    delete-one-route jackknife, each route (by identity) removed from every question
+    that evaluated it. Removing a route turns question i from reached to not reached
+    only when it was i's one correct route and the full path was wrong, so the
+    replicates are exact counts. With one route list shared by all questions (runs made
+    before each question got its own draw) this is the component a bootstrap over
+    questions misses; with a fresh draw per question the question bootstrap already
+    carries most of it, and adding it is conservative."""
+    n = len(cands)
+    drops: dict[str, int] = {}
+    routes: set[str] = set()
+    for g in cands:
+        after = g.iloc[1:]
+        routes.update(after["intervention"])
+        hits = after.loc[after["correct"].astype(bool), "intervention"]
+        if not bool(g["correct"].iloc[0]) and len(hits) == 1:
+            drops[hits.iloc[0]] = drops.get(hits.iloc[0], 0) + 1
+    r = len(routes)
+    if n == 0 or r < 2:
+        return 0.0
+    d = np.zeros(r)
+    d[:len(drops)] = np.fromiter(drops.values(), dtype=float) / n
+    return float((r - 1) / r * ((d - d.mean()) ** 2).sum())
+
+
+def two_way_ci(values: np.ndarray, route_var: float, question_ci: Sequence[float] | None = None, level: float = 0.95,
+               low: float = -1.0) -> dict[str, Any]:
+    """A mean over questions with both sources of variance: the questions' (the sample
+    variance of `values` / n) and the route draw's (`route_var`, from
+    `route_jackknife_variance`), independent components. The question-only interval
+    (`question_ci`: the Wilson or Newcombe one reported beside; None: the normal one) is
+    widened about the mean by sqrt(total / questions' variance), so it is unchanged when
+    the route draw adds nothing; with no variance between questions the route draw's
+    normal half-width is added. Clipped to [low, 1] (0 for an oracle). `route_share`:
+    the route draw's part of the variance."""
+    values = np.asarray(values, dtype=float)
+    z = float(norm.ppf(0.5 + level / 2))
+    q_var = float(values.var(ddof=1) / len(values)) if len(values) > 1 else 0.0
+    mean = float(values.mean())
+    if question_ci is None:
+        question_ci = (mean - z * math.sqrt(q_var), mean + z * math.sqrt(q_var))
+    q_lo, q_hi = (float(x) for x in question_ci)
+    total = q_var + route_var
+    if route_var <= 0:
+        lo, hi = q_lo, q_hi
+    elif q_var > 0:
+        factor = math.sqrt(total / q_var)
+        lo, hi = mean - (mean - q_lo) * factor, mean + (q_hi - mean) * factor
+    else:
+        half = z * math.sqrt(route_var)
+        lo, hi = min(q_lo, mean - half), max(q_hi, mean + half)
+    return {"ci_two_way": [max(low, lo), min(1.0, hi)], "ci_questions": [max(low, q_lo), min(1.0, q_hi)],
+            "route_share": route_var / total if total > 0 else 0.0}
+
+
+def _difference(baseline: np.ndarray, search: np.ndarray, route_var: float) -> dict[str, Any]:
+    """Baseline - search at K over paired questions: the Newcombe interval (questions
+    only, as before) and the two-way one, which widens it by the baseline's route draw
+    (an adaptive search's routes are not a draw this can resample)."""
+    ci = [float(x) for x in paired_diff_ci(search, baseline)]
+    return {"value": float(baseline.mean() - search.mean()), "ci": ci,
+            **two_way_ci(baseline.astype(float) - search.astype(float), route_var, ci)}
 
 
 def _flat(sel: dict[str, Any]) -> dict[str, Any]:
