@@ -112,13 +112,7 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
     route_distances, selectors, route_layers, route_questions, written to `target`
     (default: the run).
 
-    The summary's keys: kind, model, task, k, budget, n_questions, deployed,
-    deployed_ci, proposals, exclusion, cells (per cell: space, oracle_at_k,
-    oracle_two_way, edits_mean, excluded, informative, unparsed_rate,
-    random_minus_structured, matched_minus_structured, selectors, null), temperature,
-    excluded_cells, oracle_at_k, selectors, grading, the other grading's name, null,
-    layers (`layers_summary`), unfinished_rate, warnings and, where something could not
-    be computed, missing.
+    The summary's keys: `route_summary`.
 
     Reads the records only. Records of runs made before both grades were recorded get
     their strict grade from their texts when `task` is given (`grading.regrade`), and
@@ -152,37 +146,65 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
             {name: _candidates(records, str(ProbeLabel.route(space, name)), qids) for name in BLIND_SEARCHES},
             verify.get(label))
     collapse = full_path_unparsed(records, qids, task, grading)
-    summary, tables = _graded_routes(headline, run.config, cfg, choices, collapse)
+    headline_part, tables = _graded_routes(headline, run.config, cfg, choices, collapse)
+    missing = []
     if "temperature" not in verify:
-        summary["missing"] = ["self_verification: these records hold no stored self-verification scores"]
+        missing.append("self_verification: these records hold no stored self-verification scores")
     if collapse[1] != grading:
-        summary.setdefault("missing", []).append(f"exclusion rule: the {grading} parse of the full path needs the task's "
-                                                 f"file; the {collapse[1]} parse was read")
+        missing.append(f"exclusion rule: the {grading} parse of the full path needs the task's file; the {collapse[1]} "
+                       "parse was read")
     other = other_grading(grading)
-    if both:
-        beside, _ = _graded_routes(graded(records, other), run.config, cfg, choices, collapse)
-        summary[other] = {"deployed": beside["deployed"], "oracle_at_k": beside["oracle_at_k"],
-                          "temperature_oracle": beside["temperature"]["oracle"],
-                          "cells": {cell: {"oracle_at_k": c["oracle_at_k"],
-                                           "selectors": {name: sel["accuracy"] for name, sel in c["selectors"].items()}}
-                                    for cell, c in beside["cells"].items()}}
-    else:
-        summary.setdefault("missing", []).append(f"{other}: these records hold no strict grades (`rnr regrade` reads them)")
-    summary["grading"] = grading
+    beside = _graded_routes(graded(records, other), run.config, cfg, choices, collapse)[0] if both else None
+    if not both:
+        missing.append(f"{other}: these records hold no strict grades (`rnr regrade` reads them)")
+    null = None
     if task is not None:
-        null = question_null(headline, task, "temperature", grading, cfg.samples, seed=cfg.seed)
-        if null is not None:
-            summary["null"] = null_summary(t_scores["d"], t_scores["o"], *null)
-        _route_nulls(headline, task, grading, cfg, summary, tables)
+        found = question_null(headline, task, "temperature", grading, cfg.samples, seed=cfg.seed)
+        null = null_summary(t_scores["d"], t_scores["o"], *found) if found is not None else None
+        _route_nulls(headline, task, grading, cfg, headline_part, tables)
     n_layers = int(run.config["model_facts"]["n_layers"])
     tables["route_layers"] = route_layers(headline, cfg.spaces, n_layers, qids, task, grading, cfg.seed)
-    summary["layers"] = layers_summary(tables["route_layers"])
     tables["route_questions"] = best_routes(headline, cfg.spaces, n_layers, qids)
-    summary["unfinished_rate"] = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"])
-                                  if not str(p).startswith("verify:")}
-    summary["warnings"] = [w for p, r in summary["unfinished_rate"].items() if (w := unfinished_warning(r, p))]
+    unfinished = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"]) if not str(p).startswith("verify:")}
     for name, table in tables.items():
         (target or run).write_table(name, table)
+    return route_summary(headline_part, grading, beside, null, layers_summary(tables["route_layers"]), unfinished, missing)
+
+
+def route_summary(headline: dict[str, Any], grading: str, beside: dict[str, Any] | None, null: dict[str, Any] | None,
+                  layers: dict[str, Any], unfinished: dict[str, float], missing: list[str]) -> dict[str, Any]:
+    """The route summary (summary.json of a route run): its every key, in one place.
+
+    From `_graded_routes` under the headline grading (`headline`): kind, model, task, k
+    (temperature samples), budget (route evaluations per method), n_questions, deployed
+    and deployed_ci, proposals (round size per search), exclusion (rule, collapse,
+    full_path_unparsed_rate, parse), cells (per cell: space, oracle_at_k,
+    oracle_two_way, edits_mean, excluded, informative, unparsed_rate,
+    random_minus_structured and matched_minus_structured (per search: value, ci,
+    ci_two_way, ci_questions, route_share, baseline), selectors, and with the task's
+    golds null (per method: `grading.null_summary` and above_chance)), temperature
+    (oracle, selectors), excluded_cells, oracle_at_k (over kept cells), selectors
+    (accuracy, gap_recovery_median). Then: grading; the other grading's name ->
+    deployed, oracle_at_k, temperature_oracle, cells (oracle_at_k, selector
+    accuracies), where the records hold both grades; null (the temperature probe's
+    chance null) with the task's golds; layers (`layers_summary`); unfinished_rate
+    (per probe) and warnings; missing, where something could not be computed."""
+    summary = dict(headline)
+    if beside is not None:
+        summary[other_grading(grading)] = {
+            "deployed": beside["deployed"], "oracle_at_k": beside["oracle_at_k"],
+            "temperature_oracle": beside["temperature"]["oracle"],
+            "cells": {cell: {"oracle_at_k": c["oracle_at_k"],
+                             "selectors": {name: sel["accuracy"] for name, sel in c["selectors"].items()}}
+                      for cell, c in beside["cells"].items()}}
+    summary["grading"] = grading
+    if null is not None:
+        summary["null"] = null
+    summary["layers"] = layers
+    summary["unfinished_rate"] = unfinished
+    summary["warnings"] = [w for p, r in unfinished.items() if (w := unfinished_warning(r, p))]
+    if missing:
+        summary["missing"] = missing
     return summary
 
 
