@@ -32,7 +32,9 @@ import time
 
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteEvaluator, audit_searches, run_searches
+from rnr_interp.analyses.routing.config import ROUTE_ROWS, STRUCTURED
+from rnr_interp.analyses.routing.evaluator import RouteEvaluator, run_searches
+from rnr_interp.analyses.routing.run import audit_searches
 from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.tasks import load_task
 

@@ -76,7 +76,9 @@ from rnr_interp.engine import generate as engine
 from rnr_interp.engine.generate import generate
 from rnr_interp.interventions import site_hook
 from rnr_interp.models import load_model
-from rnr_interp.analyses.routing.audit import ROUTE_ROWS, STRUCTURED, RouteConfig, RouteEvaluator, Search, audit_searches, run_searches
+from rnr_interp.analyses.routing.config import ROUTE_ROWS, STRUCTURED, RouteConfig
+from rnr_interp.analyses.routing.evaluator import RouteEvaluator, Search, run_searches
+from rnr_interp.analyses.routing.run import audit_searches
 from rnr_interp.analyses.routing.search import random_search
 from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.engine.sampling import prompt_ids

@@ -130,7 +130,8 @@ def route(model: Any, task: Task | str, *, k: int = 32, n: int | None = None, da
     """The routing audit (`rnr route`): K = `k` temperature samples and `k` route
     evaluations per search and question. `config` sets `RouteConfig` fields (spaces,
     methods, samples, budget, seed, ...; `samples`/`budget` override `k`)."""
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     cfg = RouteConfig(**{"samples": k, "budget": k, **config})
     lm, t = inputs(model, task, n, data)  # routes decode to the task's length

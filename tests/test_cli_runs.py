@@ -48,7 +48,8 @@ def test_quiet_prints_no_progress_bar_not_even_model_loading(tmp_path: Path) -> 
 
 
 def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None:
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     run = tmp_path / "route"
     run_route_audit(load_model("tiny-llama:3"), load_task("arithmetic", n=3), run,
@@ -83,7 +84,8 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     import json
 
     import rnr_interp.models
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(2)))
@@ -101,8 +103,12 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     assert "unfinished" not in result.output and "tiny-llama:3 on jsonl: 2 questions" in result.output
     snap = RunDir(tmp_path / "route-2q").read_summary()
     assert all("null" in c for c in finished["cells"].values())
-    without_nulls = {cell: {k: v for k, v in c.items() if k != "null"} for cell, c in finished["cells"].items()}
-    assert json.dumps(snap["cells"], sort_keys=True) == json.dumps(without_nulls, sort_keys=True)
+    # without the task the exclusion rule reads the flexible parse, and says so
+    task_bound = ("null", "unparsed_rate", "excluded")
+    without_nulls = {cell: {k: v for k, v in c.items() if k not in task_bound} for cell, c in finished["cells"].items()}
+    assert json.dumps({cell: {k: v for k, v in c.items() if k not in task_bound} for cell, c in snap["cells"].items()},
+                      sort_keys=True) == json.dumps(without_nulls, sort_keys=True)
+    assert snap["exclusion"]["parse"] == "flexible" and any(m.startswith("exclusion rule") for m in snap["missing"])
     assert any(line.startswith("chance nulls: the run's task cannot be reloaded here") for line in snap["missing"])
     for key in ("temperature", "selectors", "oracle_at_k"):
         assert json.dumps(snap[key], sort_keys=True) == json.dumps(finished[key], sort_keys=True), key

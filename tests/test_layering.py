@@ -138,7 +138,7 @@ def test_the_walk_sees_bad_edges(tmp_path):
     sample.write_text("def f():\n    from rnr_interp.cli import fail\n")
     assert "comes later" in bad_edges(sample, "rnr_interp.analyses.localise.repair")[0]
     sample.write_text("from ...report import figures\n")
-    assert bad_edges(sample, "rnr_interp.analyses.routing.audit")[0].endswith("(report: report), which comes later")
+    assert bad_edges(sample, "rnr_interp.analyses.routing.run")[0].endswith("(report: report), which comes later")
     sample.write_text("import rnr_interp.analyses.localise.steering\n")
     assert bad_edges(sample, "rnr_interp.engine.generate") != []
     sample.write_text("from rnr_interp.analyses.localise import steering\n")

@@ -229,7 +229,7 @@ def test_routing_part_stopped_in_a_later_task_keeps_the_table_of_the_finished_on
     from dataclasses import replace
 
     from rnr_interp.reproduce.parts import Context, routing_part
-    from rnr_interp.analyses.routing import audit
+    from rnr_interp.analyses.routing import run as audit
 
     real, calls = audit.run_route_audit, []
 

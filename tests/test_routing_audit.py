@@ -1,6 +1,8 @@
 """The routing audit on tiny models: budgets, space membership, records vs summary."""
 
+import dataclasses
 import json
+
 import numpy as np
 import pandas as pd
 import torch
@@ -9,22 +11,15 @@ import pytest
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
 from rnr_interp.records import RunDir, comparable
-from rnr_interp.analyses.routing.audit import (
-    BLIND_SEARCHES,
-    SEARCH_SELECTORS,
-    RouteConfig,
-    RouteEvaluator,
-    Search,
-    _picks_correct,
-    _selector_choices,
-    blind_reward,
-    run_route_audit,
-    run_searches,
-)
+from rnr_interp.analyses.routing.config import BLIND_SEARCHES, SEARCH_SELECTORS, STRUCTURED, RouteConfig, matched_control
+from rnr_interp.analyses.routing.evaluator import RouteEvaluator, Search, blind_reward, run_searches
+from rnr_interp.analyses.routing.run import run_route_audit
+from rnr_interp.analyses.routing.summary import _picks_correct, _selector_choices
 from rnr_interp.analyses.routing.selectors import select
 from rnr_interp.analyses.routing.batching import Lockstep
 from rnr_interp.analyses.routing.spaces import make_space
 from rnr_interp.tasks import load_task
+from rnr_interp.tasks.base import Task
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +40,16 @@ def route_of(intervention: str) -> tuple[int, ...]:
     return tuple(int(i) for i in intervention.removeprefix("route:").split("-"))
 
 
+def probe_methods(cfg) -> list[str]:
+    """The route probes' methods of a run of `cfg`: random_matched is one control per search."""
+    return [m for m in cfg.methods if m != "random_matched"] + [matched_control(m) for m in STRUCTURED]
+
+
 def test_each_search_spends_exactly_its_budget_inside_its_space(routed_run):
     lm, task, cfg, _, records = routed_run
     for space_name in cfg.spaces:
         space = make_space(space_name, lm.n_layers)
-        for method in (*cfg.methods, *BLIND_SEARCHES):
+        for method in (*probe_methods(cfg), *BLIND_SEARCHES):
             sub = records[records.probe == f"{space_name}:{method}"]
             assert sub.question_id.nunique() == len(task), (space_name, method)
             for qid, g in sub.groupby("question_id"):
@@ -63,7 +63,7 @@ def test_oracle_at_k_equals_direct_computation_from_records(routed_run):
     _, task, cfg, summary, records = routed_run
     for space_name in cfg.spaces:
         cell = summary["cells"][next(c for c in summary["cells"] if c.endswith(space_name))]
-        for method in cfg.methods:
+        for method in probe_methods(cfg):
             sub = records[records.probe == f"{space_name}:{method}"]
             direct = sub.groupby("question_id")["correct"].any().mean()
             assert cell["oracle_at_k"][method] == pytest.approx(direct)
@@ -141,26 +141,66 @@ def test_every_selector_recomputes_from_the_records_alone(routed_run):
 
 
 def test_random_matched_draws_at_the_searches_distances(routed_run):
-    """random_matched's routes come from the gold searches' distance profile of the
-    chunk: every one of its distances is one the searches evaluated, and the cell's
-    route_cells row reports each method's mean distance."""
+    """Each search's matched control draws from that search's own distance profile of
+    the chunk (not a pool of all three), the search is compared with its own control,
+    and the cell's route_cells row reports each method's mean distance."""
     lm, _, cfg, summary, records = routed_run
     cells = RunDir(records.attrs["run"]).read_table("route_cells")
     for space_name in cfg.spaces:
         space = make_space(space_name, lm.n_layers)
         edits = {m: [space.edits(route_of(i)) for i in records[records.probe == f"{space_name}:{m}"].intervention]
-                 for m in cfg.methods}
-        searched = set(edits["mcts"] + edits["hill_climb"] + edits["genetic"])
-        assert set(edits["random_matched"]) <= searched
+                 for m in probe_methods(cfg)}
+        for m in STRUCTURED:
+            assert set(edits[matched_control(m)]) <= set(edits[m]), m
         row = cells[cells.space == space_name].set_index("method")
-        for m in cfg.methods:
+        for m in probe_methods(cfg):
             assert row.loc[m, "edits_mean"] == pytest.approx(np.mean(edits[m]))
+        cell = next(c for c in summary["cells"].values() if c["space"] == space_name)
+        for m in STRUCTURED:
+            assert row.loc[m, "matched_control"] == cell["matched_minus_structured"][m]["baseline"] == matched_control(m)
+            assert cell["matched_minus_structured"][m]["value"] == pytest.approx(
+                cell["oracle_at_k"][matched_control(m)] - cell["oracle_at_k"][m])
     # the distance profiles behind the figure: every evaluated route counted once
     distances = RunDir(records.attrs["run"]).read_table("route_distances")
     for space_name in cfg.spaces:
-        for m in cfg.methods:
+        for m in probe_methods(cfg):
             mine = distances[(distances.space == space_name) & (distances.method == m)]
             assert mine.routes.sum() == (records.probe == f"{space_name}:{m}").sum()
+
+
+def test_no_two_questions_share_a_random_route_list(routed_run):
+    """A fresh draw per question: random's and each matched control's route lists differ
+    between any two questions (the tiny spaces hold far more than K routes)."""
+    _, task, cfg, _, records = routed_run
+    for space_name in cfg.spaces:
+        for m in ("random", *(matched_control(s) for s in STRUCTURED)):
+            sub = records[records.probe == f"{space_name}:{m}"].sort_values("candidate")
+            lists = [tuple(g.intervention.iloc[1:]) for _, g in sub.groupby("question_id")]
+            assert len(set(lists)) == len(lists) == len(task), (space_name, m)
+
+
+def test_genetic_and_random_share_no_route_beyond_the_full_path():
+    """Independent seed streams per method: over many questions in a large space,
+    genetic search's routes (its first generation is drawn at random too) and random's
+    have only the full path in common, and so do a search's questions without a hit."""
+    from types import SimpleNamespace
+
+    from rnr_interp.analyses.routing.run import audit_searches
+
+    spaces = {"native": make_space("native", 30)}
+    questions = [SimpleNamespace(id=f"q{i}") for i in range(12)]
+    searches = audit_searches(spaces, ("random", "genetic", "mcts"))
+    searches = {label: Search(s.space, s.method, lambda q, row: 0.0, s.options) for label, s in searches.items()
+                if label in ("native:random", "native:genetic", "native:mcts")}
+    found = run_searches(FakeRoutes(), questions, searches, 16, 0)
+    full = tuple(range(30))
+    for q in questions:
+        routes = {m: {r for r, _ in found[f"native:{m}"][q.id]} for m in ("random", "genetic", "mcts")}
+        assert routes["random"] & routes["genetic"] == {full}
+    # no reward anywhere: each question's searches still draw their own routes
+    for m in ("random", "genetic", "mcts"):
+        lists = [tuple(r for r, _ in found[f"native:{m}"][q.id]) for q in questions]
+        assert len(set(lists)) == len(questions), m
 
 
 def test_every_method_spends_exactly_k_distinct_routes_batched_and_sequential():
@@ -169,7 +209,7 @@ def test_every_method_spends_exactly_k_distinct_routes_batched_and_sequential():
     size; the evaluator generates each (question, route) pair once."""
     from types import SimpleNamespace
 
-    from rnr_interp.analyses.routing.audit import audit_searches, matched_searches
+    from rnr_interp.analyses.routing.run import audit_searches, matched_searches
 
     spaces = {"native": make_space("native", 8)}
     questions = [SimpleNamespace(id="q"), SimpleNamespace(id="p")]
@@ -181,7 +221,8 @@ def test_every_method_spends_exactly_k_distinct_routes_batched_and_sequential():
         searches = {label: Search(s.space, s.method, blind_reward, s.options) for label, s in searches.items()}
         found = run_searches(fake, questions, searches, k, 0)
         found |= run_searches(fake, questions, matched_searches(spaces, methods, found), k, 0)
-        assert set(found) == {f"native:{m}" for m in (*methods, *BLIND_SEARCHES)}
+        assert set(found) == {f"native:{m}" for m in (*methods[:1], *methods[2:], *BLIND_SEARCHES,
+                                                      *(matched_control(s) for s in STRUCTURED))}
         for label, per_q in found.items():
             for q in questions:
                 routes = [r for r, _ in per_q[q.id]]
@@ -303,7 +344,9 @@ def test_lockstep_surfaces_search_errors():
 def test_format_collapse_is_flagged_and_excluded(tmp_path):
     """The threshold decides: above it the cell is listed as excluded and left out of
     the aggregate; the unparsed rate judged is the full path's (the deployed answers),
-    which every method shares, not random's own routes'."""
+    which every method shares, not random's own routes', read under the run's grading."""
+    from rnr_interp.grading import graded_answers
+
     lm = load_model("tiny-llama:6")
     task = load_task("arithmetic", n=2)
     for collapse, excluded in ((-1.0, True), (1.0, False)):
@@ -311,7 +354,9 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
         s = run_route_audit(lm, task, out, RouteConfig(samples=3, budget=3, methods=("random",), collapse=collapse), progress=False)
         [cell] = s["cells"].values()
         records = RunDir(out).read_records()
-        assert cell["unparsed_rate"] == pytest.approx(records[records.probe == "deployed"].extracted.isna().mean())
+        answers = graded_answers(records[records.probe == "deployed"], task, RunDir(out).grading)
+        assert cell["unparsed_rate"] == pytest.approx(np.mean([a is None for a in answers]))
+        assert s["exclusion"]["parse"] == RunDir(out).grading
         assert cell["excluded"] is excluded
         assert s["excluded_cells"] == (list(s["cells"]) if excluded else [])
         assert np.isnan(s["oracle_at_k"]["random"]) == excluded
@@ -393,10 +438,11 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
     # collapse=1.0: keep the cell whatever its parse rate, so every figure has data.
     s = run_route_audit(smollm2, task, tmp_path, RouteConfig(samples=4, budget=4, spaces=("skiponly",), collapse=1.0), progress=False)
     records = RunDir(tmp_path).read_records()
-    for m in ("random", "random_matched", "mcts", "hill_climb", "genetic"):
+    methods = {"random", "mcts", "hill_climb", "genetic", *(matched_control(m) for m in STRUCTURED)}
+    for m in methods:
         assert (records.probe == f"skiponly:{m}").sum() == 4 * len(task)
     [cell] = s["cells"].values()
-    assert set(cell["oracle_at_k"]) == {"random", "random_matched", "mcts", "hill_climb", "genetic"}
+    assert set(cell["oracle_at_k"]) == methods
     assert {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS} == set(cell["selectors"])
     names = [name for name, _ in routing_figures(RunDir(tmp_path), "smollm2")]
     assert names[:2] == ["route_curves", "route_cell_difference"] and "route_distances" in names
@@ -463,7 +509,7 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     """A route run killed inside a chunk keeps the chunk's samples and evaluations in the
     run's journal; resumed, it generates only what was missing, writes the records an
     uninterrupted run writes, and leaves no journal behind."""
-    import rnr_interp.analyses.routing.audit as audit
+    import rnr_interp.analyses.routing.run as audit
     import rnr_interp.engine.rows as row_runner
 
     lm, task, cfg, summary, records = routed_run
@@ -513,7 +559,7 @@ def test_a_summary_so_far_is_the_summary_of_a_run_over_the_chunks_written(routed
     run over those questions alone reports, and leaves the stopped run as it was."""
     import shutil
 
-    from rnr_interp.analyses.routing.audit import summarize_so_far
+    from rnr_interp.analyses.routing.summary import summarize_so_far
 
     lm, task, cfg, _, _ = routed_run
     stopped = tmp_path / "stopped"
@@ -544,7 +590,7 @@ def test_a_summary_so_far_refuses_what_it_cannot_summarise(routed_run, tmp_path)
     import shutil
 
     from rnr_interp.records import RunFolderError
-    from rnr_interp.analyses.routing.audit import summarize_so_far
+    from rnr_interp.analyses.routing.summary import summarize_so_far
 
     lm, task, _, _, records = routed_run
     run = RunDir(records.attrs["run"])
@@ -564,13 +610,13 @@ def test_route_batches_hold_the_rows_of_the_device(monkeypatch, tmp_path):
     where rows are nearly free), never fewer than the chunk's questions."""
     import types
 
-    import rnr_interp.analyses.routing.audit as audit
-
+    import rnr_interp.analyses.routing.config as config
+    import rnr_interp.analyses.routing.run as audit
     import rnr_interp.engine.rows as row_runner
 
     lm = load_model("tiny-llama:6")
-    assert audit.route_rows(lm) == audit.ROUTE_ROWS
-    assert audit.route_rows(types.SimpleNamespace(device=torch.device("cuda", 0))) == audit.GPU_ROUTE_ROWS > audit.ROUTE_ROWS
+    assert config.route_rows(lm) == config.ROUTE_ROWS
+    assert config.route_rows(types.SimpleNamespace(device=torch.device("cuda", 0))) == config.GPU_ROUTE_ROWS > config.ROUTE_ROWS
     sizes, original = [], row_runner.generate
     monkeypatch.setattr(row_runner, "generate", lambda *a, **kw: sizes.append(len(a[1])) or original(*a, **kw))
     monkeypatch.setattr(audit, "route_rows", lambda lm_: 5)
@@ -587,7 +633,7 @@ def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_p
     another question's gold. Planted: one method's candidates name every *other*
     question's gold and never its own, so its oracle is 0 and its null is 1 under any
     derangement; the other methods' nulls are `grading.derangement_null` of their records."""
-    from rnr_interp.analyses.routing.audit import summarize_routes
+    from rnr_interp.analyses.routing.summary import summarize_routes
     from rnr_interp.grading import derangement_null, graded
 
     _, task, cfg, _, records = routed_run
@@ -623,3 +669,149 @@ def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_p
     table = target.read_table("route_cells")
     native = table[(table.space == "native") & (table.method == "random")].iloc[0]
     assert native["null_oracle"] == 1.0 and native["oracle_minus_null"] == -1.0
+
+
+def _route_candidates(correct_by_question: list[list[bool]], routes_by_question: list[list[str]]) -> list[pd.DataFrame]:
+    """Candidates of a random method: per question the full path first, then its routes."""
+    return [pd.DataFrame({"intervention": ["route:full", *routes], "correct": [False, *hits]})
+            for hits, routes in zip(correct_by_question, routes_by_question)]
+
+
+def test_the_two_way_interval_widens_only_where_the_route_draw_matters():
+    """Planted: 20 questions share one list of 8 routes (the old design). Where one
+    route alone solves half the questions, the route draw is a source of variance the
+    question bootstrap misses: the two-way interval is wider. Where every question is
+    solved by all routes or by none, removing a route changes nothing: equal."""
+    from rnr_interp.analyses.routing.summary import route_jackknife_variance, two_way_ci
+
+    routes = [[f"route:r{j}" for j in range(8)]] * 20
+    lucky = _route_candidates([[j == 3 and i < 10 for j in range(8)] for i in range(20)], routes)
+    o = np.array([g.correct.any() for g in lucky], dtype=float)
+    wide = two_way_ci(o, route_jackknife_variance(lucky))
+    width = lambda ci: ci[1] - ci[0]  # noqa: E731
+    assert width(wide["ci_two_way"]) > 1.3 * width(wide["ci_questions"]) and wide["route_share"] > 0.4
+    flat = _route_candidates([[i < 10] * 8 for i in range(20)], routes)
+    o = np.array([g.correct.any() for g in flat], dtype=float)
+    same = two_way_ci(o, route_jackknife_variance(flat))
+    assert route_jackknife_variance(flat) == 0.0 and same["ci_two_way"] == same["ci_questions"]
+    assert same["ci_questions"][0] < 0.5 < same["ci_questions"][1]
+
+
+def test_a_zero_oracle_is_never_above_chance(routed_run, tmp_path):
+    """A method that reaches nothing is never above its chance null, whatever the
+    rounding of its bootstrap bound: a bound of 8.17e-18 (the committed GSM8K cell's)
+    is zero, not above it."""
+    import shutil
+
+    from rnr_interp.analyses.routing.config import above_chance
+    from rnr_interp.analyses.routing.summary import summarize_routes
+
+    assert not above_chance(8.17e-18) and not above_chance(0.0) and above_chance(0.01)
+    _, task, cfg, _, records = routed_run
+    planted = records.copy()
+    planted.loc[planted.probe == "native:mcts", ["correct", "correct_flexible", "correct_strict"]] = False
+    run = RunDir(records.attrs["run"])
+    run.read_records = lambda: planted
+    target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
+    summary = summarize_routes(run, cfg, task=task, target=target)
+    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
+    assert cell["oracle_at_k"]["mcts"] == 0.0 and cell["null"]["mcts"]["above_chance"] is False
+    table = target.read_table("route_cells").set_index(["space", "method"])
+    assert not table.loc[("native", "mcts"), "above_chance"]
+
+
+def test_the_exclusion_rule_reads_the_runs_grading(routed_run):
+    """Under strict grading the full path's unparsed share is read by the strict parse
+    (an answer not stated in the declared format is none), never above the flexible one."""
+    from rnr_interp.analyses.routing.summary import full_path_unparsed
+
+    _, task, cfg, _, records = routed_run
+    qids = [q.id for q in task.questions]
+    flexible, parse = full_path_unparsed(records, qids, task, "flexible")
+    strict, strict_parse = full_path_unparsed(records, qids, task, "strict")
+    assert (parse, strict_parse) == ("flexible", "strict") and strict >= flexible
+    planted = records.copy()
+    full = planted.probe == "deployed"
+    planted.loc[full, ["text", "extracted"]] = ["the answer might be 7", "7"]
+    assert full_path_unparsed(planted, qids, task, "flexible")[0] == 0.0
+    assert full_path_unparsed(planted, qids, task, "strict")[0] == 1.0
+    assert full_path_unparsed(planted, qids, None, "strict") == (0.0, "flexible")
+
+
+class _EchoTask(Task):
+    """Graded right when the reply, stripped, is the gold text: the gold can then be
+    what a chosen route of the model says, so a route that gives it back is known."""
+
+    name = "echo"
+    max_new_tokens = 4
+
+    def extract(self, generation):
+        return generation.strip() or None
+
+
+def _planted_layer_task(lm, gold_route, n: int = 8) -> "_EchoTask":
+    """Questions whose gold is the model's greedy reply on `gold_route`, kept where the
+    replies differ between questions (so another question's gold is a wrong answer)."""
+    import dataclasses
+
+    from rnr_interp.analyses.routing.config import route_decoding
+    from rnr_interp.engine.rows import Row, generate_rows
+    from rnr_interp.interventions import Route
+
+    base = load_task("arithmetic", n=n)
+    echo = _EchoTask(base.questions, source="test")
+    gens = generate_rows(lm, echo, [Row(q, (Route(gold_route),)) for q in base.questions], route_decoding(echo))
+    seen, questions = set(), []
+    for q, g in zip(base.questions, gens):
+        if (answer := echo.extract(g.text)) is not None and answer not in seen:
+            seen.add(answer)
+            questions.append(dataclasses.replace(q, answer=answer))
+    return _EchoTask(questions, source="test")
+
+
+def test_route_layers_name_a_planted_layer_and_nothing_where_nothing_is_planted(tmp_path):
+    """Planted: layer 3 of a tiny model damaged (its MLP output x25), each question's gold
+    the model's reply with layer 3 skipped, i.e. what removing the damage gives back.
+    The route summary's top layer in skip-only is the skip of layer 3, above chance, and
+    the question table's best routes skip it. Null: the undamaged model with each
+    question's gold the full path's reply to another question: no layer is above chance."""
+    from rnr_interp.analyses.routing.layers import route_of
+
+    planted_layer, n_layers = 3, 6
+    lm = load_model(f"tiny-llama:{n_layers}")
+    skip = tuple(i for i in range(n_layers) if i != planted_layer)
+    cfg = RouteConfig(samples=2, budget=8, spaces=("skiponly",), methods=("random", "hill_climb"), collapse=1.0,
+                      batch_size=8)
+    null_task = _planted_layer_task(lm, tuple(range(n_layers)))
+    golds = [q.answer for q in null_task.questions]
+    shifted = golds[1:] + golds[:1]
+    null_task = _EchoTask([dataclasses.replace(q, answer=a) for q, a in zip(null_task.questions, shifted)], source="test")
+    with torch.no_grad():
+        lm.hf_model.model.layers[planted_layer].mlp.down_proj.weight.mul_(25.0)
+    task = _planted_layer_task(lm, skip)
+    assert len(task) >= 5, "too few distinct replies to plant on"
+
+    s = run_route_audit(lm, task, tmp_path / "planted", cfg, progress=False)
+    top = s["layers"]["skiponly"]["top"]
+    assert (top["layer"], top["action"], top["above_chance"]) == (planted_layer, "skip", True)
+    assert top["gain"] > 0.5 and top["null_gain"] < top["gain_ci"][0]
+    table = RunDir(tmp_path / "planted").read_table("route_layers")
+    assert set(table.columns) >= {"space", "layer", "action", "gain", "gain_ci_low", "gain_ci_high", "null_gain"}
+    assert len(table) == 2 * n_layers and set(table.action) == {"skip", "repeat"}
+    others = table[(table.layer != planted_layer) | (table.action != "skip")]
+    assert not others.above_chance.any() and (others.gain < top["gain"]).all()
+    best = RunDir(tmp_path / "planted").read_table("route_questions")
+    assert len(best) and all(planted_layer not in route_of(r) for r in best.route)
+    # the report: the heatmap, the ranked gains and the best routes in the question table
+    from rnr_interp.report.figures import routing_figures
+    from rnr_interp.report.html import build_page
+
+    figs = dict(routing_figures(RunDir(tmp_path / "planted"), "planted"))
+    heat = figs["route_layers"].data[0]
+    assert list(heat.y) == ["skip", "repeat"] and "*" in heat.text[0][planted_layer]
+    page, _ = build_page(RunDir(tmp_path / "planted"))
+    assert f"skip {planted_layer}" in page and "best routes (fewest edits)" in page and f"skips {planted_layer}" in page
+
+    s = run_route_audit(load_model(f"tiny-llama:{n_layers}"), null_task, tmp_path / "null", cfg, progress=False)
+    assert not any(entry["above_chance"] for entry in s["layers"]["skiponly"]["ranked"])
+    assert not RunDir(tmp_path / "null").read_table("route_layers").above_chance.any()

@@ -127,3 +127,24 @@ def test_comparisons_of_two_oracles_at_chance_are_counted_apart(tmp_path):
     cells.drop(columns="oracle_minus_null_lo").pipe(lambda c: run.write_table("route_cells", c))
     t = aggregate_route_cells(route_runs(tmp_path))
     assert not t["comparisons"]["at_chance"].any() and t["comparisons"]["informative"].all()
+
+
+def test_overlapping_runs_of_one_cell_count_once():
+    """The committed arith10_seq and arith10_mcts8 are the first 10 questions of arith40:
+    route-cells keeps arith40, leaves the two out and says which run they overlap;
+    each model-task cell (arithmetic, GSM8K) is counted once."""
+    from pathlib import Path
+
+    from rnr_interp.analyses.routing.cells import distinct_runs
+
+    folder = Path(__file__).resolve().parents[1] / "experiments" / "runs"
+    runs = route_runs(folder)
+    taken = distinct_runs(runs).set_index("run")
+    names = {Path(r).name: r for r in taken.index}
+    assert {n for n in names if taken.loc[names[n], "kept"]} == {"arith40", "gsm8k40"}
+    for small in ("arith10_seq", "arith10_mcts8"):
+        row = taken.loc[names[small]]
+        assert Path(row.overlaps).name == "arith40" and row.shared_questions == 10
+    t = aggregate_route_cells(runs)
+    assert t["model_task"].model_task_cells.max() == 2
+    assert set(t["comparisons"].run.map(lambda r: Path(r).name)) == {"arith40", "gsm8k40"}

@@ -318,17 +318,19 @@ def test_regrade_reproduces_the_gsm8k40_route_run_flexibly_but_self_verification
     and table as written, but the self-verification selector's, whose scores come from
     the model (stubbed here; the slow test below loads it). Strictly, nothing is above
     its flexible value."""
-    import rnr_interp.analyses.routing.audit as route_audit
+    import rnr_interp.analyses.routing.evaluator as route_evaluator
+    from rnr_interp.analyses.routing.config import route_config_of
+    from rnr_interp.analyses.routing.summary import summarize_routes
     from rnr_interp.commands.audit import regraded_folder
     from rnr_interp.tasks import reload_task
 
     if not _gsm8k40_data_here():
         pytest.skip("the GSM8K data file is not here")
-    monkeypatch.setattr(route_audit, "verify_scores", lambda lm, task, q, answers: [0.0] * len(answers))
+    monkeypatch.setattr(route_evaluator, "verify_scores", lambda lm, task, q, answers: [0.0] * len(answers))
     run = RunDir(GSM8K40)
     out, _ = regraded_folder(run, tmp_path / "re")
-    summary = route_audit.summarize_routes(run, route_audit.route_config_of(run), target=out,
-                                           task=reload_task(run.config["task"]), lm=SimpleNamespace(spec=run.config["model"]))
+    summary = summarize_routes(run, route_config_of(run), target=out,
+                               task=reload_task(run.config["task"]), lm=SimpleNamespace(spec=run.config["model"]))
     out.write_summary(summary)
     after = _assert_reproduced(GSM8K40, out.path, skip="self_verification")
     assert after["grading"] == "flexible" and after["strict"]["temperature_oracle"] <= after["temperature"]["oracle"]

@@ -204,7 +204,8 @@ def regrade(
             probe = (folder.config.get("probe") or {}).get("name", "temperature")
             summary = summarize(folder, probe, ci=old.get("ci", "wilson"), task=task, grading=grading)
         else:
-            from rnr_interp.analyses.routing.audit import route_config_of, summarize_routes, verification_stored
+            from rnr_interp.analyses.routing.config import route_config_of
+            from rnr_interp.analyses.routing.summary import summarize_routes, verification_stored
 
             lm = None
             if not verification_stored(folder):
@@ -299,7 +300,8 @@ def route(
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
 
     check_grading_option(grading)
     options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
@@ -322,7 +324,8 @@ def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:
     """A route audit's size (`sampling.RunSize`) for `load_inputs`: the deployed answer,
     the temperature samples and every search's budget of routes per question, voted over
     the budget; a chunk's samples (or a route batch, if larger) generated at once."""
-    from rnr_interp.analyses.routing.audit import audit_searches_count, route_rows
+    from rnr_interp.analyses.routing.config import route_rows
+    from rnr_interp.analyses.routing.run import audit_searches_count
     from rnr_interp.engine.sampling import run_size
 
     def size(t, max_new_tokens, generating):
@@ -343,7 +346,8 @@ def route_summary(
 ):
     """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions. Reads records (no model), and the task's file where it is here, for the chance nulls."""
     from rnr_interp.records import RunDir
-    from rnr_interp.analyses.routing.audit import route_config_of, summarize_so_far
+    from rnr_interp.analyses.routing.config import route_config_of
+    from rnr_interp.analyses.routing.summary import summarize_so_far
 
     def body():
         folder = RunDir(run)
@@ -377,13 +381,22 @@ def print_route_summary(s: dict) -> None:
         typer.echo("    mean edits from the full path: " + ", ".join(f"{m} {v:.2f}" for m, v in c.get("edits_mean", {}).items()))
         for m, null in c.get("null", {}).items():
             typer.echo(f"    chance null {m:<14} oracle@K {c['oracle_at_k'][m]:.3f} vs null {null['O_K']:.3f}: "
-                       f"oracle - null {fmt_ci(null['O_K_minus_null'], null['O_K_minus_null_ci'])}")
+                       f"oracle - null {fmt_ci(null['O_K_minus_null'], null['O_K_minus_null_ci'])}"
+                       + ("" if null.get("above_chance", True) else "  (at chance)"))
         for base, key in (("random", "random_minus_structured"), ("random_matched", "matched_minus_structured")):
             for m, d in c.get(key, {}).items():
-                typer.echo(f"    {base} - {m:<12} {fmt_ci(d['value'], d['ci'])}")
+                against = d.get("baseline", base)
+                two_way = f"   two-way {fmt_ci(d['value'], d['ci_two_way'])}" if "ci_two_way" in d else ""
+                typer.echo(f"    {against} - {m:<12} {fmt_ci(d['value'], d['ci'])}{two_way}")
         for name, v in c["selectors"].items():
             typer.echo(f"    selector {name:<18} acc {fmt_ci(v['accuracy'], v['accuracy_ci'])}"
                        f"  gap recovery {fmt_ci(v['gap_recovery'], v['gap_recovery_ci'])}")
+    for space, per in (s.get("layers") or {}).items():
+        top = per["top"]
+        null = "" if top["null_gain"] is None else f", chance null {top['null_gain']:.3f}" + \
+            (" (above chance)" if top["above_chance"] else " (not above chance)")
+        typer.echo(f"  where the gains are, {space}: {top['action']} layer {top['layer']}, "
+                   f"gain {fmt_ci(top['gain'], top['gain_ci'])}{null}")
     if s["excluded_cells"]:
         typer.echo(f"  excluded (format collapse of the full path): {', '.join(s['excluded_cells'])}")
     for line in s.get("missing", []):
@@ -451,6 +464,9 @@ def route_cells(
     if out is not None:
         check_out(out)
     run, tables = execute(lambda: write_route_cells(folder, out))
+    for r in tables["runs"][~tables["runs"].kept].itertuples():
+        typer.echo(f"left out {r.run}: shares {r.shared_questions} questions of {r.model} on {r.task} with {r.overlaps}, "
+                   "which is kept (a cell's questions count once)")
     for r in tables["model_task"].itertuples():
         scope = "format-collapse cells left out" if r.scope == "clean" else "format-collapse cells kept"
         typer.echo(f"{r.baseline} >= every search in {r.holding}/{r.tested} model-task cells ({scope}; "
@@ -464,7 +480,7 @@ def route_cells(
         typer.echo(f"  {r.baseline:<14} {r.scope:<5} median {r.baseline} - {r.search:<10} {r.median_diff:+.3f}"
                    f" over {r.comparisons} comparisons")
     for r in tables["advantage"].itertuples():
-        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))}"
+        typer.echo(f"  {r.cell:<40} random - {r.search:<10} K={r.k}  {fmt_ci(r.advantage, (r.lo, r.hi))} ({r.interval})"
                    + ("" if r.informative else "  (untested: both oracles at chance)" if r.at_chance else "  (untested)"))
     for r in tables["selector_distribution"].itertuples():
         typer.echo(f"  selector {r.selector:<18} gap recovery median {r.median:.3f} [q25 {r.q25:.3f}, q75 {r.q75:.3f}] over {r.cells} cells")

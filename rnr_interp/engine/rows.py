@@ -1,7 +1,7 @@
 """Rows: one question under one intervention set (a silenced block, a steering vector,
 a layer route), decoded greedily with its own set in a shared batch. The one row
 runner: the silencing, steering and unit analyses (`analyses.localise.cohort.run_rows`)
-and the routing audit (`analyses.routing.audit.RouteEvaluator`) both generate through
+and the routing audit (`analyses.routing.evaluator.RouteEvaluator`) both generate through
 `generate_rows`, with the same prefill cache (`PrefillCache`) and replay policy; they
 differ only in how they group rows into batches and where the records go."""
 

@@ -20,7 +20,8 @@ from rnr_interp.records import RunDir
 TEMPLATE = "plotly_white"
 #: one colour per search method, stable across figures and runs
 METHOD_COLOURS = {"random": "#7f7f7f", "random_matched": "#bcbd22", "mcts": "#1f77b4", "hill_climb": "#2ca02c",
-                  "genetic": "#d62728"}
+                  "genetic": "#d62728", "random_matched_mcts": "#aec7e8", "random_matched_hill_climb": "#98df8a",
+                  "random_matched_genetic": "#ff9896"}
 FIGURE_SIZE = {"width": 820, "height": 460}
 Figures = list[tuple[str, go.Figure]]
 
@@ -162,7 +163,7 @@ def cell_difference(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["cell", "method", "diff"])
     diffs = [
         pd.DataFrame({"cell": wide.index, "method": method, "diff": (wide["random"] - wide[method]).to_numpy()})
-        for method in wide.columns if method not in ("random", "random_matched")
+        for method in wide.columns if not str(method).startswith("random")
     ]
     out = pd.concat(diffs, ignore_index=True) if diffs else pd.DataFrame(columns=["cell", "method", "diff"])
     return out.dropna(subset=["diff"])
@@ -293,7 +294,37 @@ def routing_figures(run: RunDir, label: str) -> Figures:
     distances = read_table(run, "route_distances")
     if distances is not None and len(distances):
         figs.append(("route_distances", route_distance_figure(distances, label)))
+    layers = read_table(run, "route_layers")
+    if layers is not None and len(layers):
+        figs.append(("route_layers", route_layers_figure(layers, label)))
     return figs
+
+
+def route_layers_figure(layers: pd.DataFrame, label: str) -> go.Figure:
+    """Where the routes' gains are (table route_layers: space, layer, action, gain,
+    null_gain, above_chance): per space a heatmap over layers (x) and actions (skip,
+    repeat), coloured by gain above its chance null (the gain itself where the run has
+    no null), the cells above chance marked with a star."""
+    from plotly.subplots import make_subplots
+
+    spaces = list(dict.fromkeys(layers["space"]))
+    fig = make_subplots(rows=len(spaces), cols=1, shared_xaxes=True, subplot_titles=spaces, vertical_spacing=0.12)
+    has_null = layers["null_gain"].notna().any()
+    for row, space in enumerate(spaces, start=1):
+        rows = layers[layers["space"] == space]
+        wide = rows.pivot(index="action", columns="layer", values="gain").reindex(["skip", "repeat"])
+        null = rows.pivot(index="action", columns="layer", values="null_gain").reindex(["skip", "repeat"])
+        above = rows.pivot(index="action", columns="layer", values="above_chance").reindex(["skip", "repeat"]).fillna(False)
+        z = wide - null.fillna(0.0) if has_null else wide
+        text = [[f"{g:.2f}" + ("*" if a else "") if g > 0 else "" for g, a in zip(gr, ar)]
+                for gr, ar in zip(wide.to_numpy(), above.to_numpy())]
+        fig.add_heatmap(x=list(wide.columns), y=list(wide.index), z=z.to_numpy(), text=text, texttemplate="%{text}",
+                        zmin=-1, zmax=1, colorscale="RdBu", reversescale=True, showscale=row == 1,
+                        colorbar={"title": "gain − null" if has_null else "gain"}, row=row, col=1)
+    fig.update_xaxes(title="layer", row=len(spaces), col=1)
+    fig.update_layout(height=max(FIGURE_SIZE["height"], 220 * len(spaces)))
+    title = "Where the gains are: questions a route reaches and the full path misses, by layer and action"
+    return titled(fig, title + (" (* above chance)" if has_null else " (no chance null: the task was not at hand)"), label)
 
 
 ROUTING_TABLES = ("route_curves", "route_cells", "selectors")

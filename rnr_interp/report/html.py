@@ -134,6 +134,12 @@ def _summary_section(page: Page, s: dict[str, Any]) -> None:
                  for cell, c in s["cells"].items() for m, null in (c.get("null") or {}).items()]
         if nulls:
             body += table_html(["cell", "method", "oracle@K", "chance null", "oracle − null"], nulls)
+    if isinstance(s.get("layers"), dict) and s["layers"]:
+        ranked = [(space, f"{e['action']} {e['layer']}", _ci(e["gain"], e.get("gain_ci")), _num(e.get("null_gain")),
+                   "above chance" if e.get("above_chance") else "")
+                  for space, per in s["layers"].items() for e in per.get("ranked", [per.get("top")]) if e]
+        body += table_html(["space", "layer (largest gains first)", "gain: full path wrong, a correct route takes it",
+                            "chance null", ""], ranked)
     if isinstance(s.get("selectors"), dict) and s["selectors"]:
         sel = [(name, _num(v.get("accuracy")), _num(v.get("gap_recovery_median"))) for name, v in s["selectors"].items()]
         body += table_html(["selector", "accuracy", "median gap recovery"], sel)
@@ -246,6 +252,9 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
     shown = order.head(MAX_QUESTIONS)
     head = ["question", "gold", "deployed answer", f"correct of K ({probe})", "category", "samples"]
     rows = [_question_row(qid, row, by_q[qid], probe, questions) for qid, row in shown.iterrows()]
+    if (best := _best_routes(page.run)) is not None:  # a route run: the routes that reach what greedy misses
+        head.append("best routes (fewest edits)")
+        rows = [(*r, best.get(qid, "")) for r, qid in zip(rows, shown.index)]
     counts = order["category"].value_counts()
     # "category: count" joined by " · ": the category names hold commas themselves.
     notes = [f"{len(order)} questions (" + " · ".join(f"{c}: {counts.get(c, 0)}" for c in CATEGORY_ORDER) + ")"]
@@ -255,6 +264,20 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
         notes.append(f"question text unavailable ({why})")
     page.section("Questions", table_html(head, rows, raw=True), note="; ".join(notes) + ".")
     return scores
+
+
+def _best_routes(run: RunDir) -> dict[str, str] | None:
+    """Per question, its best correct routes of a route run (table route_questions) as
+    HTML lines; None for a run without that table."""
+    table = read_table(run, "route_questions")
+    if table is None:
+        return None
+    lines: dict[str, str] = {}
+    for r in table.itertuples():
+        change = "; ".join(p for p in (f"skips {r.skips}" if r.skips else "", f"repeats {r.repeats}" if r.repeats else "") if p)
+        lines[r.question_id] = lines.get(r.question_id, "") + \
+            f"<p>{escape_html(r.space)}: {escape_html(change)} ({r.edits} edits; {escape_html(r.methods)})</p>"
+    return lines
 
 
 CATEGORY_ORDER = ["reachable, not realized", "unreached", "realized, no sample right", "realized"]

@@ -79,7 +79,8 @@ def _stored_or(folder: Path, key: str, default: Any) -> Any:
 
 
 def routing_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
+    from rnr_interp.analyses.routing.config import RouteConfig
+    from rnr_interp.analyses.routing.run import run_route_audit
     from rnr_interp.analyses.routing.cells import write_route_cells
 
     p = ctx.profile

@@ -31,6 +31,13 @@ them:
 
 Results are given with and without the collapsed cells, so an exclusion never decides
 a verdict unseen.
+
+Runs of one model and task that share questions count once: the largest is kept and
+the others are listed in the `runs` table (kept false, and which run they overlap).
+A comparison's interval is the two-way one (questions and the baseline's route draw,
+`summary.two_way_ci`) where the run's table has it, else the question-only one
+(`interval` says which); an oracle is above chance only when its oracle - null lower
+bound exceeds 0 by more than rounding (`config.above_chance`).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from rnr_interp.records import RunDir, load_runs
+from rnr_interp.analyses.routing.config import above_chance
 
 STRUCTURED = ("mcts", "hill_climb", "genetic")
 #: baseline -> its columns in a run's route_cells table (baseline - search)
@@ -55,10 +63,34 @@ def route_runs(folder: str | Path) -> list[RunDir]:
     return [r for r in runs if (r.artefacts_dir / "route_cells.parquet").is_file()]
 
 
+def distinct_runs(runs: list[RunDir]) -> pd.DataFrame:
+    """Which runs count: per model and task, runs are taken largest first (then by
+    path), and a run sharing a question with one already taken is left out, so one
+    model-task cell's questions are counted once (a run of the first 10 questions of
+    another is the same evidence again, not more). One row per run: run, model, task,
+    n_questions, kept, overlaps (the kept run it shares questions with) and
+    shared_questions."""
+    facts = [(r, r.config.get("model"), (r.config.get("task") or {}).get("name"), set(r.done_question_ids())) for r in runs]
+    facts.sort(key=lambda f: (-len(f[3]), str(f[0].path)))
+    kept: list[tuple[RunDir, Any, Any, set[str]]] = []
+    rows = []
+    for run, model, task, qids in facts:
+        clash = next((k for k in kept if (k[1], k[2]) == (model, task) and k[3] & qids), None)
+        if clash is None:
+            kept.append((run, model, task, qids))
+        rows.append({"run": str(run.path), "model": model, "task": task, "n_questions": len(qids), "kept": clash is None,
+                     "overlaps": "" if clash is None else str(clash[0].path),
+                     "shared_questions": 0 if clash is None else len(clash[3] & qids)})
+    return pd.DataFrame(rows, columns=["run", "model", "task", "n_questions", "kept", "overlaps", "shared_questions"])
+
+
 def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
-    """The cross-cell tables (see module doc) from finished route runs."""
+    """The cross-cell tables (see module doc) from finished route runs, overlapping runs
+    of one model and task counted once (`distinct_runs`, the `runs` table)."""
     if not runs:
         raise ValueError("no finished route runs (no route_cells table) to aggregate")
+    taken = distinct_runs(runs)
+    runs = [r for r in runs if str(r.path) in set(taken.loc[taken.kept, "run"])]
     cells = pd.concat([r.read_table("route_cells").assign(run=str(r.path)) for r in runs], ignore_index=True)
     selectors = pd.concat([r.read_table("selectors").assign(run=str(r.path)) for r in runs], ignore_index=True)
     comparisons = _comparisons(cells)
@@ -66,7 +98,7 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
     advantage = comparisons[(comparisons.baseline == "random") & ~comparisons.excluded]
     advantage = advantage.rename(columns={"diff": "advantage"})
     advantage = advantage[["cell", "model", "task", "space", "search", "k", "n_questions", "advantage", "lo", "hi",
-                           "at_chance", "informative", "run"]]
+                           "interval", "at_chance", "informative", "run"]]
     advantage = advantage.sort_values("advantage", kind="stable").reset_index(drop=True)
     collapsed = (cells[cells.excluded.astype(bool)].drop_duplicates("cell")
                  [["cell", "model", "task", "space", "unparsed_rate", "run"]].reset_index(drop=True))
@@ -79,6 +111,7 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
         "selector_distribution": _distribution(kept),
         "selectors": kept.reset_index(drop=True),  # per clean cell: the distribution figure's points
         "collapsed": collapsed,
+        "runs": taken,
     }
 
 
@@ -90,7 +123,7 @@ def _comparisons(cells: pd.DataFrame) -> pd.DataFrame:
     those and where no method of the cell beat greedy."""
     # Whether any method beat greedy, from the oracles themselves (older tables have no column).
     beat_greedy = cells.groupby("cell").apply(lambda g: bool((g.oracle > g.deployed + 1e-12).any()), include_groups=False)
-    above_null = {(r.cell, r.method): bool(r.oracle_minus_null_lo > 0) for r in cells.itertuples()
+    above_null = {(r.cell, r.method): above_chance(r.oracle_minus_null_lo) for r in cells.itertuples()
                   if not pd.isna(getattr(r, "oracle_minus_null_lo", np.nan))}
     rows: list[dict[str, Any]] = []
     for r in cells[cells.method.isin(STRUCTURED)].itertuples():
@@ -98,15 +131,23 @@ def _comparisons(cells: pd.DataFrame) -> pd.DataFrame:
             diff = getattr(r, column, np.nan)
             if diff is None or pd.isna(diff):
                 continue  # a run without this baseline
-            both = [above_null.get((r.cell, m)) for m in (baseline, r.method)]
+            # the search's own matched control (the pooled one in runs made before each had its own)
+            against = baseline
+            if baseline == "random_matched" and isinstance(getattr(r, "matched_control", None), str) and r.matched_control:
+                against = r.matched_control
+            both = [above_null.get((r.cell, m)) for m in (against, r.method)]
             at_chance = None not in both and not any(both)
+            two_way = f"{column}_two_way_lo" in cells and not pd.isna(getattr(r, f"{column}_two_way_lo"))
+            lo, hi = (getattr(r, f"{column}_two_way_lo"), getattr(r, f"{column}_two_way_hi")) if two_way else \
+                (getattr(r, f"{column}_lo"), getattr(r, f"{column}_hi"))
             rows.append({"cell": r.cell, "model": r.model, "task": r.task, "space": r.space, "baseline": baseline,
-                         "search": r.method, "diff": float(diff), "lo": float(getattr(r, f"{column}_lo")),
-                         "hi": float(getattr(r, f"{column}_hi")), "k": r.k, "n_questions": r.n_questions,
-                         "excluded": bool(r.excluded), "at_chance": at_chance,
+                         "against": against, "search": r.method, "diff": float(diff), "lo": float(lo), "hi": float(hi),
+                         "interval": "two-way" if two_way else "questions",
+                         "lo_questions": float(getattr(r, f"{column}_lo")), "hi_questions": float(getattr(r, f"{column}_hi")),
+                         "k": r.k, "n_questions": r.n_questions, "excluded": bool(r.excluded), "at_chance": at_chance,
                          "informative": bool(beat_greedy[r.cell]) and not at_chance, "run": r.run})
-    columns = ["cell", "model", "task", "space", "baseline", "search", "diff", "lo", "hi", "k", "n_questions",
-               "excluded", "at_chance", "informative", "run"]
+    columns = ["cell", "model", "task", "space", "baseline", "against", "search", "diff", "lo", "hi", "interval",
+               "lo_questions", "hi_questions", "k", "n_questions", "excluded", "at_chance", "informative", "run"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -171,7 +212,9 @@ def write_route_cells(folder: str | Path, out: str | Path | None = None) -> tupl
                         {"kind": "route_cells", "source": str(Path(folder).resolve())})
     for name, df in tables.items():
         run.write_table(name, df)
-    run.write_summary({"kind": "route_cells", "runs": [str(r.path) for r in runs],
+    taken = tables["runs"]
+    run.write_summary({"kind": "route_cells", "runs": taken.loc[taken.kept, "run"].tolist(),
+                       "left_out": taken.loc[~taken.kept, ["run", "overlaps", "shared_questions"]].to_dict("records"),
                        "clean_cells": int(tables["comparisons"].loc[~tables["comparisons"].excluded, "cell"].nunique()),
                        "collapsed_cells": tables["collapsed"].cell.tolist(),
                        "model_task": tables["model_task"].to_dict("records"),
