@@ -57,7 +57,7 @@ from rnr_interp.interventions import Route, route_schedule, set_id
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.grading import graded, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
-from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, Journal, ProbeLabel, RunDir, RunFolderError
+from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, ROUTE, Journal, ProbeLabel, RouteSummary, RunDir, RunFolderError
 from rnr_interp.analyses.routing.batching import Lockstep
 from rnr_interp.analyses.routing.search import ADAPTIVE, SEARCHES, round_size
 from rnr_interp.analyses.routing.selectors import search_reward, select
@@ -377,7 +377,7 @@ def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig, grading: str
     """The run config of a route audit: what a run folder stores and a resume checks.
     `grading` None: the folder's own when resuming, else the default."""
     samplers = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len).sampler for name in cfg.spaces}
-    return run_config("route", lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)),
+    return run_config(ROUTE, lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)),
                       random_samplers=samplers)
 
 
@@ -392,7 +392,7 @@ def with_both_grades(row: dict[str, Any], task: Task) -> dict[str, Any]:
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True,
-                    grading: str | None = None) -> dict[str, Any]:
+                    grading: str | None = None) -> RouteSummary:
     decoding = route_decoding(task)
     spaces = route_spaces(cfg, lm.n_layers)  # refused before the run folder is made
     run = RunDir.create(out, route_run_config(lm, task, cfg, grading))
@@ -436,9 +436,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
     bar.close()
-    summary = summarize_routes(run, cfg, task=task)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summarize_routes(run, cfg, task=task))
 
 
 def route_spaces(cfg: RouteConfig, n_layers: int) -> dict[str, RouteSpace]:
@@ -499,7 +497,7 @@ def read_route_journal(run: RunDir) -> list[dict[str, Any]]:
 
 def route_config_of(run: RunDir) -> RouteConfig:
     """The RouteConfig a route run folder was started with."""
-    if run.config.get("kind") != "route":
+    if run.config.get("kind") != ROUTE:
         raise RunFolderError(f"{run.path} is not a route run (its kind: {run.config.get('kind')!r})")
     stored = run.config.get("route") or {}
     try:
@@ -508,7 +506,7 @@ def route_config_of(run: RunDir) -> RouteConfig:
         raise RunFolderError(f"{run.path}: route settings this version does not know ({err})") from None
 
 
-def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
+def summarize_so_far(run: RunDir, out: str | Path) -> RouteSummary:
     """A route run's summary over the chunks it has written so far, without touching the
     run (it may still be going): its records are copied into a new run folder `out`
     (`RunDir.snapshot`), which gets the summary and tables a finished run gets, over
@@ -528,8 +526,7 @@ def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
         summary.setdefault("missing", []).append(why)
     summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
                            "questions_total": (run.config.get("task") or {}).get("n_questions")}
-    snap.write_summary(summary)
-    return summary
+    return snap.write_summary(summary)
 
 
 def _candidates(records: pd.DataFrame, probe: str, qids: Sequence[str]) -> list[pd.DataFrame]:
@@ -693,7 +690,7 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
     collapse_rate = unparsed_rate(deployed[deployed.question_id.isin(qids)])
     excluded = bool(collapse_rate > cfg.collapse)
     curves, cells, distances, selectors = [], [], [], []
-    summary: dict[str, Any] = {"kind": "route", "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
+    summary: dict[str, Any] = {"kind": ROUTE, "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy,
                                "deployed_ci": list(wilson_interval(d.sum(), len(d))),
                                "proposals": {m: round_size(m, cfg.proposals) for m in STRUCTURED},

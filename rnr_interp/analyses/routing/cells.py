@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rnr_interp.records import RunDir, load_runs
+from rnr_interp.analyses.routing.search import ADAPTIVE as STRUCTURED
+from rnr_interp.records import ROUTE, ROUTE_CELLS, RunDir, load_runs
 
-STRUCTURED = ("mcts", "hill_climb", "genetic")
 #: baseline -> its columns in a run's route_cells table (baseline - search)
 BASELINES = {"random": "random_minus", "random_matched": "matched_minus"}
 SCOPES = ("clean", "all")
@@ -51,7 +51,7 @@ SCOPES = ("clean", "all")
 
 def route_runs(folder: str | Path) -> list[RunDir]:
     """The finished route runs under `folder` (those holding a `route_cells` table)."""
-    runs = [r for r in load_runs(folder) if r.config.get("kind") == "route"]
+    runs = [r for r in load_runs(folder) if r.config.get("kind") == ROUTE]
     return [r for r in runs if (r.artefacts_dir / "route_cells.parquet").is_file()]
 
 
@@ -168,10 +168,10 @@ def write_route_cells(folder: str | Path, out: str | Path | None = None) -> tupl
     runs = route_runs(folder)
     tables = aggregate_route_cells(runs)
     run = RunDir.create(Path(out) if out is not None else Path(folder) / "route_cells",
-                        {"kind": "route_cells", "source": str(Path(folder).resolve())})
+                        {"kind": ROUTE_CELLS, "source": str(Path(folder).resolve())})
     for name, df in tables.items():
         run.write_table(name, df)
-    run.write_summary({"kind": "route_cells", "runs": [str(r.path) for r in runs],
+    run.write_summary({"kind": ROUTE_CELLS, "runs": [str(r.path) for r in runs],
                        "clean_cells": int(tables["comparisons"].loc[~tables["comparisons"].excluded, "cell"].nunique()),
                        "collapsed_cells": tables["collapsed"].cell.tolist(),
                        "model_task": tables["model_task"].to_dict("records"),
