@@ -83,7 +83,7 @@ class Summary:
         if isinstance(version, int) and version > SCHEMA_VERSION:
             raise SummaryError(f"{where}: field 'schema_version' is {version}, newer than this version reads "
                                f"({SCHEMA_VERSION}); upgrade rnr_interp")
-        hints = _hints(cls)
+        hints = field_types(cls)
         unknown = sorted(set(data) - set(hints))
         if unknown:
             raise SummaryError(f"{where}: unknown field {unknown[0]!r} in the {cls.KIND} summary")
@@ -94,7 +94,7 @@ class Summary:
                 raise SummaryError(f"{where}: field {f.name!r} is missing from the {cls.KIND} summary")
             if not _conforms(data[f.name], hints[f.name]):
                 raise SummaryError(f"{where}: field {f.name!r} of the {cls.KIND} summary should be "
-                                   f"{_type_name(hints[f.name])}, got {_short(data[f.name])}")
+                                   f"{type_name(hints[f.name])}, got {_short(data[f.name])}")
         return cls(**data)
 
     @classmethod
@@ -295,37 +295,38 @@ class RepairSummary(CohortSummary):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SteerSummary(CohortSummary):
-    """`localise.steering.run_steer`: reciprocal steering at the chosen block (or why
-    it was skipped)."""
+class ChosenBlockSummary(CohortSummary):
+    """What steering and units share: the block they work at (or why they were skipped,
+    the cohort leaving a part empty) and their table's rows."""
 
-    KIND: ClassVar[str] = STEER
     skipped: str | None = None
     layer: int | None = None
-    component: str | None = None
     block_choice: str | None = None
-    alpha_unit: str | None = None
-    alpha_unit_words: str | None = None
-    v_norm: float | None = None
-    residual_rms: float | None = None
-    steered_norm_per_alpha: float | None = None
     scored_on: str | None = None
     table: list[Json] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class UnitsSummary(CohortSummary):
+class SteerSummary(ChosenBlockSummary):
+    """`localise.steering.run_steer`: reciprocal steering at the chosen block."""
+
+    KIND: ClassVar[str] = STEER
+    component: str | None = None
+    alpha_unit: str | None = None
+    alpha_unit_words: str | None = None
+    v_norm: float | None = None
+    residual_rms: float | None = None
+    steered_norm_per_alpha: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitsSummary(ChosenBlockSummary):
     """`localise.steering.run_units`: top-k units against random sets at the chosen block."""
 
     KIND: ClassVar[str] = UNITS
-    skipped: str | None = None
-    layer: int | None = None
-    block_choice: str | None = None
     whole_block_repair: float | None = None
-    scored_on: str | None = None
     random_draws: int | None = None
     spread: list[Json] | None = None
-    table: list[Json] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,7 +371,7 @@ def register_summary(cls: type[Summary]) -> type[Summary]:
     `Summary`, its `KIND` new); ValueError when the kind has one."""
     if not cls.KIND or cls.KIND in SUMMARY_TYPES:
         raise ValueError(f"summary kind {cls.KIND!r} is {'taken' if cls.KIND else 'empty'}")
-    for name, hint in _hints(cls).items():
+    for name, hint in field_types(cls).items():
         if not _checkable(hint):  # here, not on the first read
             raise TypeError(f"summary field {cls.KIND}.{name}: type {hint!r} is not one summaries check "
                             "(int, float, str, bool, None, Any, lists, mappings and unions of them)")
@@ -396,7 +397,8 @@ def parse_summary(data: Any, kind: str | None = None, where: str = "summary") ->
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
+    """A summary class's field name -> type."""
     return {f.name: hint for f in fields(cls) for name, hint in typing.get_type_hints(cls).items() if name == f.name}
 
 
@@ -433,9 +435,12 @@ def _checkable(hint: Any) -> bool:
     return False
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
+    """A field type in words, for messages and docs/records.md."""
+    if hint is Any:
+        return "any JSON value"
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+        return " or ".join(type_name(a) for a in typing.get_args(hint))
     if hint is type(None):
         return "null"
     origin = typing.get_origin(hint)

@@ -3,7 +3,7 @@ O_K moved per (base, trained) pair, and realization by the base model's propensi
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go

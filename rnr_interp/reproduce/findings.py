@@ -32,7 +32,6 @@ import pandas as pd
 from rnr_interp.metrics import (
     DAMAGE_EFFECT, INDUCTION_EFFECT, MIN_POWER, REPAIR_EFFECT, RESCUE_EFFECT, PaperEffect, wilson_interval, wilson_power,
 )
-from rnr_interp.analyses.routing.search import ADAPTIVE as STRUCTURED
 from rnr_interp.records import (
     AUDIT, COMPARE, MANIFEST, REPAIR, AuditSummary, CompareSummary, RepairSummary, RunDir, SteerSummary, load_runs,
 )

@@ -104,7 +104,7 @@ class RouteConfig:
     #: route evaluations per search and question: the matched budget K of every method and selector
     budget: int = 32
     spaces: tuple[str, ...] = ("native",)
-    methods: tuple[str, ...] = ("random", "random_matched", "mcts", "hill_climb", "genetic")
+    methods: tuple[str, ...] = tuple(SEARCHES)
     #: routes each structured search (gold-rewarded and blind) proposes per round: None
     #: for each search's default (MCTS 1, hill climbing 8 neighbours, genetic one
     #: generation of 8); 1 makes every search sequential. The budget stays K distinct
