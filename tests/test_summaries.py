@@ -84,3 +84,14 @@ def test_committed_run_folders_read_as_version_0_with_their_numbers(name, tmp_pa
     RunDir(copy).write_summary(summary.but(schema_version=SCHEMA_VERSION))
     again = json.loads((copy / "summary.json").read_text())
     assert same({k: v for k, v in again.items() if k != "schema_version"}, raw)
+
+
+def test_regrade_refuses_a_kind_without_a_summary_from_records(tmp_path):
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    run = RunDir.create(tmp_path / "screen", {"kind": "screen"})
+    run.write_summary({"criterion": "c", "margin": 0.05, "level": 0.95, "n_cells": 0, "n_failure_cells": 0, "cells": []})
+    res = CliRunner().invoke(app, ["regrade", str(run.path)])
+    assert res.exit_code == 2 and "regrade rewrites audit and route runs" in res.output and "'screen' run" in res.output
