@@ -87,7 +87,7 @@ def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None
     assert s.chance["deployed_counts"]["unparsed"] == int(dep["extracted"].isna().sum())
     numeric = run_audit(lm, load_task("arithmetic", n=2), tmp_path / "num", probe=Probe(k=2, temperature=1.0),
                         deployed=Decoding(max_new_tokens=4), progress=False)
-    assert "chance" not in numeric
+    assert numeric.chance is None
     # The report shows the baselines on the multiple-choice page only.
     from rnr_interp.report.html import build_page
 
@@ -173,7 +173,8 @@ def test_compare_shows_each_runs_chance(tmp_path) -> None:
     outcomes = {f"q{i}": (i % 2 == 0, i % 3) for i in range(8)}
     base, trained = hand_run(tmp_path / "base", outcomes), hand_run(tmp_path / "trained", outcomes, model="trained")
     base_chance = chance_baselines(["A"] * 8, list("ABCDABCD"), [ABCD] * 8, k=8)
-    base.write_summary({"kind": "audit", "chance": base_chance})
+    base.write_summary({"kind": "audit", "n_questions": 8, "k": 8, "D": 0.5, "O_K": 0.5, "gap": 0.0, "D_ci": [0.2, 0.8],
+                        "O_K_ci": [0.2, 0.8], "gap_ci": [-0.1, 0.1], "chance": base_chance})
     s = compare_runs(base, trained, tmp_path / "cmp")
     assert s.chance == {"base": base_chance}  # the trained run has no summary to read one from
     page, _ = build_page(RunDir(tmp_path / "cmp"))

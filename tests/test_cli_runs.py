@@ -105,4 +105,4 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     assert json.dumps(snap.cells, sort_keys=True) == json.dumps(without_nulls, sort_keys=True)
     assert any(line.startswith("chance nulls: the run's task cannot be reloaded here") for line in snap.missing)
     for key in ("temperature", "selectors", "oracle_at_k"):
-        assert json.dumps(snap[key], sort_keys=True) == json.dumps(finished[key], sort_keys=True), key
+        assert json.dumps(getattr(snap, key), sort_keys=True) == json.dumps(getattr(finished, key), sort_keys=True), key
