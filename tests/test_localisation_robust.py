@@ -244,8 +244,8 @@ def test_steering_in_rms_units_is_invariant_to_the_residual_scale(tmp_path):
     runs = {c: run_steer(scaled_copy(c), task, tmp_path / f"x{c:g}", layer=0, alphas=alphas, alpha_unit="rms",
                          decoding=decoding, progress=False) for c in (1.0, 8.0)}
     one, eight = runs[1.0], runs[8.0]
-    assert one["alpha_unit"] == "rms" and eight["residual_rms"] == pytest.approx(8 * one["residual_rms"], rel=1e-3)
-    assert eight["v_norm"] == pytest.approx(8 * one["v_norm"], rel=1e-3)
+    assert one.alpha_unit == "rms" and eight.residual_rms == pytest.approx(8 * one.residual_rms, rel=1e-3)
+    assert eight.v_norm == pytest.approx(8 * one.v_norm, rel=1e-3)
     rates = {c: [(r["alpha"], r["direction"], r["k"], r["n"]) for r in s.table] for c, s in runs.items()}
     assert rates[1.0] == rates[8.0]
     assert any(k > 0 for a, _, k, _ in rates[1.0] if a > 0)  # the steering moved answers: not a vacuous match

@@ -167,8 +167,8 @@ def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
         (2, "mlp", 0.9, 0.5, (9, 10), (10, 20)), (2, "attn", 0.0, 0.0, (0, 10), (0, 20)), (2, "layer", 0.6, 0.0, (7, 10), (3, 20)),
     ])
     s = localisation_summary(table)
-    assert s.chosen["layer"] == 1  # best selection selectivity (0.7), not best held-out repair (layer 2)
-    at = s.at_chosen_layer
+    assert s["chosen"]["layer"] == 1  # best selection selectivity (0.7), not best held-out repair (layer 2)
+    at = s["at_chosen_layer"]
     assert {c: e["layer"] for c, e in at.items()} == {"mlp": 1, "attn": 1, "layer": 1}
     assert {k: at["attn"]["repair"][k] for k in ("rate", "ci", "k", "n")} == {"rate": 0.2, "ci": list(wilson_interval(2, 10)), "k": 2, "n": 10}
     # power of detecting the paper's 67.6% repair at n = 10, the selection and all-question rates beside it
@@ -177,7 +177,7 @@ def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
     assert at["mlp"]["repair"]["selection"]["rate"] == 0.8 and at["mlp"]["repair"]["all"]["rate"] == 0.0
     assert "Wilson" in at["mlp"]["damage"]["power_test"]["test"] and at["mlp"]["damage"]["power_test"]["effect"] == "damage"
     assert at["layer"]["damage"]["rate"] == pytest.approx(9 / 20) and at["layer"]["damage"]["n"] == 20
-    assert s.own_best["attn"]["heldout"]["layer"] == 0 and s.own_best["layer"]["heldout"]["layer"] == 2
+    assert s["own_best"]["attn"]["heldout"]["layer"] == 0 and s["own_best"]["layer"]["heldout"]["layer"] == 2
     controls = controls_table(s)
     assert list(controls["block"]) == ["chosen MLP (layer 1)", "attention at the chosen layer 1",
                                        "whole layer at the chosen layer 1", "attention's own best (layer 0)",
@@ -374,7 +374,7 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     table = run.read_table("repair")
     assert {"layer", "component", "repair_rate", "damage_rate", "n_failure", "n_panel", "repair_rate_heldout",
             "repair_rate_heldout_lo", "damage_rate_heldout_hi", "n_failure_heldout"} <= set(table.columns)
-    assert run.read_table("controls").equals(controls_table(s)) or controls_table(s).empty
+    assert run.read_table("controls").equals(controls_table(s.to_json())) or controls_table(s.to_json()).empty
     assert len(table) == 2 * 3
     failure = run.read_json("failure_set")
     assert failure["criterion"] and (table["n_failure"] == len(failure["question_ids"])).all()
