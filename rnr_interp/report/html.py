@@ -23,7 +23,7 @@ from rnr_interp.records import DEPLOYED, AuditSummary, RunDir, Summary, load_run
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
 from rnr_interp.report.kinds import analysis_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
-from rnr_interp.report.sections import escape_html, number, table_html, with_interval
+from rnr_interp.report.sections import escape_html, table_html, with_interval
 
 REPORT_NAME = "report.html"
 INDEX_NAME = "index.html"
@@ -248,8 +248,9 @@ def build_index(runs: list[tuple[RunDir, str]], root: Path) -> tuple[str, Figure
             f'<a href="{escape_html(link)}">{escape_html(str(run.path.relative_to(root)))}</a>',
             escape_html(s.kind if s is not None else cfg.get("kind", "")), escape_html(model), escape_html(task),
             *(escape_html("" if v is None else v) for v in (n, k, grading)),
-            *((_ci(audit.D, audit.D_ci), _ci(audit.O_K, audit.O_K_ci), _ci(audit.gap, audit.gap_ci)) if audit else ("", "", "")),
-            _ci(audit.null["O_K"], audit.null.get("O_K_ci")) if audit and audit.null is not None else "",
+            *((with_interval(audit.D, audit.D_ci), with_interval(audit.O_K, audit.O_K_ci), with_interval(audit.gap, audit.gap_ci))
+              if audit else ("", "", "")),
+            with_interval(audit.null["O_K"], audit.null.get("O_K_ci")) if audit and audit.null is not None else "",
         ))
     page = Page(None, f"sweep of {len(runs)} runs · {', '.join(sorted(models))} · {', '.join(sorted(tasks))}")
     page.blocks.append(f"<h1>{len(runs)} runs in {escape_html(str(root))}</h1>" + table_html(head, rows, raw=True))
@@ -334,9 +335,6 @@ def _clip(text: str, n: int = TEXT_CHARS) -> str:
 
 def _extracted(value: Any) -> str:
     return "(no answer parsed)" if value is None or (isinstance(value, float) and value != value) else str(value)
-
-
-_num, _ci = number, with_interval
 
 
 def _table(run: RunDir, name: str) -> pd.DataFrame | None:
