@@ -95,3 +95,12 @@ def test_regrade_refuses_a_kind_without_a_summary_from_records(tmp_path):
     run.write_summary({"criterion": "c", "margin": 0.05, "level": 0.95, "n_cells": 0, "n_failure_cells": 0, "cells": []})
     res = CliRunner().invoke(app, ["regrade", str(run.path)])
     assert res.exit_code == 2 and "regrade rewrites audit and route runs" in res.output and "'screen' run" in res.output
+
+
+def test_every_registered_name_resolves():
+    """The registry names each analysis's run and settings by module and name: none is stale."""
+    import dataclasses
+
+    for kind, analysis in ANALYSES.items():
+        assert callable(analysis.run.resolve()), kind
+        assert analysis.config is None or dataclasses.is_dataclass(analysis.config.resolve()), kind

@@ -72,7 +72,7 @@ class Analysis(Protocol):
 
 @dataclass(frozen=True)
 class Registered:
-    """An `Analysis` as the registry holds it."""
+    """An `Analysis` made of its parts (the package's own, and the worked example's)."""
 
     kind: str
     summary: type[Summary]
@@ -118,8 +118,8 @@ def summarize_route(run: RunDir, *, task: Task | None = None, grading: str | Non
     return RouteSummary.of(values, f"{run.path} route summary")
 
 
-def _analyses(*entries: Registered) -> dict[str, Registered]:
-    out: dict[str, Registered] = {}
+def _analyses(*entries: Analysis) -> dict[str, Analysis]:
+    out: dict[str, Analysis] = {}
     for entry in entries:
         if entry.kind in out:
             raise ValueError(f"analysis {entry.kind!r} registered twice")
@@ -127,7 +127,7 @@ def _analyses(*entries: Registered) -> dict[str, Registered]:
     return out
 
 
-ANALYSES: dict[str, Registered] = _analyses(
+ANALYSES: dict[str, Analysis] = _analyses(
     Registered(AUDIT, AuditSummary, Lazy("rnr_interp.engine.sampling", "Probe"),
                Lazy("rnr_interp.analyses.audit", "run_audit"), sections.audit_html, summarize=summarize_audit),
     Registered(ROUTE, RouteSummary, Lazy("rnr_interp.analyses.routing.audit", "RouteConfig"),
@@ -152,7 +152,7 @@ ANALYSES: dict[str, Registered] = _analyses(
 )
 
 
-def register(analysis: Registered) -> Registered:
+def register(analysis: Analysis) -> Analysis:
     """Add an analysis (and its summary class) to the registry, once; ValueError when
     its kind is taken. The package's own are listed in `ANALYSES`; an analysis of your
     own registers itself when its module is imported (docs/contributing.md)."""
@@ -163,7 +163,7 @@ def register(analysis: Registered) -> Registered:
     return analysis
 
 
-def analysis_of(kind: Any) -> Registered:
+def analysis_of(kind: Any) -> Analysis:
     """The registered analysis of `kind` (a run config's), or ValueError naming the kinds."""
     if kind not in ANALYSES:
         summary_type(kind, "run config")  # a kind with a summary type but no analysis is a registry bug
@@ -178,7 +178,7 @@ def figure_sets(run: RunDir) -> tuple[FigureSet, ...]:
     return ANALYSES[kind].figures if kind in ANALYSES else REGISTRY
 
 
-def regradable(run: RunDir) -> Registered:
+def regradable(run: RunDir) -> Analysis:
     """The run's analysis, when its summary can be rewritten from its records; else
     ValueError naming the kinds that can."""
     kind = run.config.get("kind")
