@@ -104,3 +104,15 @@ def test_every_registered_name_resolves():
     for kind, analysis in ANALYSES.items():
         assert callable(analysis.run.resolve()), kind
         assert analysis.config is None or dataclasses.is_dataclass(analysis.config.resolve()), kind
+
+
+def test_report_of_a_summary_that_does_not_fit_is_one_line_naming_the_field(tmp_path):
+    from typer.testing import CliRunner
+
+    from rnr_interp.cli import app
+
+    run = RunDir.create(tmp_path / "run", {"kind": "audit"})
+    (run.path / "summary.json").write_text(json.dumps({**AUDIT, "O_K": None}))
+    res = CliRunner().invoke(app, ["report", str(run.path)])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert res.output.startswith("error: ") and "field 'O_K' of the audit summary should be a number, got null" in res.output
