@@ -116,3 +116,11 @@ def test_report_of_a_summary_that_does_not_fit_is_one_line_naming_the_field(tmp_
     res = CliRunner().invoke(app, ["report", str(run.path)])
     assert res.exit_code == 2 and res.output.count("\n") == 1
     assert res.output.startswith("error: ") and "field 'O_K' of the audit summary should be a number, got null" in res.output
+
+
+def test_a_summary_made_directly_is_checked_when_written(tmp_path):
+    run = RunDir.create(tmp_path / "run", {"kind": "audit"})
+    made = AuditSummary(**{**AUDIT, "n_questions": "three"})  # a dataclass takes what it is given
+    with pytest.raises(SummaryError, match="field 'n_questions' of the audit summary should be an integer"):
+        run.write_summary(made)
+    assert not run.has_summary()

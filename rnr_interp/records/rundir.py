@@ -419,7 +419,8 @@ class RunDir:
         cls = summary_type(kind, f"{self.path}")
         if isinstance(summary, Summary) and not isinstance(summary, cls):
             raise SummaryError(f"{self.path}: a {summary.kind} summary for a {kind} run")
-        typed = summary if isinstance(summary, Summary) else cls.of(summary, f"{self.path / SUMMARY}")
+        # a typed summary is checked too: a dataclass made directly takes any values
+        typed = cls.of(summary.to_json() if isinstance(summary, Summary) else summary, f"{self.path / SUMMARY}")
         skipped = (self.config.get("task") or {}).get("skipped_rows")
         if skipped:
             typed = typed.but(skipped_rows=skipped)
