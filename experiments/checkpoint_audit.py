@@ -65,8 +65,9 @@ def main(argv=None) -> list[dict]:
         props.append((recipe, cmp.read_table("propensity")))
         gained_lost_figure(cmp.read_table("transitions")).write_html(_figure_path(args.out, f"gained_lost_{recipe}"))
         train_seconds = json.loads((ckpt / "finetune.json").read_text())["seconds"]
-        results.append({"recipe": recipe, "train_seconds": train_seconds, **{k: s[k] for k in (
-            "n_questions", "k", "realized", "reachable", "gained_from", "stats", "propensity", "budget_control")}})
+        results.append({"recipe": recipe, "train_seconds": train_seconds, "n_questions": s.n_questions, "k": s.k,
+                        "realized": s.realized, "reachable": s.reachable, "gained_from": s.gained_from, "stats": s.stats,
+                        "propensity": s.propensity, "budget_control": s.budget_control})
     change_figure(pairs).write_html(_figure_path(args.out, "change"))
     propensity_figure(props).write_html(_figure_path(args.out, "propensity"))
     (args.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -45,7 +45,7 @@ def main() -> None:
     shared = sorted(set(records[0]["question_id"]) & set(records[1]["question_id"]))
     if not shared:
         raise SystemExit("the runs share no question")
-    proposals = [run.read_summary().get("proposals") for run in runs]
+    proposals = [run.read_summary().proposals for run in runs]
     print(f"{len(shared)} shared questions, grading {grading}; proposals: first {proposals[0]}, second {proposals[1]}")
     probes = [p for p in dict.fromkeys(records[0]["probe"]) if ":" in p and not p.startswith("verify:")
               and p in set(records[1]["probe"])]

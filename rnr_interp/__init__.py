@@ -4,7 +4,7 @@ In a notebook::
 
     import rnr_interp as rnr
     res = rnr.audit("tiny-llama", "arithmetic", k=8, n=4)   # or your own model object and Task
-    res.summary["O_K"], res.records                          # the summary and a DataFrame of records
+    res.summary.O_K, res.records                             # the summary and a DataFrame of records
 
 `audit`, `route`, `repair`, `steer` and `compare` return a `Result` (`notebook.py`);
 `load_model`, `load_task`, the intervention specs and `generate` are here too. The

@@ -4,7 +4,7 @@ DataFrame.
 
     import rnr_interp as rnr
     res = rnr.audit(model, "arithmetic", k=32)
-    res.summary["O_K"], res.records
+    res.summary.O_K, res.records
 
 Each call writes the analysis's run folder as the command line does: at `out=` when
 given (kept, resumable, readable by `rnr report`), else in a temporary folder that is
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from rnr_interp.models import LoadedModel
+    from rnr_interp.records import Summary
     from rnr_interp.tasks.base import Task
 
 #: the table that holds a kind's rows where its run writes no records of its own: a
@@ -32,12 +33,13 @@ ROWS_TABLE = {"compare": "transitions", "steer": "steering"}
 
 @dataclass(frozen=True)
 class Result:
-    """What an analysis returns: its summary (what `summary.json` holds), its records
+    """What an analysis returns: its typed summary (what `summary.json` holds, as its
+    kind's class in `records.summaries`: `res.summary.O_K`), its records
     (one row per candidate; where the run writes none, its per-row table: `ROWS_TABLE`),
     its named tables, and the run folder when one was kept (`out=`), else None."""
 
     kind: str
-    summary: dict[str, Any]
+    summary: Summary
     records: pd.DataFrame
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     out: Path | None = None
@@ -47,13 +49,13 @@ class Result:
         return f"Result(kind={self.kind!r}, {len(self.records)} records, tables={sorted(self.tables)}{where})"
 
 
-def read_result(folder: Path, summary: dict[str, Any], kept: bool) -> Result:
+def read_result(folder: Path, summary: Summary, kept: bool) -> Result:
     """A finished run folder read into memory."""
     from rnr_interp.records import RunDir
 
     run = RunDir(folder)
     tables = {path.stem: run.read_table(path.stem) for path in sorted(run.artefacts_dir.glob("*.parquet"))}
-    kind = str(summary.get("kind") or run.config.get("kind") or "")
+    kind = summary.kind
     records = run.read_records()
     if records.empty and ROWS_TABLE.get(kind) in tables:
         records = tables[ROWS_TABLE[kind]]

@@ -81,13 +81,13 @@ def test_smollm2_arithmetic_shows_a_real_gap(smollm2, tmp_path):
     same samples reach against other questions' golds (docs/grading.md)."""
     task = load_task("arithmetic", n=24)
     s = run_audit(smollm2, task, tmp_path, probe=Probe(k=32, temperature=1.0), progress=False)
-    assert s["grading"] == "strict"
+    assert s.grading == "strict"
     scores = question_scores(RunDir(tmp_path).read_records(), "temperature")  # `correct`: the headline grade
-    assert s["D"] == pytest.approx(scores["d"].mean()) and s["O_K"] == pytest.approx(scores["o"].mean())
-    flexible = s["flexible"]
+    assert s.D == pytest.approx(scores["d"].mean()) and s.O_K == pytest.approx(scores["o"].mean())
+    flexible = s.flexible
     assert 0 < flexible["D"] < 1
     assert flexible["O_K"] >= flexible["D"] + 0.15 and flexible["gap_ci"][0] > 0
-    assert s["null"]["O_K_minus_null_ci"][0] > 0 and not s["null"]["indistinguishable"]
+    assert s.null["O_K_minus_null_ci"][0] > 0 and not s.null["indistinguishable"]
 
 
 def test_audit_reports_majority_at_k_from_the_records():

@@ -82,12 +82,12 @@ def test_audit_summary_reports_chance_for_multiple_choice_only(tmp_path) -> None
     s = run_audit(lm, task, tmp_path / "mc", probe=Probe(k=3, temperature=1.0), deployed=Decoding(max_new_tokens=4),
                   progress=False)
     dep = RunDir(tmp_path / "mc").read_records().query("probe == 'deployed'")
-    assert s["chance"]["uniform"] == {"D": pytest.approx(1 / 3), "O_K": pytest.approx(1 - (2 / 3) ** 3)}
-    assert sum(s["chance"]["deployed_counts"].values()) == len(dep) == 5
-    assert s["chance"]["deployed_counts"]["unparsed"] == int(dep["extracted"].isna().sum())
+    assert s.chance["uniform"] == {"D": pytest.approx(1 / 3), "O_K": pytest.approx(1 - (2 / 3) ** 3)}
+    assert sum(s.chance["deployed_counts"].values()) == len(dep) == 5
+    assert s.chance["deployed_counts"]["unparsed"] == int(dep["extracted"].isna().sum())
     numeric = run_audit(lm, load_task("arithmetic", n=2), tmp_path / "num", probe=Probe(k=2, temperature=1.0),
                         deployed=Decoding(max_new_tokens=4), progress=False)
-    assert "chance" not in numeric
+    assert numeric.chance is None
     # The report shows the baselines on the multiple-choice page only.
     from rnr_interp.report.html import build_page
 
@@ -111,10 +111,10 @@ def test_localisation_summaries_carry_chance_and_answer_changes(tmp_path) -> Non
     failures = run_failures(lm, task, tmp_path / "f", panel=3, progress=False)
     repair = run_repair(lm, task, tmp_path / "r", panel=3, layers=[0, 1], batch_size=8, progress=False)
     for s in (failures, repair):
-        assert s["chance"]["uniform"]["D"] == pytest.approx(0.25) and s["chance"]["uniform"]["O_K"] is None
-        assert sum(s["chance"]["deployed_counts"].values()) == 8
-    best_probes = [ablation_probe(c, b["layer"]) for c, b in repair["best"].items() if b is not None]
-    assert list(repair.get("answer_changes", {})) == best_probes
+        assert s.chance["uniform"]["D"] == pytest.approx(0.25) and s.chance["uniform"]["O_K"] is None
+        assert sum(s.chance["deployed_counts"].values()) == 8
+    best_probes = [ablation_probe(c, b["layer"]) for c, b in repair.best.items() if b is not None]
+    assert list((repair.answer_changes or {})) == best_probes
     page, _ = build_page(RunDir(tmp_path / "r"))
     assert page.index("best block") < page.index("chance baseline") < page.index("Other artefacts")
     failures_page, _ = build_page(RunDir(tmp_path / "f"))
@@ -122,7 +122,7 @@ def test_localisation_summaries_carry_chance_and_answer_changes(tmp_path) -> Non
     # The random tiny model answers nothing right: steering is skipped, the baselines stay.
     steer = run_steer(lm, task, tmp_path / "s", layer=1, repair_run=tmp_path / "r", alphas=(1.0,), panel=3,
                       progress=False)
-    assert steer["chance"] == repair["chance"]
+    assert steer.chance == repair.chance
 
 
 def test_multiple_choice_readings_recount_answer_moves() -> None:
@@ -173,8 +173,9 @@ def test_compare_shows_each_runs_chance(tmp_path) -> None:
     outcomes = {f"q{i}": (i % 2 == 0, i % 3) for i in range(8)}
     base, trained = hand_run(tmp_path / "base", outcomes), hand_run(tmp_path / "trained", outcomes, model="trained")
     base_chance = chance_baselines(["A"] * 8, list("ABCDABCD"), [ABCD] * 8, k=8)
-    base.write_summary({"kind": "audit", "chance": base_chance})
+    base.write_summary({"kind": "audit", "n_questions": 8, "k": 8, "D": 0.5, "O_K": 0.5, "gap": 0.0, "D_ci": [0.2, 0.8],
+                        "O_K_ci": [0.2, 0.8], "gap_ci": [-0.1, 0.1], "chance": base_chance})
     s = compare_runs(base, trained, tmp_path / "cmp")
-    assert s["chance"] == {"base": base_chance}  # the trained run has no summary to read one from
+    assert s.chance == {"base": base_chance}  # the trained run has no summary to read one from
     page, _ = build_page(RunDir(tmp_path / "cmp"))
     assert "base: guessing, uniform over each question&#x27;s options" in page and "base: warning" in page

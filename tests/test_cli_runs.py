@@ -63,7 +63,7 @@ def test_route_summary_snapshots_an_unfinished_route_run(tmp_path: Path) -> None
     assert "tiny-llama:3 on arithmetic: 2 questions" in result.output
     snap = tmp_path / "route-2q"
     assert f"run folder: {snap}" in result.output
-    assert RunDir(snap).read_summary()["snapshot"]["questions_done"] == 2
+    assert RunDir(snap).read_summary().snapshot["questions_done"] == 2
     assert not (run / "summary.json").exists()
     assert runner.invoke(app, ["report", str(snap)]).exit_code == 0
     assert f"snapshot of {run.resolve()}: 2 of 3 questions written" in (snap / "report.html").read_text()
@@ -102,13 +102,13 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     assert result.exit_code == 0, result.output
     assert "unfinished" not in result.output and "tiny-llama:3 on jsonl: 2 questions" in result.output
     snap = RunDir(tmp_path / "route-2q").read_summary()
-    assert all("null" in c for c in finished["cells"].values())
+    assert all("null" in c for c in finished.cells.values())
     # without the task the exclusion rule reads the flexible parse, and says so
     task_bound = ("null", "unparsed_rate", "excluded")
-    without_nulls = {cell: {k: v for k, v in c.items() if k not in task_bound} for cell, c in finished["cells"].items()}
-    assert json.dumps({cell: {k: v for k, v in c.items() if k not in task_bound} for cell, c in snap["cells"].items()},
+    without_nulls = {cell: {k: v for k, v in c.items() if k not in task_bound} for cell, c in finished.cells.items()}
+    assert json.dumps({cell: {k: v for k, v in c.items() if k not in task_bound} for cell, c in snap.cells.items()},
                       sort_keys=True) == json.dumps(without_nulls, sort_keys=True)
-    assert snap["exclusion"]["parse"] == "flexible" and any(m.startswith("exclusion rule") for m in snap["missing"])
-    assert any(line.startswith("chance nulls: the run's task cannot be reloaded here") for line in snap["missing"])
+    assert snap.exclusion["parse"] == "flexible" and any(m.startswith("exclusion rule") for m in snap.missing)
+    assert any(line.startswith("chance nulls: the run's task cannot be reloaded here") for line in snap.missing)
     for key in ("temperature", "selectors", "oracle_at_k"):
-        assert json.dumps(snap[key], sort_keys=True) == json.dumps(finished[key], sort_keys=True), key
+        assert json.dumps(getattr(snap, key), sort_keys=True) == json.dumps(getattr(finished, key), sort_keys=True), key

@@ -88,16 +88,16 @@ def test_every_question_in_one_category_and_counts_match(random_pair, tmp_path):
         row = t.set_index("question_id").loc[q]
         assert (row["realized"], row["reachable"]) == (r, o)
         assert row["base_hit_rate"] == c0 / K
-    assert s["realized"] == expect_realized and s["reachable"] == expect_reachable
-    assert sum(s["realized"].values()) == sum(s["reachable"].values()) == len(base)
-    assert s["gained_from"]["base_reachable"] == gained_from_reach
-    assert s["gained_from"]["base_reachable"] + s["gained_from"]["base_unreachable"] == expect_realized["gained"]
+    assert s.realized == expect_realized and s.reachable == expect_reachable
+    assert sum(s.realized.values()) == sum(s.reachable.values()) == len(base)
+    assert s.gained_from["base_reachable"] == gained_from_reach
+    assert s.gained_from["base_reachable"] + s.gained_from["base_unreachable"] == expect_realized["gained"]
     # McNemar counts are the lost/gained and left/entered counts
-    assert s["stats"]["D"]["mcnemar"] == mcnemar(expect_realized["lost"], expect_realized["gained"])
-    assert s["stats"]["O_K"]["mcnemar"] == mcnemar(expect_reachable["left"], expect_reachable["entered"])
+    assert s.stats["D"]["mcnemar"] == mcnemar(expect_realized["lost"], expect_realized["gained"])
+    assert s.stats["O_K"]["mcnemar"] == mcnemar(expect_reachable["left"], expect_reachable["entered"])
     d_change = (expect_realized["gained"] - expect_realized["lost"]) / len(base)
-    assert s["stats"]["D"]["change"] == pytest.approx(d_change)
-    lo, hi = s["stats"]["D"]["change_ci"]
+    assert s.stats["D"]["change"] == pytest.approx(d_change)
+    lo, hi = s.stats["D"]["change_ci"]
     assert lo < d_change < hi
     assert json.loads((tmp_path / "cmp" / "summary.json").read_text())["kind"] == "compare"
 
@@ -190,8 +190,8 @@ def test_real_audits_of_tiny_models(tmp_path):
         models.append(lm)
     s = compare_runs(*runs, tmp_path / "cmp", control_models=dict(zip(ROLES, models)), control_task=task)
     t = RunDir(tmp_path / "cmp").read_table("transitions")
-    assert len(t) == len(task) == s["n_questions"]
-    assert sum(s["realized"].values()) == sum(s["reachable"].values()) == len(task)
+    assert len(t) == len(task) == s.n_questions
+    assert sum(s.realized.values()) == sum(s.reachable.values()) == len(task)
     # recount from the records themselves
     for run, who in zip(runs, ("base", "trained")):
         rec = run.read_records()
@@ -201,7 +201,7 @@ def test_real_audits_of_tiny_models(tmp_path):
         assert (t.set_index("question_id")[f"{who}_o"] == reach.loc[t["question_id"]]).all()
     assert len(set(t["realized"])) > 1 and len(set(t["reachable"])) > 1  # the task does spread outcomes
     # budget control: every question re-probed by both models, 2K fresh samples each
-    bc = s["budget_control"]
+    bc = s.budget_control
     assert bc["k_control"] == 2 * probe.k and set(bc["budgets"]) == {"4", "8"}
     ctrl = RunDir(tmp_path / "cmp").read_records()
     assert set(ctrl["probe"]) == {"temperature_base_k8", "temperature_trained_k8"}
@@ -312,15 +312,15 @@ def test_prompt_formats_stated_warned_and_shared_prompt_share(tmp_path):
     trained = hand_run(tmp_path / "t", {q: (i < 6, 1) for i, q in enumerate(qids)}, model="trained", prompt_format=chat)
     shared = hand_run(tmp_path / "s", {q: (i < 3, 1) for i, q in enumerate(qids)}, model="trained", prompt_format=plain)
     s = compare_runs(base, trained, tmp_path / "cmp", shared_prompt=shared)
-    pf = s["prompt_formats"]
+    pf = s.prompt_formats
     assert pf["base"] == plain and pf["trained"] == chat and pf["same"] is False and "--shared-prompt" in pf["warning"]
-    sp = s["shared_prompt"]["D"]
+    sp = s.shared_prompt["D"]
     assert (sp["native_change"], sp["shared_change"]) == (pytest.approx(0.4), pytest.approx(0.1))
     assert sp["share_retained"] == pytest.approx(0.25)
-    assert s["shared_prompt"]["O_K"]["share_retained"] is None  # every question reachable both ways: no change to share
+    assert s.shared_prompt["O_K"]["share_retained"] is None  # every question reachable both ways: no change to share
     same = compare_runs(base, hand_run(tmp_path / "t2", {q: (True, 1) for q in qids}, model="trained", prompt_format=plain),
                         tmp_path / "cmp2")
-    assert same["prompt_formats"]["same"] is True and same["prompt_formats"]["warning"] is None
+    assert same.prompt_formats["same"] is True and same.prompt_formats["warning"] is None
     with pytest.raises(ValueError, match="base run's prompt format"):
         compare_runs(base, trained, tmp_path / "cmp3", shared_prompt=trained)
     with pytest.raises(ValueError, match="must audit the trained model"):
@@ -370,9 +370,9 @@ def test_figures_and_command(random_pair, tmp_path):
     t = cmp.read_table("transitions")
     fig = gained_lost_figure(t)
     heights = {tr.name: list(tr.y) for tr in fig.data}
-    assert sum(map(sum, heights.values())) == s["realized"]["gained"] + s["realized"]["lost"]
+    assert sum(map(sum, heights.values())) == s.realized["gained"] + s.realized["lost"]
     fig = change_figure([("pair", s)])
-    assert [list(tr.y) for tr in fig.data] == [[s["stats"]["D"]["change"]], [s["stats"]["O_K"]["change"]]]
+    assert [list(tr.y) for tr in fig.data] == [[s.stats["D"]["change"]], [s.stats["O_K"]["change"]]]
     fig = propensity_figure([("pair", cmp.read_table("propensity"))])
     assert len(fig.data) == 1
     res = CliRunner().invoke(app, ["compare", str(base_run.path), str(tmp_path / "cmp"), "--out", str(tmp_path / "x")])

@@ -87,13 +87,13 @@ def test_always_a_model_has_an_empty_circular_failure_set_and_a_warning(tmp_path
     task = load_task("arithmetic_mc", n=24)
     decoding = deployed_decoding(task, 1)  # "A" (a longer "AA..." is no letter answer)
     plain = run_failures(lm, task, tmp_path / "plain", decoding=decoding, progress=False)
-    assert plain["n_recognised"] > 0 and plain["n_failure"] > 0  # the plain failure set: the gold != A questions
-    assert plain["letter_bias"]["explained"] and plain["letter_bias"]["message"]
+    assert plain.n_recognised > 0 and plain.n_failure > 0  # the plain failure set: the gold != A questions
+    assert plain.letter_bias["explained"] and plain.letter_bias["message"]
     circ = run_failures(lm, task, tmp_path / "circular", decoding=decoding, progress=False, circular=True)
-    assert circ["n_recognised"] == plain["n_recognised"] and circ["n_failure"] == 0 and circ["n_panel"] == 0
-    assert circ["letter_bias"]["explained"] and circ["circular"]["n_letter_locked"] > 0
-    assert "letter-locked" in circ["failure_empty_reason"]
-    assert circ["screen"]["generation_score"] == 0.0 and circ["screen"]["circular"]
+    assert circ.n_recognised == plain.n_recognised and circ.n_failure == 0 and circ.n_panel == 0
+    assert circ.letter_bias["explained"] and circ.circular["n_letter_locked"] > 0
+    assert "letter-locked" in circ.failure_empty_reason
+    assert circ.screen["generation_score"] == 0.0 and circ.screen["circular"]
 
 
 def test_failures_command_prints_the_letter_warning_with_its_rule(tmp_path, monkeypatch):
@@ -211,13 +211,13 @@ def test_a_planted_repair_is_found_repaired_and_reported_with_power(tmp_path):
     lm, task, broken = planted_model_and_task(400)
     s = run_repair(lm, task, tmp_path / "repair", decoding=deployed_decoding(task, 1), sweep="mlp", panel=None,
                    progress=False, batch_size=64)
-    assert s["chosen"]["layer"] == broken
-    at = s["at_chosen_layer"]["mlp"]
+    assert s.chosen["layer"] == broken
+    at = s.at_chosen_layer["mlp"]
     assert at["repair"]["rate"] == 1.0 and at["damage"]["rate"] == 0.0
     assert at["repair"]["n"] >= 60 and at["repair"]["power"] >= 0.8 and at["repair"]["power_test"]["testable"]
     assert at["repair"]["selection"]["rate"] == 1.0 and at["repair"]["all"]["rate"] == 1.0
-    assert s["split"]["stratified_by"] == ["gold option"]
-    assert "recognition_chance" in s["screen"] and len(s["screen"]["recognition_excess_ci"]) == 2
+    assert s.split["stratified_by"] == ["gold option"]
+    assert "recognition_chance" in s.screen and len(s.screen["recognition_excess_ci"]) == 2
 
 
 # -- steering scale ----------------------------------------------------------------------------
@@ -244,9 +244,9 @@ def test_steering_in_rms_units_is_invariant_to_the_residual_scale(tmp_path):
     runs = {c: run_steer(scaled_copy(c), task, tmp_path / f"x{c:g}", layer=0, alphas=alphas, alpha_unit="rms",
                          decoding=decoding, progress=False) for c in (1.0, 8.0)}
     one, eight = runs[1.0], runs[8.0]
-    assert one["alpha_unit"] == "rms" and eight["residual_rms"] == pytest.approx(8 * one["residual_rms"], rel=1e-3)
-    assert eight["v_norm"] == pytest.approx(8 * one["v_norm"], rel=1e-3)
-    rates = {c: [(r["alpha"], r["direction"], r["k"], r["n"]) for r in s["table"]] for c, s in runs.items()}
+    assert one.alpha_unit == "rms" and eight.residual_rms == pytest.approx(8 * one.residual_rms, rel=1e-3)
+    assert eight.v_norm == pytest.approx(8 * one.v_norm, rel=1e-3)
+    rates = {c: [(r["alpha"], r["direction"], r["k"], r["n"]) for r in s.table] for c, s in runs.items()}
     assert rates[1.0] == rates[8.0]
     assert any(k > 0 for a, _, k, _ in rates[1.0] if a > 0)  # the steering moved answers: not a vacuous match
 
@@ -323,7 +323,7 @@ def test_a_circular_repair_asks_every_row_under_every_shift(tmp_path):
         mine = records[records["question_id"] == q.id]
         right = mine[mine["probe"].isin(["deployed", "rotated:1:deployed", "rotated:2:deployed", "rotated:3:deployed"])]
         assert generation.loc[q.id, "correct"] == bool(right["correct"].all())
-    assert s["circular"]["on"] and s["screen"]["circular"] and run.config["circular"] is True
+    assert s.circular["on"] and s.screen["circular"] and run.config["circular"] is True
 
 
 def test_units_permutation_control_rescores_the_block_and_every_top_k(tmp_path):
@@ -335,8 +335,8 @@ def test_units_permutation_control_rescores_the_block_and_every_top_k(tmp_path):
     task = letter_hash_task(40)
     s = run_units(lm, task, tmp_path / "u", layer=1, ks=(1, 4), draws=2, panel=8, decoding=deployed_decoding(task, 3),
                   permutation_control=True, progress=False)
-    assert "skipped" not in s, s.get("skipped")
-    control = s["permutation_control"]
+    assert s.skipped is None, s.skipped
+    control = s.permutation_control
     assert set(control["probes"]) == {"ablate:mlp:1", "units:top:1", "units:top:4"}
     from rnr_interp.records import RunDir
 

@@ -54,13 +54,13 @@ def test_readme_python_section_runs_on_a_tiny_model(scratch):
 def test_audit_in_memory_equals_the_kept_run_and_leaves_nothing(tmp_path, scratch):
     memory = rnr.audit("tiny-llama:2", "arithmetic", k=3, n=4, max_new_tokens=6, progress=False)
     assert memory.out is None and memory.kind == "audit" and left_behind(scratch) == []
-    assert len(memory.records) == 4 * (1 + 3) and {"D", "O_K"} <= memory.summary.keys()
+    assert len(memory.records) == 4 * (1 + 3) and memory.summary.D is not None and memory.summary.O_K is not None
     kept = rnr.audit("tiny-llama:2", "arithmetic", k=3, n=4, max_new_tokens=6, progress=False, out=tmp_path / "run")
     stored = RunDir(kept.out).read_summary()
-    assert kept.out == tmp_path / "run" and (stored["D"], stored["O_K"]) == (kept.summary["D"], kept.summary["O_K"])
+    assert kept.out == tmp_path / "run" and (stored.D, stored.O_K) == (kept.summary.D, kept.summary.O_K)
     columns = ["question_id", "probe", "candidate", "text", "correct"]
     assert memory.records[columns].equals(kept.records[columns])
-    assert (memory.summary["D"], memory.summary["O_K"]) == (kept.summary["D"], kept.summary["O_K"])
+    assert (memory.summary.D, memory.summary.O_K) == (kept.summary.D, kept.summary.O_K)
     again = rnr.audit("tiny-llama:2", "arithmetic", k=3, n=4, max_new_tokens=6, progress=False, out=tmp_path / "run")
     assert again.records[columns].equals(kept.records[columns])  # resumed, nothing redone differently
 
@@ -71,7 +71,7 @@ def test_objects_and_specs_give_the_same_records(scratch):
     by_object = rnr.audit((model, tok), task, k=2, max_new_tokens=6, progress=False)
     by_spec = rnr.audit("tiny-llama:2", "arithmetic", n=3, k=2, max_new_tokens=6, progress=False)
     assert by_object.records["text"].tolist() == by_spec.records["text"].tolist()
-    assert by_object.summary["model"].startswith("object:")
+    assert by_object.summary.model.startswith("object:")
     with pytest.raises(ValueError, match="n, data and task options go with a task spec string"):
         rnr.audit("tiny-llama:2", task, n=2, k=2)
 
@@ -85,7 +85,7 @@ def test_route_repair_steer_and_compare_return_results(tmp_path, scratch):
     assert steered.kind == "steer" and steered.records.equals(steered.tables["steering"])
     compared = rnr.compare("tiny-llama:2", "tiny-qwen2:2", "arithmetic", k=2, n=3, progress=False,
                            audit_options={"max_new_tokens": 4})
-    assert compared.kind == "compare" and len(compared.records) == 3 == compared.summary["n_questions"]
+    assert compared.kind == "compare" and len(compared.records) == 3 == compared.summary.n_questions
     assert left_behind(scratch) == []
     in_memory = rnr.Result("repair", {}, pd.DataFrame())
     with pytest.raises(ValueError, match="kept in memory only; run it with out=FOLDER"):
@@ -114,5 +114,5 @@ def test_compare_of_kept_audits_and_of_models_kept_under_out(tmp_path, scratch):
                             progress=False, audit_options={"max_new_tokens": 4})
     assert sorted(p.name for p in (tmp_path / "of_models").iterdir()) == ["base", "compare", "trained"]
     assert of_models.records["question_id"].tolist() == of_results.records["question_id"].tolist()
-    assert of_models.summary["stats"] == of_results.summary["stats"]
+    assert of_models.summary.stats == of_results.summary.stats
     assert left_behind(scratch) == []

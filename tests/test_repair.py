@@ -246,13 +246,13 @@ def test_failures_over_cells_writes_the_screen_and_its_scatter(tmp_path):
         assert row.recognition_score == pytest.approx(rec.mean()) and row.generation_score == pytest.approx(dep.mean())
         assert row.recognition_chance == pytest.approx(1 / 4)  # arithmetic_mc has 4 options
         assert row.failure == (row.recognition_excess_lo > 0 and row.difference >= 0.05 and row.difference_lo > 0)
-    assert "recognition score - generation score >= 0.05" in screen.read_summary()["criterion"]
+    assert "recognition score - generation score >= 0.05" in screen.read_summary().criterion
     assert (out / "figures" / "screen_scatter.html").is_file() and "cells are failure cells" in res.output
     task = parity_task(4)
     lm = load_model("tiny-llama:2")
     a = run_failures(lm, task, tmp_path / "a", decoding=deployed_decoding(task, 2), progress=False)
     run_failures(lm, task, tmp_path / "b", decoding=deployed_decoding(task, 3), progress=False)
-    assert a["screen"]["n_questions"] == 4
+    assert a.screen["n_questions"] == 4
     with pytest.raises(ValueError, match="decoded differently"):
         screen_table([RunDir(tmp_path / "a"), RunDir(tmp_path / "b")])
 
@@ -343,17 +343,17 @@ def test_mlp_sweep_adds_same_layer_controls_at_the_chosen_layer_only(tmp_path, l
     s = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, sweep="mlp", progress=False)
     table = RunDir(tmp_path / "r").read_table("repair")
     assert sorted(table.loc[table["component"] == "mlp", "layer"]) == list(range(lm.n_layers))
-    if s["chosen"] is None:
+    if s.chosen is None:
         assert set(table["component"]) == {"mlp"}
         return
-    chosen = s["chosen"]["layer"]
+    chosen = s.chosen["layer"]
     assert set(zip(table.loc[table["component"] != "mlp", "component"], table.loc[table["component"] != "mlp", "layer"])) \
         == {("attn", chosen), ("layer", chosen)}
-    assert {c: e["layer"] for c, e in s["at_chosen_layer"].items()} == {"mlp": chosen, "attn": chosen, "layer": chosen}
-    assert set(s["own_best"]) == {"mlp"}
+    assert {c: e["layer"] for c, e in s.at_chosen_layer.items()} == {"mlp": chosen, "attn": chosen, "layer": chosen}
+    assert set(s.own_best) == {"mlp"}
     full = run_repair(lm, task, tmp_path / "full", panel=8, decoding=d, progress=False)
-    assert full["chosen"]["layer"] == chosen
-    assert json.dumps(full["at_chosen_layer"]) == json.dumps(s["at_chosen_layer"])  # NaN-tolerant equality
+    assert full.chosen["layer"] == chosen
+    assert json.dumps(full.at_chosen_layer) == json.dumps(s.at_chosen_layer)  # NaN-tolerant equality
 
 
 def test_repair_run_folder_and_cli(tmp_path, lm):
@@ -366,21 +366,21 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     assert res.exit_code == 0, res.output
     run = RunDir(out)
     s = run.read_summary()
-    assert s["kind"] == "repair" and set(s["own_best"]) == set(COMPONENTS) and "selection" in s["choice_rule"]
-    assert "permutation_control" not in s and "permutation_control" not in run.config  # off by default
+    assert s.kind == "repair" and set(s.own_best) == set(COMPONENTS) and "selection" in s.choice_rule
+    assert s.permutation_control is None and "permutation_control" not in run.config  # off by default
     assert "permutation control" not in res.output
-    assert s["split"]["n_failure_selection"] + s["split"]["n_failure_heldout"] == s["n_failure"]
-    assert "cap 3" in s["panel_criterion"] and s["screen"]["criterion"]
+    assert s.split["n_failure_selection"] + s.split["n_failure_heldout"] == s.n_failure
+    assert "cap 3" in s.panel_criterion and s.screen["criterion"]
     table = run.read_table("repair")
     assert {"layer", "component", "repair_rate", "damage_rate", "n_failure", "n_panel", "repair_rate_heldout",
             "repair_rate_heldout_lo", "damage_rate_heldout_hi", "n_failure_heldout"} <= set(table.columns)
-    assert run.read_table("controls").equals(controls_table(s)) or controls_table(s).empty
+    assert run.read_table("controls").equals(controls_table(s.to_json())) or controls_table(s.to_json()).empty
     assert len(table) == 2 * 3
     failure = run.read_json("failure_set")
     assert failure["criterion"] and (table["n_failure"] == len(failure["question_ids"])).all()
     assert (table["n_panel"] == len(run.read_json("healthy_panel")["question_ids"])).all()
     if not failure["question_ids"]:
-        assert s["failure_empty_reason"] and "failure set" in res.output
+        assert s.failure_empty_reason and "failure set" in res.output
     recs = run.read_records()
     assert set(recs["probe"]) >= {"deployed"} and (recs["probe"] == recs["intervention"].replace("", "deployed")).all()
     assert all((out / "figures" / f"{n}.html").is_file() for n in ("repair_heatmap", "damage_heatmap", "selectivity"))
@@ -402,7 +402,7 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
                                    "--panel", "3", "--max-new-tokens", "4", "--out", str(tmp_path / "p"), "--quiet",
                                    "--permute-control"])
     assert res.exit_code == 0, res.output
-    control = RunDir(tmp_path / "p").read_summary()["permutation_control"]
+    control = RunDir(tmp_path / "p").read_summary().permutation_control
     assert "permutation control: " in res.output
     assert ("rotated by 1" in res.output) == ("skipped" not in control)
 
@@ -445,12 +445,12 @@ def test_repair_permutation_control_rows_grading_and_resume(tmp_path, lm):
     task = letter_hash_task(40)
     d = deployed_decoding(task, max_new_tokens=3)
     s = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, permutation_control=True, progress=False)
-    assert s["chosen"] is not None, "the fixture should choose a block"
+    assert s.chosen is not None, "the fixture should choose a block"
     run = RunDir(tmp_path / "r")
     assert run.config["permutation_control"] == {"shift": 1}
     held = run.read_json("failure_set")["heldout_ids"]
-    block = ablation_probe("mlp", s["chosen"]["layer"])
-    control = s["permutation_control"]
+    block = ablation_probe("mlp", s.chosen["layer"])
+    control = s.permutation_control
     assert control["block"] == block and set(control["probes"]) == {block} and control["n"] == len(held) > 0
     recs = run.read_records()
     by_id = {q.id: q for q in task.questions}
@@ -481,7 +481,7 @@ def test_repair_permutation_control_rows_grading_and_resume(tmp_path, lm):
     parts = len(run.parts())
     again = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, permutation_control=True, progress=False)
     assert len(RunDir(tmp_path / "r").parts()) == parts
-    assert json.dumps(again["permutation_control"]) == json.dumps(control)
+    assert json.dumps(again.permutation_control) == json.dumps(control)
 
 
 def test_permutation_control_refuses_tasks_not_graded_by_letter(tmp_path, lm):
@@ -501,8 +501,8 @@ def test_smollm2_arc_easy_end_to_end(smollm2, shared_data, tmp_path):
     table = RunDir(tmp_path / "repair").read_table("repair")
     assert len(table) == smollm2.n_layers * 3
     print(json.dumps({k: v for k, v in s.items() if k != "table"}, indent=1))
-    if s["n_failure"] == 0:
-        assert s["failure_empty_reason"]
+    if s.n_failure == 0:
+        assert s.failure_empty_reason
         assert table["repair_rate"].isna().all()
     else:
         assert table["repair_rate"].between(0, 1).all()

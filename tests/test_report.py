@@ -94,8 +94,8 @@ def test_audit_only_report_shows_only_what_exists(audit_run, tmp_path):
     for absent in ("Routing", "Repair", "Checkpoint comparison", "Other artefacts", "Static images", "failed"):
         assert absent not in visible
     # the audit table, with the summary's numbers
-    assert f"{summary['D']:.3f} [{summary['D_ci'][0]:.3f}, {summary['D_ci'][1]:.3f}]" in page
-    assert f"{summary['gap']:.3f} [{summary['gap_ci'][0]:.3f}, {summary['gap_ci'][1]:.3f}]" in page
+    assert f"{summary.D:.3f} [{summary.D_ci[0]:.3f}, {summary.D_ci[1]:.3f}]" in page
+    assert f"{summary.gap:.3f} [{summary.gap_ci[0]:.3f}, {summary.gap_ci[1]:.3f}]" in page
     # one drill-down row per question, with the question text reloaded from the manifest's task
     from rnr_interp.tasks import load_task
 
@@ -267,7 +267,8 @@ def test_export_of_nothing_writes_nothing(tmp_path):
 def test_a_figure_module_that_fails_costs_only_its_figures(tmp_path):
     run = RunDir.create(tmp_path / "run", {"kind": "compare", "model": "tiny-llama", "task": {"name": "arithmetic"}})
     run.write_table("transitions", pd.DataFrame({"question_id": ["q0"], "realized": ["gained"]}))  # no base_reachable
-    run.write_summary({"kind": "compare"})  # no stats
+    run.write_summary({"kind": "compare", "base_model": "m", "trained_model": "m2", "task": "arithmetic", "k": 4,
+                       "n_questions": 1, "gained_from": {}, "stats": {}})  # no stats
     with pytest.warns(UserWarning, match="Checkpoint comparison figures failed"):
         page, figures = build_page(run)
     assert figures == []

@@ -71,16 +71,16 @@ def test_smoke_profile_runs_every_part_into_run_folders(smoke):
     cells = pd.concat([r.read_table("route_cells") for r in runs])
     assert cells["cell"].nunique() == len(SMOKE.route_tasks) * len(SMOKE.spaces)
     assert set(cells["method"]) >= set(SMOKE.methods)
-    assert RunDir(root / "2_routing" / "route_cells").read_summary()["runs"] == [str(r.path) for r in runs]
+    assert RunDir(root / "2_routing" / "route_cells").read_summary().runs == [str(r.path) for r in runs]
     # the temperature part: one audit per temperature, and the sweep table over them
     sweep = RunDir(root / "3_temperature" / SMOKE.sweep_task).read_table("temperature_sweep")
     assert sorted(sweep["temperature"]) == sorted(SMOKE.temperatures)
     # the screen covers every MC cell, and exactly the cells it keeps are localised
     screen = RunDir(root / "4_localisation" / "screen").read_summary()
-    folders = [Path(c["path"]).parent for c in screen["cells"]]
+    folders = [Path(c["path"]).parent for c in screen.cells]
     assert [f.name for f in folders] == list(SMOKE.screen_tasks)
-    assert screen["n_failure_cells"] >= 1, "the smoke screen must let a cell through, or localisation is not exercised"
-    for folder, cell in zip(folders, screen["cells"]):
+    assert screen.n_failure_cells >= 1, "the smoke screen must let a cell through, or localisation is not exercised"
+    for folder, cell in zip(folders, screen.cells):
         assert (folder / "repair" / "summary.json").is_file() == cell["failure"]
         if cell["failure"]:  # the smoke's screened task is lettered: both runs carry the control
             assert "permutation_control" in RunDir(folder / "repair").config
@@ -89,7 +89,7 @@ def test_smoke_profile_runs_every_part_into_run_folders(smoke):
     for recipe in SMOKE.recipes:
         assert (root / "5_checkpoints" / "checkpoints" / recipe / "finetune.json").is_file()
         compare = RunDir(root / "5_checkpoints" / f"compare_{recipe}").read_summary()
-        assert compare["budget_control"] is not None
+        assert compare.budget_control is not None
 
 
 def test_cost_per_part_is_printed_and_recorded(smoke):
@@ -246,7 +246,7 @@ def test_routing_part_stopped_in_a_later_task_keeps_the_table_of_the_finished_on
         routing_part(Context(profile, tmp_path), folder)
     assert calls == list(profile.route_tasks)
     summary = RunDir(folder / "route_cells").read_summary()
-    assert summary["runs"] == [str(RunDir(folder / SMOKE.route_tasks[0]).path)]
+    assert summary.runs == [str(RunDir(folder / SMOKE.route_tasks[0]).path)]
 
 
 def test_another_profile_on_the_same_root_is_refused(smoke):
@@ -303,7 +303,9 @@ def _route_run(path: Path, oracle: dict[str, dict[str, float]], excluded=()) -> 
     run.write_table("route_cells", pd.DataFrame(rows))
     run.write_table("selectors", pd.DataFrame(
         [{"cell": c, "selector": "majority", "source": "routes", "gap_recovery": 0.05} for c in oracle]))
-    run.write_summary({"kind": "route"})
+    run.write_summary({"kind": "route", "model": "m", "task": "t", "k": 32, "budget": 32, "n_questions": 40, "deployed": 0.1,
+                       "deployed_ci": [0.0, 0.2], "cells": {}, "temperature": {}, "excluded_cells": list(excluded),
+                       "oracle_at_k": {}, "selectors": {}})
 
 
 def _aggregate(folder: Path) -> None:
@@ -343,12 +345,17 @@ def test_routing_verdict_follows_the_cells(tmp_path):
     assert row.verdict == NOT_TESTABLE and "1 untested" in row.why
 
 
+#: the fields every localisation summary has (`records.CohortSummary`), for hand-made runs
+COHORT = {"model": "m", "task": "t", "n_questions": 40, "n_failure": 10, "n_panel": 10}
+
+
 def _compare_run(path: Path, gained_reachable: int, gained_unreachable: int, o_change: float, ci,
                  shared_prompt: dict | None = None) -> None:
     run = RunDir.create(path, {"kind": "compare"})
     stats = {"D": {"base": 0.2, "trained": 0.5, "change": 0.3, "change_ci": [0.1, 0.5]},
              "O_K": {"base": 0.5, "trained": 0.5 + o_change, "change": o_change, "change_ci": list(ci)}}
-    run.write_summary({"kind": "compare", "base_model": "m", "task": "t", "n_questions": 60, "k": 16, "stats": stats,
+    run.write_summary({"kind": "compare", "base_model": "m", "trained_model": "m2", "task": "t", "n_questions": 60, "k": 16,
+                       "stats": stats,
                        "gained_from": {"base_reachable": gained_reachable, "base_unreachable": gained_unreachable},
                        **({"shared_prompt": shared_prompt} if shared_prompt else {})})
 
@@ -358,8 +365,8 @@ def test_source_of_gains_is_judged_at_the_controls_largest_budget_with_its_trend
     run = RunDir(tmp_path / "compare_grpo")
     curve = [{"k": k, "base_reachable": hit, "n_gained": 31, "share": hit / 31, "ci": [hit / 31 - 0.1, min(hit / 31 + 0.1, 1.0)]}
              for k, hit in ((16, 9), (32, 14), (256, 29))]
-    run.write_summary({**run.read_summary(), "budget_control": {"gained_source": {
-        "n_gained": 31, "curve": curve, "trend": "rises from 0.29 at K=16 to 0.94 [0.84, 1.00] at K=256"}}})
+    run.write_summary(run.read_summary().but(budget_control={"gained_source": {
+        "n_gained": 31, "curve": curve, "trend": "rises from 0.29 at K=16 to 0.94 [0.84, 1.00] at K=256"}}))
     reach = checkpoint_findings(tmp_path)[0]
     assert reach.n == 31 and reach.value == pytest.approx(29 / 31) and "at K=256" in reach.measured
     assert "rises from 0.29" in reach.measured and "K=16 0.29, K=32 0.45, K=256 0.94" in reach.measured
@@ -389,7 +396,7 @@ def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10, u
     rows = [{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.3, 0.0), "hi": min(r + 0.3, 1.0), "k": round(r * n),
              "n": n} for (d, a), r in rates.items()]
     run.write_table("steering", pd.DataFrame(rows))
-    run.write_summary({"kind": "steer", "layer": 3, "v_norm": 2.5, "residual_rms": 10.0})
+    run.write_summary({"kind": "steer", **COHORT, "layer": 3, "v_norm": 2.5, "residual_rms": 10.0})
 
 
 def test_steering_is_judged_at_the_papers_alphas_not_the_best_of_the_grid(tmp_path):
@@ -428,7 +435,7 @@ def _repair_run(path: Path, repair: tuple[int, int], damage: tuple[int, int]) ->
     for what, (k, n) in (("repair", repair), ("damage", damage)):
         entry[what] = {"rate": k / n, "ci": list(wilson_interval(k, n)), "k": k, "n": n,
                        "selection": {"rate": 1.0, "n": n}, "all": {"rate": 0.5, "n": 2 * n}}
-    run.write_summary({"kind": "repair", "model": "m", "at_chosen_layer": {"mlp": entry}})
+    run.write_summary({"kind": "repair", **COHORT, "at_chosen_layer": {"mlp": entry}})
 
 
 def test_repair_verdicts_carry_power_and_the_selection_and_all_question_rates(tmp_path):
@@ -444,7 +451,7 @@ def test_repair_verdicts_carry_power_and_the_selection_and_all_question_rates(tm
 def test_a_repair_with_no_healthy_panel_says_damage_is_unmeasured(tmp_path):
     # the demo model under the circular protocol: a few letter-robust failures, no question right under every shift
     run = RunDir.create(tmp_path / "cell" / "repair", {"kind": "repair"})
-    run.write_summary({"kind": "repair", "model": "m", "at_chosen_layer": {"mlp": None}, "n_failure": 5, "n_panel": 0,
+    run.write_summary({"kind": "repair", **COHORT, "at_chosen_layer": {"mlp": None}, "n_failure": 5, "n_panel": 0,
                        "split": {"n_failure_selection": 3, "n_failure_heldout": 2},
                        "circular": {"on": True, "n_letter_locked": 21}})
     row = localisation_findings(tmp_path)[0]

@@ -62,7 +62,7 @@ def test_each_search_spends_exactly_its_budget_inside_its_space(routed_run):
 def test_oracle_at_k_equals_direct_computation_from_records(routed_run):
     _, task, cfg, summary, records = routed_run
     for space_name in cfg.spaces:
-        cell = summary["cells"][next(c for c in summary["cells"] if c.endswith(space_name))]
+        cell = summary.cells[next(c for c in summary.cells if c.endswith(space_name))]
         for method in probe_methods(cfg):
             sub = records[records.probe == f"{space_name}:{method}"]
             direct = sub.groupby("question_id")["correct"].any().mean()
@@ -72,13 +72,13 @@ def test_oracle_at_k_equals_direct_computation_from_records(routed_run):
 def test_deployed_and_temperature_candidates_recorded(routed_run):
     _, task, cfg, summary, records = routed_run
     dep = records[records.probe == "deployed"]
-    assert len(dep) == len(task) and summary["deployed"] == pytest.approx(dep.correct.mean())
+    assert len(dep) == len(task) and summary.deployed == pytest.approx(dep.correct.mean())
     assert (records.probe == "temperature").sum() == cfg.samples * len(task)
 
 
 def test_six_selectors_and_the_vote_line_are_reported(routed_run):
     _, task, cfg, summary, records = routed_run
-    for cell in summary["cells"].values():
+    for cell in summary.cells.values():
         sel = cell["selectors"]
         assert {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS} == set(sel)
         assert {"mcts_vote", "hill_climb_vote", "genetic_vote", "mcts_confidence"} <= set(sel)
@@ -90,7 +90,7 @@ def test_six_selectors_and_the_vote_line_are_reported(routed_run):
 def test_deployable_vote_starts_at_greedy_and_ends_at_the_majority_pick(routed_run):
     lm, task, cfg, summary, records = routed_run
     curves = RunDir(records.attrs["run"]).read_table("route_curves")
-    for cell, info in summary["cells"].items():
+    for cell, info in summary.cells.items():
         c = curves[curves.cell == cell]
         for vote, selector in (("majority", "majority"), ("weighted_majority", "weighted_majority")):
             line = c[(c.kind == "vote") & (c.method == vote)].sort_values("budget")
@@ -124,11 +124,11 @@ def test_every_selector_recomputes_from_the_records_alone(routed_run):
         return bool(table.loc[i, "correct"]) if i is not None else False
 
     by_q = lambda probe: [g for _, g in records[records.probe == probe].groupby("question_id")]  # noqa: E731
-    temperature = summary["temperature"]["selectors"]
+    temperature = summary.temperature["selectors"]
     for name in ("majority", "weighted_majority", "confidence", "self_verification"):
         hits = [picks_correct(g, name, "verify:temperature") for g in by_q("temperature")]
         assert temperature[name]["accuracy"] == pytest.approx(np.mean(hits)), name
-    for cell in summary["cells"].values():
+    for cell in summary.cells.values():
         space = cell["space"]
         assert set(cell["selectors"]) == {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS}
         for name, value in cell["selectors"].items():
@@ -352,14 +352,14 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
     for collapse, excluded in ((-1.0, True), (1.0, False)):
         out = tmp_path / str(collapse)
         s = run_route_audit(lm, task, out, RouteConfig(samples=3, budget=3, methods=("random",), collapse=collapse), progress=False)
-        [cell] = s["cells"].values()
+        [cell] = s.cells.values()
         records = RunDir(out).read_records()
         answers = graded_answers(records[records.probe == "deployed"], task, RunDir(out).grading)
         assert cell["unparsed_rate"] == pytest.approx(np.mean([a is None for a in answers]))
         assert s["exclusion"]["parse"] == RunDir(out).grading
         assert cell["excluded"] is excluded
-        assert s["excluded_cells"] == (list(s["cells"]) if excluded else [])
-        assert np.isnan(s["oracle_at_k"]["random"]) == excluded
+        assert s.excluded_cells == (list(s.cells) if excluded else [])
+        assert np.isnan(s.oracle_at_k["random"]) == excluded
 
 
 @pytest.mark.parametrize("spec", ["tiny-llama:6", "tiny-qwen2:6", "tiny-gpt2:6", "tiny-gemma:6", "tiny-olmo2:6", "tiny-gemma3:6"])
@@ -441,7 +441,7 @@ def test_smollm2_route_pipeline_end_to_end(smollm2, tmp_path):
     methods = {"random", "mcts", "hill_climb", "genetic", *(matched_control(m) for m in STRUCTURED)}
     for m in methods:
         assert (records.probe == f"skiponly:{m}").sum() == 4 * len(task)
-    [cell] = s["cells"].values()
+    [cell] = s.cells.values()
     assert set(cell["oracle_at_k"]) == methods
     assert {"majority", "weighted_majority", "confidence", "self_verification", *SEARCH_SELECTORS} == set(cell["selectors"])
     names = [name for name, _ in routing_figures(RunDir(tmp_path), "smollm2")]
@@ -547,7 +547,7 @@ def test_a_run_stopped_mid_chunk_resumes_from_its_journal(routed_run, tmp_path, 
     same = ["question_id", "probe", "candidate", "intervention", "text", "extracted", "correct", "n_tokens", "finish"]
     pd.testing.assert_frame_equal(a[same], b[same])
     assert np.allclose(a["logprob"], b["logprob"], atol=1e-5)
-    assert resumed["oracle_at_k"] == summary["oracle_at_k"]
+    assert resumed.oracle_at_k == summary.oracle_at_k
 
 
 def _files(folder):
@@ -572,16 +572,16 @@ def test_a_summary_so_far_is_the_summary_of_a_run_over_the_chunks_written(routed
 
     so_far = summarize_so_far(RunDir(stopped), tmp_path / "snap")
     assert _files(stopped) == before
-    assert so_far["snapshot"] == {"of": str(stopped.resolve()), "questions_done": cfg.batch_size, "questions_total": len(task)}
+    assert so_far.snapshot == {"of": str(stopped.resolve()), "questions_done": cfg.batch_size, "questions_total": len(task)}
 
     first = load_task("arithmetic", n=cfg.batch_size)
     alone = run_route_audit(lm, first, tmp_path / "alone", cfg, progress=False)
-    assert so_far["n_questions"] == alone["n_questions"] == cfg.batch_size
+    assert so_far.n_questions == alone.n_questions == cfg.batch_size
     for key in ("deployed", "oracle_at_k", "cells", "temperature", "selectors", "excluded_cells"):
-        assert json.dumps(so_far[key], sort_keys=True) == json.dumps(alone[key], sort_keys=True), key  # NaN == NaN
+        assert json.dumps(getattr(so_far, key), sort_keys=True) == json.dumps(getattr(alone, key), sort_keys=True), key  # NaN == NaN
     snap = RunDir(tmp_path / "snap")
     assert comparable(snap.config) == comparable(RunDir(stopped).config)  # each names its own task.json
-    assert json.dumps(snap.read_summary(), sort_keys=True) == json.dumps(so_far, sort_keys=True)
+    assert json.dumps(snap.read_summary().to_json(), sort_keys=True) == json.dumps(so_far.to_json(), sort_keys=True)
     pd.testing.assert_frame_equal(snap.read_records(), RunDir(stopped).read_records())
     pd.testing.assert_frame_equal(snap.read_table("route_cells"), RunDir(tmp_path / "alone").read_table("route_cells"))
 

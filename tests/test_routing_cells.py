@@ -73,10 +73,10 @@ def test_write_route_cells_refreshes_and_refuses_an_empty_folder(tmp_path):
         write_route_cells(tmp_path)
     fake_route_run(tmp_path / "a", "gsm8k", {"skiponly": ((0.6, 0.5, 0.4, 0.6), 0.1)})
     run, _ = write_route_cells(tmp_path)
-    first = run.read_summary()["clean_cells"]
+    first = run.read_summary().clean_cells
     fake_route_run(tmp_path / "b", "arc", {"skiponly": ((0.5, 0.55, 0.3, 0.45), -0.2)})
     run, _ = write_route_cells(tmp_path)  # the aggregate folder itself is not a route run
-    assert (first, run.read_summary()["clean_cells"]) == (1, 2)
+    assert (first, run.read_summary().clean_cells) == (1, 2)
 
 
 def test_the_report_draws_the_cross_cell_figures(tmp_path):

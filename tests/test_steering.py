@@ -177,10 +177,10 @@ def test_steer_and_units_commands(tmp_path):
     res = CliRunner().invoke(app, ["steer", *common, "--layer", "1", "--alphas", "0,4", "--out", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     s = RunDir(tmp_path / "s").read_summary()
-    assert s["kind"] == "steer" and "permutation_control" not in s  # off by default
+    assert s.kind == "steer" and s.permutation_control is None  # off by default
     table = RunDir(tmp_path / "s").read_table("steering")
-    if "skipped" in s:
-        assert table.empty and s["skipped"] in res.output
+    if s.skipped is not None:
+        assert table.empty and s.skipped in res.output
     else:
         assert set(table["direction"]) == {"rescue", "induction"} and sorted(set(table["alpha"])) == [0.0, 4.0]
         # alpha = 0 is the deployed generation: nothing rescued, nothing induced.
@@ -190,14 +190,14 @@ def test_steer_and_units_commands(tmp_path):
     assert res.exit_code == 0, res.output
     sp = RunDir(tmp_path / "sp")
     assert sp.config["permutation_control"] == {"shift": 1}
-    if "skipped" not in sp.read_summary():
-        assert set(sp.read_summary()["permutation_control"]["probes"]) == {"steer:rescue:4"}
+    if sp.read_summary().skipped is None:
+        assert set(sp.read_summary().permutation_control["probes"]) == {"steer:rescue:4"}
         assert "permutation control: the same held-out failures" in res.output
     res = CliRunner().invoke(app, ["units", *common, "--layer", "1", "--ks", "2,32", "--out", str(tmp_path / "u")])
     assert res.exit_code == 0, res.output
     u = RunDir(tmp_path / "u")
-    assert u.read_summary()["kind"] == "units"
-    if "skipped" not in u.read_summary():
+    assert u.read_summary().kind == "units"
+    if u.read_summary().skipped is None:
         assert set(u.read_table("units")["k"]) == {2, 32}
 
 
@@ -208,12 +208,12 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     t = parity_task(40)
     d = deployed_decoding(t, max_new_tokens=3)
     s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False)
-    assert "skipped" not in s, s.get("skipped")
+    assert s.skipped is None, s.skipped
     run = RunDir(tmp_path / "s")
     table = run.read_table("steering")
     assert (table[table["alpha"] == 0]["rate"] == 0).all()
     # chosen on the selection parts, scored on the held-out parts, with Wilson intervals
-    sp = s["split"]
+    sp = s.split
     assert (table["n"] == table["direction"].map({"rescue": sp["n_failure_heldout"], "induction": sp["n_panel_heldout"]})).all()
     assert all((lo, hi) == pytest.approx(wilson_interval(k, n)) for lo, hi, k, n in zip(table["lo"], table["hi"], table["k"], table["n"]))
     by_id = {q.id: q for q in t.questions}
@@ -228,11 +228,11 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     ur = RunDir(tmp_path / "u")
     units = ur.read_table("units")
     assert set(units["selection"]) == {"top", "random"} and set(units["k"]) == {2, 128}
-    assert u["random_draws"] >= 20 and (units[units["selection"] == "random"].groupby("k").size() == u["random_draws"]).all()
+    assert u.random_draws >= 20 and (units[units["selection"] == "random"].groupby("k").size() == u.random_draws).all()
     assert units[(units["selection"] == "random") & (units["k"] == 2)]["units"].nunique() > 1  # the draws differ
     spread = ur.read_table("units_spread").set_index("k")
     rnd = units[(units["selection"] == "random") & (units["k"] == 2)]["recovered_fraction"]
-    if u["whole_block_repair"] > 0:
+    if u.whole_block_repair > 0:
         assert (units[units["k"] == 128]["recovered_fraction"] == 1.0).all()
         assert spread.at[2, "random_mean"] == pytest.approx(rnd.mean()) and spread.at[2, "random_max"] == pytest.approx(rnd.max())
     assert set(ur.read_records().loc[lambda r: r["probe"].str.startswith("units:"), "question_id"]) <= held
@@ -248,10 +248,10 @@ def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path
     d = deployed_decoding(t, max_new_tokens=3)
     s = run_steer(lm, t, tmp_path / "s", layer=1, alphas=(0.0, 4.0, 8.0), panel=8, decoding=d, permutation_control=True,
                   progress=False)
-    assert "skipped" not in s, s.get("skipped")
+    assert s.skipped is None, s.skipped
     run = RunDir(tmp_path / "s")
     held = run.read_json("failure_set")["heldout_ids"]
-    control = s["permutation_control"]
+    control = s.permutation_control
     assert set(control["probes"]) == {"steer:rescue:4", "steer:rescue:8"} and control["n"] == len(held) > 0
     recs = run.read_records()
     by_id = {q.id: q for q in t.questions}
@@ -284,7 +284,9 @@ def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best
     from rnr_interp.analyses.localise.steering import choose_block
 
     run = RunDir.create(tmp_path / "repair", {"kind": kind})
-    run.write_summary({"kind": kind, "sweep": "mlp", **({"own_best": own_best} if own_best is not None else {})})
+    cohort = {"model": "m", "task": "t", "n_questions": 4, "n_failure": 2, "n_panel": 2}
+    run.write_summary({"kind": kind, **cohort, **({"sweep": "mlp"} if kind == "repair" else {}),
+                       **({"own_best": own_best} if own_best is not None else {})})
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         choose_block(None, None, None, None, layer=None, component="attn", repair_run=tmp_path / "repair",
                      decoding=None, batch_size=1, progress=False)

@@ -370,10 +370,10 @@ def test_a_circular_audit_asks_every_shift_and_reports_both_gradings(tmp_path):
     m = len(task.questions[0].choices)
     probes = set(RunDir(tmp_path / "c").read_records()["probe"])
     assert probes == {DEPLOYED, "temperature"} | {f"rotated:{k}:{p}" for k in range(1, m) for p in (DEPLOYED, "temperature")}
-    assert s["grading"] == "strict" and s["circular"]["shifts"] == list(range(m))
+    assert s.grading == "strict" and s.circular["shifts"] == list(range(m))
     for g in ("strict", "flexible"):
-        assert s["circular"][g]["D"] <= s[g]["D"] and s["circular"][g]["O_K"] <= s[g]["O_K"]
-    assert s["strict"]["O_K"] <= s["flexible"]["O_K"] and set(s["unfinished_rate"]) == probes
+        assert s.circular[g]["D"] <= s.graded(g)["D"] and s.circular[g]["O_K"] <= s.graded(g)["O_K"]
+    assert s.strict["O_K"] <= s.flexible["O_K"] and set(s.unfinished_rate) == probes
     with pytest.raises(ValueError, match="circular"):
         run_audit(load_model("tiny-llama"), load_task("arithmetic", n=2), tmp_path / "n", circular=True, progress=False)
 

@@ -99,7 +99,7 @@ def test_local_sweep_writes_runs_and_an_index_and_skips_finished_cells(cells, re
     runs = load_runs(reference)
     assert sorted(r.path.name for r in runs) == sorted(c.folder for c in cells)
     for run in runs:
-        assert run.read_summary()["n_questions"] == 4
+        assert run.read_summary().n_questions == 4
         assert len(run.read_records()) == 4 * (1 + 2)
     index = read_index(reference)
     assert index["counts"] == {"done": 3} and [e["cell"] for e in index["cells"]] == [c.to_dict() for c in cells]

@@ -14,9 +14,9 @@ def test_temperature_sweep_rows_are_the_audits_gaps(tmp_path):
     assert table.temperature.tolist() == [0.7, 1.3]
     for row in table.itertuples():
         s = RunDir(tmp_path / f"T={row.temperature:g}").read_summary()
-        assert s["temperature"] == row.temperature and s["k"] == 4
-        assert row.oracle_minus_greedy == pytest.approx(s["O_K"] - s["D"])
-        assert row.oracle_minus_majority == pytest.approx(s["O_K"] - s["majority"]["accuracy"])
+        assert s.temperature == row.temperature and s.k == 4
+        assert row.oracle_minus_greedy == pytest.approx(s.O_K - s.D)
+        assert row.oracle_minus_majority == pytest.approx(s.O_K - s.majority["accuracy"])
         assert row.oracle_minus_majority_lo <= row.oracle_minus_majority <= row.oracle_minus_majority_hi
     assert RunDir(tmp_path).read_table("temperature_sweep").equals(table)
     with pytest.raises(ValueError, match="temperatures"):

@@ -30,7 +30,7 @@ from rnr_interp.interventions import Intervention, dumps
 from rnr_interp.metrics import (audit_summary, mean_pass_at_k, paired_diff_ci, question_scores, selection_summary,
                                 unparsed_rate, vote_matrix, wilson_interval)
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import DEPLOYED, GRADINGS, ProbeLabel, RunDir
+from rnr_interp.records import AUDIT, DEPLOYED, GRADINGS, AuditSummary, ProbeLabel, RunDir
 from rnr_interp.engine.sampling import Probe, chance_summary, deployed_decoding, run_config, sample_task
 from rnr_interp.tasks.base import Task
 
@@ -45,7 +45,7 @@ def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed
     run without it keeps the config (and id) it had before circular evaluation came."""
     # the prompt the questions were asked in (chat template or not): `compare` warns
     # when two runs differ here, and a shared-prompt run controls for it
-    return run_config("audit", lm, task, grading=grading, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
+    return run_config(AUDIT, lm, task, grading=grading, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
                       deployed=asdict(deployed), interventions=dumps(interventions), batch_size=batch_size,
                       **({"circular": True} if circular else {}))
 
@@ -63,7 +63,7 @@ def run_audit(
     progress: bool = True,
     grading: str | None = None,
     circular: bool = False,
-) -> dict[str, Any]:
+) -> AuditSummary:
     """Sample (or resume) and score; returns the summary written to ``summary.json``.
     `grading`: the headline grading (None: the folder's own, strict for a new run);
     `circular`: ask multiple-choice questions under every cyclic shift of their options."""
@@ -78,13 +78,11 @@ def run_audit(
         sample_task(lm, asked, probe=replace(probe, name=label(probe.name)), deployed=deployed, run=run,
                     interventions=interventions, batch_size=batch_size, run_id=run.run_id, progress=progress,
                     deployed_label=label(DEPLOYED))
-    summary = summarize(run, probe.name, ci=ci, task=task)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summarize(run, probe.name, ci=ci, task=task))
 
 
 def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task: Task | None = None,
-              grading: str | None = None) -> dict[str, Any]:
+              grading: str | None = None) -> AuditSummary:
     """The audit summary of a run folder's records under `grading` (default: the run's),
     the other grading beside. `task` (the run's) reads strict grades missing from old
     records and builds the chance null; without it the summary has no null."""
@@ -109,7 +107,7 @@ def summarize(run: RunDir, probe: str = "temperature", ci: str = "wilson", task:
             summary["chance"] = chance
     if config.get("circular"):
         summary["circular"] = circular_summary(records, probe, grading, task)
-    return summary
+    return AuditSummary.of(summary, f"{run.path} audit summary")
 
 
 def _is_rotated(label: str) -> bool:

@@ -40,7 +40,7 @@ from rnr_interp.engine.decoding import Decoding
 from rnr_interp.grading import N_DERANGEMENTS, derangement_null, graded, regrade
 from rnr_interp.metrics import discordant_counts, mcnemar, paired_diff_ci, question_scores, wilson_interval
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import DEPLOYED, GRADINGS, RunDir, comparable, config_diff, lookup, short_repr
+from rnr_interp.records import COMPARE, DEPLOYED, GRADINGS, CompareSummary, RunDir, comparable, config_diff, lookup, short_repr
 from rnr_interp.engine.sampling import Probe, chunks, sample_questions
 from rnr_interp.tasks.base import Task
 
@@ -430,7 +430,7 @@ def shared_prompt_retention(base: RunDir, trained: RunDir, shared: RunDir, t: pd
 def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Sequence[float] = DEFAULT_BIN_EDGES,
                  control_models: dict[str, LoadedModel] | None = None, control_task: Task | None = None, factor: int = 2,
                  budget_k: int | None = None, shared_prompt: RunDir | None = None, batch_size: int = 8,
-                 level: float = 0.95, grading: str | None = None, task: Task | None = None) -> dict[str, Any]:
+                 level: float = 0.95, grading: str | None = None, task: Task | None = None) -> CompareSummary:
     """Align, classify, bin, test; state both runs' prompt formats (with a warning when
     they differ); with `shared_prompt` (the trained model audited in the base prompt
     format) the share of the gain retained; with `control_models` ({"base": lm,
@@ -455,7 +455,7 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
     if control_models is not None and control_task is None:
         raise ValueError("the budget control needs the runs' task")
     config = {
-        "kind": "compare",
+        "kind": COMPARE,
         "base": {"path": str(base.path), "config_hash": base.config_hash, "model": base.config.get("model")},
         "trained": {"path": str(trained.path), "config_hash": trained.config_hash, "model": trained.config.get("model")},
         "bin_edges": [float(e) for e in edges],
@@ -469,7 +469,7 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
     run = RunDir.create(out, config)
     table = propensity(t, edges)
     summary: dict[str, Any] = {
-        "kind": "compare",
+        "kind": COMPARE,
         "base_model": base.config.get("model"), "trained_model": trained.config.get("model"),
         "task": base.config["task"].get("name"), "k": base.config["probe"]["k"],
         "temperature": base.config["probe"]["temperature"],
@@ -488,8 +488,8 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
         t_other = transitions(both[0][other], both[1][other], probe_name)
         summary[other] = {**counts(t_other), "stats": paired_stats(t_other, level)}
     # Multiple-choice runs carry their chance baselines (audit summaries): shown side by side.
-    chance = {label: run_.read_summary().get("chance") for label, run_ in (("base", base), ("trained", trained))
-              if (run_.path / "summary.json").is_file()}
+    chance = {label: run_.read_summary().chance for label, run_ in (("base", base), ("trained", trained))
+              if run_.has_summary()}
     if any(chance.values()):
         summary["chance"] = chance
     if control_models is not None:
@@ -498,8 +498,7 @@ def compare_runs(base: RunDir, trained: RunDir, out: str | Path, *, edges: Seque
                                                        level=level)
     run.write_table("transitions", t)
     run.write_table("propensity", table)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)
 
 
 def _records_by_grading(run: RunDir, task: Task | None) -> dict[str, pd.DataFrame]:

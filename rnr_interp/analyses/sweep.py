@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from rnr_interp.interventions import dumps, loads, set_id
-from rnr_interp.records import SUMMARY, JSONTooDeepError, RunDir, parse_json, read_json_file, write_json_atomic
+from rnr_interp.records import SUMMARY, TEMPERATURE_SWEEP, AuditSummary, JSONTooDeepError, RunDir, parse_json, read_json_file, write_json_atomic
 from rnr_interp.engine.decoding import BACKENDS, check_hooks
 from rnr_interp.engine.sampling import Probe
 
@@ -212,7 +212,7 @@ def run_cell(cell: Cell, out_root: str | Path, progress: bool = False) -> dict[s
     summary = run_audit(lm, task, folder, probe=cell.probe, deployed=deployed, interventions=loads(cell.interventions),
                         batch_size=cell.batch_size, progress=progress)
     return _status(cell, "done", seconds=round(time.monotonic() - start, 2),
-                   D=summary["D"], O_K=summary["O_K"], gap=summary["gap"])
+                   D=summary.D, O_K=summary.O_K, gap=summary.gap)
 
 
 def _status(cell: Cell, status: str, **extra: Any) -> dict[str, Any]:
@@ -343,25 +343,25 @@ def run_ray(cells: Iterable[Cell], out: str | Path, *, address: str | None = Non
 # with D, O_K under the other grading, the chance null and the unfinished rate beside.
 
 
-def temperature_rows(summaries: dict[float, dict[str, Any]]) -> pd.DataFrame:
+def temperature_rows(summaries: dict[float, AuditSummary]) -> pd.DataFrame:
     """The sweep table from each temperature's audit summary."""
     import pandas as pd
 
     rows = []
     for t, s in sorted(summaries.items()):
-        row = {"temperature": t, "k": s["k"], "n_questions": s["n_questions"], "D": s["D"], "O_K": s["O_K"],
-               "oracle_minus_greedy": s["gap"], "oracle_minus_greedy_lo": s["gap_ci"][0], "oracle_minus_greedy_hi": s["gap_ci"][1]}
-        grading = s.get("grading")
-        if grading is not None:
-            other = next(g for g in ("strict", "flexible") if g != grading)
-            row.update({"grading": grading, f"D_{other}": s[other]["D"], f"O_K_{other}": s[other]["O_K"],
-                        "unfinished_rate": s["unfinished_rate"].get(s["probe"], float("nan"))})
-        if "null" in s:
-            row.update({"O_K_null": s["null"]["O_K"], "gap_above_null": s["null"]["gap_above_null"],
-                        "gap_above_null_lo": s["null"]["gap_above_null_ci"][0],
-                        "gap_above_null_hi": s["null"]["gap_above_null_ci"][1]})
+        row = {"temperature": t, "k": s.k, "n_questions": s.n_questions, "D": s.D, "O_K": s.O_K,
+               "oracle_minus_greedy": s.gap, "oracle_minus_greedy_lo": s.gap_ci[0], "oracle_minus_greedy_hi": s.gap_ci[1]}
+        if s.grading is not None:
+            other = next(g for g in ("strict", "flexible") if g != s.grading)
+            beside = s.graded(other) or {}
+            row.update({"grading": s.grading, f"D_{other}": beside["D"], f"O_K_{other}": beside["O_K"],
+                        "unfinished_rate": (s.unfinished_rate or {}).get(s.probe, float("nan"))})
+        if s.null is not None:
+            row.update({"O_K_null": s.null["O_K"], "gap_above_null": s.null["gap_above_null"],
+                        "gap_above_null_lo": s.null["gap_above_null_ci"][0],
+                        "gap_above_null_hi": s.null["gap_above_null_ci"][1]})
         for vote in ("majority", "weighted_majority"):
-            v = s[vote]
+            v = getattr(s, vote)
             row.update({vote: v["accuracy"], f"oracle_minus_{vote}": v["selection_gap"],
                         f"oracle_minus_{vote}_lo": v["selection_gap_ci"][0], f"oracle_minus_{vote}_hi": v["selection_gap_ci"][1]})
         rows.append(row)
@@ -377,7 +377,7 @@ def run_temperature_sweep(lm: LoadedModel, task: Task, out: str | Path, temperat
 
     if not temperatures or not all(math.isfinite(t) and t > 0 for t in temperatures):
         raise ValueError(f"temperatures must be a non-empty list of finite values > 0, got {list(temperatures)}")
-    run = RunDir.create(out, {"kind": "temperature_sweep", "model": lm.spec, "task": task.describe(),
+    run = RunDir.create(out, {"kind": TEMPERATURE_SWEEP, "model": lm.spec, "task": task.describe(),
                               "question_ids_hash": task.ids_hash(), "k": k, "seed": seed,
                               "temperatures": sorted(float(t) for t in temperatures), "grading": grading})
     summaries = {float(t): run_audit(lm, task, Path(out) / f"T={float(t):g}", probe=Probe(k=k, temperature=float(t), seed=seed),
@@ -385,6 +385,6 @@ def run_temperature_sweep(lm: LoadedModel, task: Task, out: str | Path, temperat
                  for t in sorted(temperatures)}
     table = temperature_rows(summaries)
     run.write_table("temperature_sweep", table)
-    run.write_summary({"kind": "temperature_sweep", "model": lm.spec, "task": task.name, "k": k, "grading": run.grading,
+    run.write_summary({"kind": TEMPERATURE_SWEEP, "model": lm.spec, "task": task.name, "k": k, "grading": run.grading,
                        "rows": table.to_dict("records")})
     return table

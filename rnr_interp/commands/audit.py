@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
@@ -16,6 +16,9 @@ from rnr_interp.commands.common import (
     print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
+
+if TYPE_CHECKING:
+    from rnr_interp.records import AuditSummary, RouteSummary
 
 
 def model_info(spec: Annotated[str, typer.Argument(help="model spec")]):
@@ -107,28 +110,27 @@ def prompt_format_of(run: Path):
         fail(f"run {run}: bad prompt format record ({exc})")
 
 
-def print_audit_table(s: dict) -> None:
-    grading = s.get("grading", "flexible")
-    other = next((g for g in ("strict", "flexible") if g != grading and g in s), None)
-    typer.echo(f"{s.get('model')} on {s.get('task')}: {s['n_questions']} questions, K={s['k']}, T={s.get('temperature')}  "
-               f"({s['level']:.0%} {s['ci']} intervals; graded {grading}{f', {other} beside' if other else ''})")
+def print_audit_table(s: AuditSummary) -> None:
+    grading, other = s.headline, s.beside()
+    typer.echo(f"{s.model} on {s.task}: {s.n_questions} questions, K={s.k}, T={s.temperature}  "
+               f"({s.level:.0%} {s.ci} intervals; graded {grading}{f', {other} beside' if other else ''})")
 
     def beside(key: str) -> str:
-        return f"   {other} {s[other][key]:.3f}" if other else ""
+        return f"   {other} {s.graded(other)[key]:.3f}" if other else ""
 
-    typer.echo(f"  D    (realized)   {fmt_ci(s['D'], s['D_ci'])}{beside('D')}")
-    typer.echo(f"  O_K  (reachable)  {fmt_ci(s['O_K'], s['O_K_ci'])}{beside('O_K')}")
-    typer.echo(f"  gap  O_K - D      {fmt_ci(s['gap'], s['gap_ci'])}{beside('gap')}")
-    if "circular" in s and grading in s["circular"]:
-        c = s["circular"][grading]
-        typer.echo(f"  circular ({len(s['circular']['shifts'])} shifts, right under every one): D {fmt_ci(c['D'], c['D_ci'])}"
+    typer.echo(f"  D    (realized)   {fmt_ci(s.D, s.D_ci)}{beside('D')}")
+    typer.echo(f"  O_K  (reachable)  {fmt_ci(s.O_K, s.O_K_ci)}{beside('O_K')}")
+    typer.echo(f"  gap  O_K - D      {fmt_ci(s.gap, s.gap_ci)}{beside('gap')}")
+    if s.circular is not None and grading in s.circular:
+        c = s.circular[grading]
+        typer.echo(f"  circular ({len(s.circular['shifts'])} shifts, right under every one): D {fmt_ci(c['D'], c['D_ci'])}"
                    f"  O_K {fmt_ci(c['O_K'], c['O_K_ci'])}  gap {fmt_ci(c['gap'], c['gap_ci'])}")
         if "null" in c:
             from rnr_interp.grading import null_line  # the CLI starts without the analyses
 
-            typer.echo(f"  circular {null_line(c['null'], s['k'])}")
-    if "majority" in s:
-        m = s["majority"]
+            typer.echo(f"  circular {null_line(c['null'], s.k)}")
+    if s.majority is not None:
+        m = s.majority
         typer.echo(f"  majority@K (answer-blind vote, ties to the first sample)  {fmt_ci(m['accuracy'], m['accuracy_ci'])}")
         typer.echo(f"  selection gap O_K - majority      {fmt_ci(m['selection_gap'], m['selection_gap_ci'])}")
         typer.echo(f"  majority gap recovery             {fmt_ci(m['gap_recovery'], m['gap_recovery_ci'])}")
@@ -161,12 +163,12 @@ def pass_at_k(run: Annotated[Path, typer.Argument(help="run folder")],
     if total is not None and done < total:
         typer.echo(f"unfinished run: {done} of {total} questions sampled; pass@k below is over those {done} "
                    f"(rerun the same command to finish it)", err=True)
-    headline = s["grading"]
-    others = [g for g in ("strict", "flexible") if g != headline and g in s["pass_at_k"]]
-    typer.echo(f"D (deployed, {headline}) = {s['D']:.3f}" + "".join(f"   {g} {s[g]['D']:.3f}" for g in others))
+    headline, curves = s.headline, s.pass_at_k
+    others = [g for g in ("strict", "flexible") if g != headline and g in curves]
+    typer.echo(f"D (deployed, {headline}) = {s.D:.3f}" + "".join(f"   {g} {s.graded(g)['D']:.3f}" for g in others))
     typer.echo("\t".join(["k", f"pass@k ({headline})", *(f"pass@k ({g})" for g in others)]))
-    for i, (k, p) in enumerate(zip(s["pass_at_k"]["k"], s["pass_at_k"]["pass"])):
-        typer.echo("\t".join([str(k), f"{p:.4f}", *(f"{s['pass_at_k'][g][i]:.4f}" for g in others)]))
+    for i, (k, p) in enumerate(zip(curves["k"], curves["pass"])):
+        typer.echo("\t".join([str(k), f"{p:.4f}", *(f"{curves[g][i]:.4f}" for g in others)]))
     print_grading(s)
 
 
@@ -187,60 +189,29 @@ def regrade(
 
     def body():
         from rnr_interp.records import writer_lock
+        from rnr_interp.report.kinds import regradable, regrade as rewrite
         from rnr_interp.tasks import reload_task
 
         folder = RunDir(run)
-        kind = folder.config.get("kind")
-        if kind not in ("audit", "route"):
-            raise ValueError(f"regrade rewrites audit and route runs; {run} is a {kind!r} run")
+        regradable(folder)
         described = folder.config["task"]
         task = reload_task({**described, "source": str(data)} if data is not None else described)
         # A regrade writes into a folder only as its writer: a run still being written is refused.
         target, lock = (folder, writer_lock(run)) if out is None else regraded_folder(folder, out)
-        if kind == "audit":
-            from rnr_interp.analyses.audit import summarize
-
-            old = (run / "summary.json").is_file() and folder.read_summary() or {}
-            probe = (folder.config.get("probe") or {}).get("name", "temperature")
-            summary = summarize(folder, probe, ci=old.get("ci", "wilson"), task=task, grading=grading)
-        else:
-            from rnr_interp.analyses.routing.config import route_config_of
-            from rnr_interp.analyses.routing.summary import summarize_routes, verification_stored
-
-            lm = None
-            if not verification_stored(folder):
-                # A route run from before self-verification scores were stored: the model
-                # scores the candidates again (the forwards the run itself now makes).
-                from rnr_interp.models import load_model
-
-                facts = folder.config.get("model_facts") or {}
-                lm = load_model(folder.config["model"], dtype=facts.get("dtype"))
-            summary = summarize_routes(folder, route_config_of(folder), grading=grading, target=target, task=task, lm=lm)
-        summary["regraded"] = {"from": str(run), "records_parts": len(folder.parts())}
-        summary = marked_unfinished(summary, folder)
-        target.write_summary(summary)
+        summary = rewrite(folder, task=task, grading=grading, target=target)
         del lock  # the writer lock goes with the last reference in this process
         return target, summary
 
     target, s = execute(body, context=f"{run}: ")
-    if s.get("kind") == "route":
+    from rnr_interp.records import AuditSummary, RouteSummary
+
+    if isinstance(s, RouteSummary):
         print_route_summary(s)
-    else:
+    elif isinstance(s, AuditSummary):
         print_audit_table(s)
+    else:
+        typer.echo(f"{s.kind} summary rewritten from {s.regraded['records_parts']} records part(s)")
     run_folder(target.path)
-
-
-def marked_unfinished(summary: dict[str, Any], folder) -> dict[str, Any]:
-    """`summary`, saying so in `unfinished` and in a warning (shown by the CLI and the
-    report) when `folder` holds fewer questions than its task: a summary of a run that
-    is still going, or was stopped, is not that run's result."""
-    total, done = (folder.config.get("task") or {}).get("n_questions"), len(folder.done_question_ids())
-    if total is None or done >= total:
-        return summary
-    note = (f"written from an unfinished run: {done} of {total} questions sampled, the numbers are over those {done} "
-            "(finish the run with its own command, then regrade)")
-    return {**summary, "unfinished": {"questions_done": done, "questions": total},
-            "warnings": [*(summary.get("warnings") or ()), note]}
 
 
 def regraded_folder(run, out: Path):
@@ -358,7 +329,7 @@ def route_summary(
         return target, summarize_so_far(folder, target)
 
     target, s = execute(body, context=f"{run}: ")
-    snap = s["snapshot"]
+    snap = s.snapshot
     if snap["questions_total"] is not None and snap["questions_done"] < snap["questions_total"]:
         typer.echo(f"unfinished run: {snap['questions_done']} of {snap['questions_total']} questions written; "
                    f"the summary below is over those {snap['questions_done']}", err=True)
@@ -366,15 +337,15 @@ def route_summary(
     run_folder(target)
 
 
-def print_route_summary(s: dict) -> None:
-    grading = s.get("grading", "flexible")
-    other = next((g for g in ("strict", "flexible") if g != grading and g in s), None)
-    typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, budget {s['budget']} route evaluations per method"
+def print_route_summary(s: RouteSummary) -> None:
+    grading, other = s.headline, s.beside()
+    beside = s.graded(other) if other else None
+    typer.echo(f"{s.model} on {s.task}: {s.n_questions} questions, budget {s.budget} route evaluations per method"
                f" (graded {grading}{f', {other} beside' if other else ''})")
-    typer.echo(f"  deployed (greedy, full path)  {s['deployed']:.3f}" + (f"   {other} {s[other]['deployed']:.3f}" if other else ""))
-    for m, v in s["oracle_at_k"].items():
-        typer.echo(f"  oracle@K {m:<14}       {v:.3f}" + (f"   {other} {s[other]['oracle_at_k'][m]:.3f}" if other else ""))
-    for cell, c in s["cells"].items():
+    typer.echo(f"  deployed (greedy, full path)  {s.deployed:.3f}" + (f"   {other} {beside['deployed']:.3f}" if other else ""))
+    for m, v in s.oracle_at_k.items():
+        typer.echo(f"  oracle@K {m:<14}       {v:.3f}" + (f"   {other} {beside['oracle_at_k'][m]:.3f}" if other else ""))
+    for cell, c in s.cells.items():
         flags = ("  (excluded: format collapse of the full path)" if c["excluded"] else "") + \
                 ("" if c.get("informative", True) else "  (no method beat greedy: tests nothing)")
         typer.echo(f"  {cell}{flags}")
@@ -391,15 +362,15 @@ def print_route_summary(s: dict) -> None:
         for name, v in c["selectors"].items():
             typer.echo(f"    selector {name:<18} acc {fmt_ci(v['accuracy'], v['accuracy_ci'])}"
                        f"  gap recovery {fmt_ci(v['gap_recovery'], v['gap_recovery_ci'])}")
-    for space, per in (s.get("layers") or {}).items():
+    for space, per in (s.layers or {}).items():
         top = per["top"]
         null = "" if top["null_gain"] is None else f", chance null {top['null_gain']:.3f}" + \
             (" (above chance)" if top["above_chance"] else " (not above chance)")
         typer.echo(f"  where the gains are, {space}: {top['action']} layer {top['layer']}, "
                    f"gain {fmt_ci(top['gain'], top['gain_ci'])}{null}")
-    if s["excluded_cells"]:
-        typer.echo(f"  excluded (format collapse of the full path): {', '.join(s['excluded_cells'])}")
-    for line in s.get("missing", []):
+    if s.excluded_cells:
+        typer.echo(f"  excluded (format collapse of the full path): {', '.join(s.excluded_cells)}")
+    for line in s.missing or ():
         typer.echo(f"  not computed: {line}")
     print_grading(s)
 

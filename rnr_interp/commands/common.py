@@ -10,6 +10,7 @@ import typer
 
 if TYPE_CHECKING:  # torch and pandas load on first use, so `rnr --help` stays quick
     from rnr_interp.models import LoadedModel
+    from rnr_interp.records import AuditSummary, CohortSummary, CompareSummary, RouteSummary
     from rnr_interp.engine.sampling import RunSize
     from rnr_interp.tasks.base import Task
 
@@ -192,17 +193,16 @@ def check_grading_option(grading: Optional[str]) -> None:
         fail(f"--grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
 
 
-def print_grading(summary: dict) -> None:
+def print_grading(summary: AuditSummary | RouteSummary) -> None:
     """What a summary says about its grading: the null's reading and the unfinished
     rates, with their warnings (audit, regrade and pass-at-k alike)."""
     from rnr_interp.grading import null_line
 
-    if summary.get("null"):
-        typer.echo(f"  {null_line(summary['null'], summary.get('k'))}")
-    rates = summary.get("unfinished_rate")
-    if isinstance(rates, dict) and rates:
-        typer.echo("  stopped by the token limit: " + ", ".join(f"{p} {r:.0%}" for p, r in rates.items()))
-    for warning in summary.get("warnings") or ():
+    if summary.null:
+        typer.echo(f"  {null_line(summary.null, summary.k)}")
+    if summary.unfinished_rate:
+        typer.echo("  stopped by the token limit: " + ", ".join(f"{p} {r:.0%}" for p, r in summary.unfinished_rate.items()))
+    for warning in summary.warnings or ():
         typer.echo(f"warning: {warning}", err=True)
 
 
@@ -214,15 +214,19 @@ def run_folder(out: Path) -> None:
     typer.echo(f"run folder: {out}")
 
 
-def print_multiple_choice(summary: dict) -> None:
+def print_multiple_choice(summary: AuditSummary | CohortSummary | CompareSummary) -> None:
     """What a multiple-choice summary carries to read it against chance: the baselines,
-    the deployed answer counts and warning, and how interventions moved answers."""
+    the deployed answer counts and warning, and (localisation) how interventions moved
+    answers and the permutation control."""
+    from rnr_interp.records import CohortSummary
     from rnr_interp.report.text import answer_change_line, chance_blocks, chance_lines, permutation_lines
 
-    for label, block in chance_blocks(summary).items():
+    for label, block in chance_blocks(summary.chance).items():
         for line in chance_lines(block):
             typer.echo(f"  {label + ': ' if label else ''}{line}")
-    for probe, changes in (summary.get("answer_changes") or {}).items():
+    if not isinstance(summary, CohortSummary):
+        return
+    for probe, changes in (summary.answer_changes or {}).items():
         typer.echo(f"  {answer_change_line(probe, changes)}")
-    for line in permutation_lines(summary["permutation_control"]) if "permutation_control" in summary else ():
+    for line in permutation_lines(summary.permutation_control) if summary.permutation_control is not None else ():
         typer.echo(f"  {line}")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from rnr_interp.commands.common import (
     GradingOpt, at_least, check_grading_option, check_out, execute, fail, out_folder, print_multiple_choice,
 )
+
+if TYPE_CHECKING:
+    from rnr_interp.records import CompareSummary
 
 
 def compare(
@@ -69,38 +72,37 @@ def compare(
     typer.echo(f"compare folder: {out}")
 
 
-def print_comparison(s: dict) -> None:
-    st = s["stats"]
-    grading = s.get("grading", "flexible")
-    other = next((g for g in ("strict", "flexible") if g != grading and g in s), None)
-    typer.echo(f"{s['base_model']} -> {s['trained_model']} on {s['task']}: {s['n_questions']} questions, K={s['k']}, "
-               f"deployed decoding {s['deployed']}; graded {grading}{f', {other} beside' if other else ''}")
-    pf = s["prompt_formats"]
+def print_comparison(s: CompareSummary) -> None:
+    st = s.stats
+    grading, other = s.headline, s.beside()
+    typer.echo(f"{s.base_model} -> {s.trained_model} on {s.task}: {s.n_questions} questions, K={s.k}, "
+               f"deployed decoding {s.deployed}; graded {grading}{f', {other} beside' if other else ''}")
+    pf = s.prompt_formats
     for role in ("base", "trained"):
         typer.echo(f"  prompt format ({role}): " + ("not recorded" if pf[role] is None else
                    f"{pf[role]['template']!r}, BOS {'added' if pf[role]['add_bos'] else 'not added'}"))
     if pf["warning"]:
         typer.secho(f"  warning: {pf['warning']}", fg=typer.colors.YELLOW, err=True)
-    typer.echo("  realized:  " + "  ".join(f"{k} {v}" for k, v in s["realized"].items())
-               + f"   (gained from base-reachable {s['gained_from']['base_reachable']}, unreachable {s['gained_from']['base_unreachable']})")
-    typer.echo("  reachable: " + "  ".join(f"{k} {v}" for k, v in s["reachable"].items()))
+    typer.echo("  realized:  " + "  ".join(f"{k} {v}" for k, v in s.realized.items())
+               + f"   (gained from base-reachable {s.gained_from['base_reachable']}, unreachable {s.gained_from['base_unreachable']})")
+    typer.echo("  reachable: " + "  ".join(f"{k} {v}" for k, v in s.reachable.items()))
     if other:
-        typer.echo(f"  {other}: realized " + "  ".join(f"{k} {v}" for k, v in s[other]["realized"].items())
-                   + ";  reachable " + "  ".join(f"{k} {v}" for k, v in s[other]["reachable"].items()))
+        typer.echo(f"  {other}: realized " + "  ".join(f"{k} {v}" for k, v in s.graded(other)["realized"].items())
+                   + ";  reachable " + "  ".join(f"{k} {v}" for k, v in s.graded(other)["reachable"].items()))
     for name in ("D", "O_K"):
         m = st[name]
         typer.echo(f"  {name:4s} {m['base']:.3f} -> {m['trained']:.3f}  change {m['change']:+.3f} "
                    f"[{m['change_ci'][0]:+.3f}, {m['change_ci'][1]:+.3f}]  McNemar p={m['mcnemar']['p_value']:.3g}")
     typer.echo("  propensity (trained realization by base hit rate, base-reachable unrealized questions): "
-               + "  ".join(f"{p['bin']} {p['n_realized']}/{p['n']}" for p in s["propensity"]))
-    if s["shared_prompt"]:
+               + "  ".join(f"{p['bin']} {p['n_realized']}/{p['n']}" for p in s.propensity))
+    if s.shared_prompt:
         for name in ("D", "O_K"):
-            m = s["shared_prompt"][name]
+            m = s.shared_prompt[name]
             share = "n/a (no native change)" if m["share_retained"] is None else f"{m['share_retained']:.1%}"
             typer.echo(f"  shared prompt {name}: change {m['shared_change']:+.3f} vs native {m['native_change']:+.3f}; "
                        f"share of the gain retained {share}")
-    if s["budget_control"]:
-        bc = s["budget_control"]
+    if s.budget_control:
+        bc = s.budget_control
         for budget, b in bc["budgets"].items():
             typer.echo(f"  budget control K={budget}: reachable change {b['reachable_change']:+.3f} "
                        f"[{b['reachable_change_ci'][0]:+.3f}, {b['reachable_change_ci'][1]:+.3f}]; "

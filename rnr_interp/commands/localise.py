@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -15,6 +15,9 @@ from rnr_interp.commands.common import (
 )
 from rnr_interp.analyses.localise.cohort import PANEL_CAP
 from rnr_interp.analyses.localise.steering import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
+
+if TYPE_CHECKING:
+    from rnr_interp.records import CohortSummary, SteerSummary, UnitsSummary
 
 ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter | lm-eval:acc | lm-eval:acc_norm (lm-eval tasks)")]
 PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
@@ -87,18 +90,18 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
     return summary
 
 
-def _print_curve(s: dict, what: str, headline: str, header: str, group: tuple[str, str] | None, row,
-                 rows: str = "table") -> None:
+def _print_curve(s: SteerSummary | UnitsSummary, what: str, headline: str, header: str, group: tuple[str, str] | None,
+                 row, rows: str = "table") -> None:
     """A steer/units summary: why it was skipped, or one line per x: the summary's
     `rows` records grouped by `group` = (x, kind) into {kind: record}, or as they are."""
     import pandas as pd
 
-    if "skipped" in s:
-        typer.echo(f"no {what}: {s['skipped']}")
+    if s.skipped is not None:
+        typer.echo(f"no {what}: {s.skipped}")
         return
-    typer.echo(f"{s['model']} on {s['task']}: {headline}")
+    typer.echo(f"{s.model} on {s.task}: {headline}")
     typer.echo(header)
-    frame = pd.DataFrame(s[rows])
+    frame = pd.DataFrame(getattr(s, rows))
     if group is None:
         for r in frame.to_dict("records"):
             typer.echo(row(r[next(iter(r))], r))
@@ -108,12 +111,12 @@ def _print_curve(s: dict, what: str, headline: str, header: str, group: tuple[st
         typer.echo(row(value, {str(k): r for k, r in zip(sub[kind], sub.to_dict("records"))}))
 
 
-def _print_cohort_warnings(s: dict) -> None:
+def _print_cohort_warnings(s: CohortSummary) -> None:
     """The letter-bias warning (with its rule) and the share of lucky recognitions."""
-    bias = s.get("letter_bias") or {}
+    bias = s.letter_bias or {}
     if bias.get("message"):
         typer.echo(f"  WARNING: {bias['message']} (rule: {bias['rule']})")
-    sc = s.get("screen") or {}
+    sc = getattr(s, "screen", None) or {}  # failures and repair summaries carry their cell's screen line
     lucky = sc.get("lucky_share_of_recognised")
     if lucky is not None and lucky == lucky and lucky > 0.2:
         typer.echo(f"  note: under a guessing mixture about {lucky:.0%} of the recognised questions are lucky guesses "
@@ -186,12 +189,12 @@ def failures(
 
     summaries, screen = execute(body)
     for s in summaries:
-        typer.echo(f"{s['model']} on {s['task']}: {s['n_questions']} questions, deployed accuracy {s['deployed_accuracy']:.3f}")
-        typer.echo(f"  recognition (gold first): {s.get('recognition_accuracy')}")
-        typer.echo(f"  failure set: {s['n_failure']}   healthy panel: {s['n_panel']}")
-        if s["failure_empty_reason"]:
-            typer.echo(f"  failure set is empty: {s['failure_empty_reason']}")
-        sc = s["screen"]
+        typer.echo(f"{s.model} on {s.task}: {s.n_questions} questions, deployed accuracy {s.deployed_accuracy:.3f}")
+        typer.echo(f"  recognition (gold first): {s.recognition_accuracy}")
+        typer.echo(f"  failure set: {s.n_failure}   healthy panel: {s.n_panel}")
+        if s.failure_empty_reason:
+            typer.echo(f"  failure set is empty: {s.failure_empty_reason}")
+        sc = s.screen
         typer.echo(f"  screen: recognition {sc['recognition_score']:.3f} (chance {sc['recognition_chance']:.3f}, excess "
                    f"{sc['recognition_excess']:+.3f} [{sc['recognition_excess_ci'][0]:+.3f}, {sc['recognition_excess_ci'][1]:+.3f}]) "
                    f"vs generation {sc['generation_score']:.3f}{' (circular)' if sc.get('circular') else ''}, "
@@ -199,10 +202,10 @@ def failures(
                    f"{'a failure cell' if sc['failure'] else 'not a failure cell'}")
         _print_cohort_warnings(s)
         print_multiple_choice(s)
-    typer.echo(f"failure criterion: {summaries[0]['screen']['criterion']}")
+    typer.echo(f"failure criterion: {summaries[0].screen['criterion']}")
     if screen is not None:
         _figures(out)
-        typer.echo(f"screen: {screen['n_failure_cells']} of {screen['n_cells']} cells are failure cells")
+        typer.echo(f"screen: {screen.n_failure_cells} of {screen.n_cells} cells are failure cells")
     run_folder(out)
 
 
@@ -224,14 +227,14 @@ def repair(
                   on_invalid=on_invalid, readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
                   per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
-    sp = s["split"]
-    typer.echo(f"{s['model']} on {s['task']}: failure set {s['n_failure']} ({sp['n_failure_selection']} choose, "
-               f"{sp['n_failure_heldout']} held out), panel {s['n_panel']} ({sp['n_panel_selection']} / {sp['n_panel_heldout']}); "
-               f"split stratified by {', '.join(sp['stratified_by'])}{'; circular' if s['circular']['on'] else ''}")
+    sp = s.split
+    typer.echo(f"{s.model} on {s.task}: failure set {s.n_failure} ({sp['n_failure_selection']} choose, "
+               f"{sp['n_failure_heldout']} held out), panel {s.n_panel} ({sp['n_panel_selection']} / {sp['n_panel_heldout']}); "
+               f"split stratified by {', '.join(sp['stratified_by'])}{'; circular' if s.circular['on'] else ''}")
     _print_cohort_warnings(s)
-    if s["failure_empty_reason"]:
-        typer.echo(f"  no repair to find: {s['failure_empty_reason']}")
-    controls = controls_table(s)
+    if s.failure_empty_reason:
+        typer.echo(f"  no repair to find: {s.failure_empty_reason}")
+    controls = controls_table(s.to_json())
     if controls.empty:
         typer.echo("  no MLP block repaired any failure of the selection part")
     else:
@@ -240,7 +243,7 @@ def repair(
         typer.echo(f"    {r.block:38s} repair {r.repair_heldout:.3f} [{r.repair_lo:.3f}, {r.repair_hi:.3f}] of {r.n_failure_heldout}"
                    f"{_power({'power': r.repair_power})}   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] "
                    f"of {r.n_panel_heldout}{_power({'power': r.damage_power})}")
-    chosen = (s.get("at_chosen_layer") or {}).get("mlp")
+    chosen = (s.at_chosen_layer or {}).get("mlp")
     if chosen is not None:
         typer.echo(f"  chosen MLP repair beside the held-out one: selection part {_num(chosen['repair']['selection']['rate'])} "
                    f"of {chosen['repair']['selection']['n']} (chose the block), all questions "
@@ -283,8 +286,8 @@ def steer(
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
                   permutation_control=permute_control, circular=circular, site=site,
                   vector=None if vector is None else _vector_file(vector))
-    _print_curve(s, "steering", f"{component} layer {s.get('layer')} ({s.get('block_choice')}), |v| = {s.get('v_norm', 0):.3f}, "
-                 f"residual RMS norm {s.get('residual_rms', 0):.3f}; alpha in {s.get('alpha_unit_words')}",
+    _print_curve(s, "steering", f"{component} layer {s.layer} ({s.block_choice}), |v| = {s.v_norm or 0:.3f}, "
+                 f"residual RMS norm {s.residual_rms or 0:.3f}; alpha in {s.alpha_unit_words}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     print_multiple_choice(s)
@@ -328,9 +331,9 @@ def units(
                   on_invalid=on_invalid, layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular)
-    _print_curve(s, "unit analysis", f"MLP layer {s.get('layer')} ({s.get('block_choice')}), held-out whole-MLP repair "
-                 f"{s.get('whole_block_repair', 0):.3f}",
-                 f"  k     top    random: mean (sd; min-max of {s.get('random_draws')} draws)   (fraction of the whole-MLP repair)",
+    _print_curve(s, "unit analysis", f"MLP layer {s.layer} ({s.block_choice}), held-out whole-MLP repair "
+                 f"{s.whole_block_repair or 0:.3f}",
+                 f"  k     top    random: mean (sd; min-max of {s.random_draws} draws)   (fraction of the whole-MLP repair)",
                  None, lambda k, r: f"  {k:<5d} {_num(r['top'])}  {_num(r['random_mean'])} ({_num(r['random_sd'])}; "
                                     f"{_num(r['random_min'])}-{_num(r['random_max'])})", rows="spread")
     print_multiple_choice(s)

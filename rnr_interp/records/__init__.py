@@ -4,7 +4,7 @@ A run folder looks like::
 
     run/
       manifest.json        config given by the caller + created, versions, config_hash
-      summary.json         written by the audit when it finishes
+      summary.json         written by the analysis when it finishes (records.summaries: one typed class per kind)
       task.json            the questions (and lm-eval grading settings) the run read
       records/part-00000.parquet, part-00001.parquet, ...
       artefacts/NAME.parquet, NAME.json   named extra tables and JSON (failure sets, ...)
@@ -43,4 +43,10 @@ from rnr_interp.records.config import (
     config_hash, run_environment, hashes_of, lookup, normalise, stable_key, package_versions,
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
+from rnr_interp.records.summaries import (
+    AUDIT, COMPARE, FAILURES, LOCALISATION_SWEEPS, REPAIR, ROUTE, ROUTE_CELLS, SCHEMA_VERSION, SCREEN, STEER,
+    SUMMARY_TYPES, TEMPERATURE_SWEEP, UNITS, AuditSummary, CohortSummary, CompareSummary, FailuresSummary,
+    RepairSummary, RouteCellsSummary, RouteSummary, ScreenSummary, SteerSummary, Summary, SummaryError,
+    TemperatureSweepSummary, UnitsSummary, parse_summary, register_summary, summary_type,
+)
 from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, file_sha256, load_runs

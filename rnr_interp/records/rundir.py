@@ -10,6 +10,7 @@ import warnings
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 import pandas as pd
@@ -29,6 +30,7 @@ from rnr_interp.records.config import (
     hashes_of, normalise, package_versions,
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
+from rnr_interp.records.summaries import COMPARE, Summary, SummaryError, parse_summary, summary_type
 
 WRITTEN: tuple[str, ...] = (MANIFEST, SUMMARY, JOURNAL, RECORDS_DIR, ARTEFACTS_DIR, TASK_FILE)
 #: how deep `check_out_folder` looks for this tool's folders inside an output folder
@@ -381,7 +383,7 @@ class RunDir:
     def _legacy_run_ids(self) -> tuple[str, ...]:
         """run_id values this run's own parts held before every writer stamped the run's
         id: a checkpoint comparison's budget controls were written as "budget_control"."""
-        return ("budget_control",) if self.config.get("kind") == "compare" else ()
+        return ("budget_control",) if self.config.get("kind") == COMPARE else ()
 
     def stored_groups(self) -> set[tuple[str, str]]:
         """The (question_id, probe) groups already written (cached after the first read)."""
@@ -496,20 +498,34 @@ class RunDir:
         return snap
 
     # -- summary and named artefacts ------------------------------------------------
-    def write_summary(self, summary: dict[str, Any]) -> Path:
-        """summary.json, with the data rows the task skipped as invalid (from the
-        config), so every analysis's summary says what it left out."""
+    def write_summary(self, summary: Summary | Mapping[str, Any]) -> Summary:
+        """summary.json through its kind's typed summary (`records.summaries`; a mapping
+        is checked as one of the run's kind), with the data rows the task skipped as
+        invalid (from the config), so every analysis's summary says what it left out.
+        Returns the summary as written."""
+        kind = self.config.get("kind", summary.kind if isinstance(summary, Summary) else summary.get("kind"))
+        cls = summary_type(kind, f"{self.path}")
+        if isinstance(summary, Summary) and not isinstance(summary, cls):
+            raise SummaryError(f"{self.path}: a {summary.kind} summary for a {kind} run")
+        # a typed summary is checked too: a dataclass made directly takes any values
+        typed = cls.of(summary.to_json() if isinstance(summary, Summary) else summary, f"{self.path / SUMMARY}")
         skipped = (self.config.get("task") or {}).get("skipped_rows")
-        return write_json_atomic(self._writable(self.path / SUMMARY), {**summary, "skipped_rows": skipped} if skipped else summary)
+        if skipped:
+            typed = typed.but(skipped_rows=skipped)
+        write_json_atomic(self._writable(self.path / SUMMARY), typed.to_json())
+        return typed
 
-    def read_summary(self) -> dict[str, Any]:
+    def read_summary(self) -> Summary:
+        """summary.json as its kind's typed summary, checked (`SummaryError` naming the
+        field that does not fit)."""
         path = self.path / SUMMARY
         if not path.is_file():
             raise FileNotFoundError(f"{self.path} has no {SUMMARY} yet (run not finished?)")
-        summary = read_json_file(path)
-        if not isinstance(summary, dict) or not summary:
-            raise RunFolderError(f"{path}: not a run summary (expected a non-empty JSON object)")
-        return summary
+        return parse_summary(read_json_file(path), self.config.get("kind"), str(path))
+
+    def has_summary(self) -> bool:
+        """Whether the run has finished: its summary is written."""
+        return (self.path / SUMMARY).is_file()
 
     def _artefact(self, name: str, suffix: str) -> Path:
         if not _NAME_RE.match(name) or name.endswith(".tmp"):

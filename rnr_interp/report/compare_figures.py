@@ -3,12 +3,12 @@ O_K moved per (base, trained) pair, and realization by the base model's propensi
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from rnr_interp.records import RunDir
+from rnr_interp.records import CompareSummary, RunDir
 from rnr_interp.report.figures import Figures
 
 
@@ -25,13 +25,13 @@ def gained_lost_figure(transitions: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def change_figure(pairs: Sequence[tuple[str, dict[str, Any]]]) -> go.Figure:
+def change_figure(pairs: Sequence[tuple[str, CompareSummary]]) -> go.Figure:
     """Change in D and in O_K (trained minus base) with paired intervals, one group per
     (label, compare summary) pair."""
     fig = go.Figure()
     labels = [label for label, _ in pairs]
     for metric in ("D", "O_K"):
-        stats = [s["stats"][metric] for _, s in pairs]
+        stats = [s.stats[metric] for _, s in pairs]
         fig.add_bar(
             name=f"change in {metric}", x=labels, y=[m["change"] for m in stats],
             error_y=dict(type="data", symmetric=False,

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from rnr_interp.records import RunDir
+from rnr_interp.records import AuditSummary, CompareSummary, RouteSummary, RunDir, Summary
 
 TEMPLATE = "plotly_white"
 #: one colour per search method, stable across figures and runs
@@ -26,16 +26,17 @@ FIGURE_SIZE = {"width": 820, "height": 460}
 Figures = list[tuple[str, go.Figure]]
 
 
-def run_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
-    """'model · task (n q) · K=…, T=…': what every title of this run ends with."""
-    model = summary.get("model") or config.get("model") or "?"
-    task = summary.get("task") or (config.get("task") or {}).get("name") or "?"
-    n = summary.get("n_questions") or (config.get("task") or {}).get("n_questions")
+def run_label(config: dict[str, Any], summary: Summary | None) -> str:
+    """'model · task (n q) · K=…, T=…': what every title of this run ends with (the
+    summary's model and task are the config's; its questions and K where it has them)."""
+    model = config.get("model") or "?"
+    task = (config.get("task") or {}).get("name") or "?"
+    n = getattr(summary, "n_questions", None) or (config.get("task") or {}).get("n_questions")
     probe = config.get("probe") or {}
-    k = summary.get("k") or probe.get("k") or config.get("k")
+    k = getattr(summary, "k", None) or probe.get("k") or config.get("k")
     budget = [f"K={k}"] if k else []
-    # a route run's summary holds its temperature candidates' results under "temperature"
-    if isinstance(t := summary.get("temperature", probe.get("temperature")), (int, float)):
+    t = summary.temperature if isinstance(summary, (AuditSummary, CompareSummary)) else probe.get("temperature")
+    if isinstance(t, (int, float)):
         budget.append(f"T={t:g}")
     if (b := config.get("budget")) is not None:
         budget.append(f"budget={b}")
@@ -106,11 +107,11 @@ def audit_figures(run: RunDir, scores: pd.DataFrame | None, label: str) -> Figur
     """pass@k (from the summary) and hit counts (from the scored records), where present."""
     figs: Figures = []
     summary = summary_of(run)
-    curve = summary.get("pass_at_k") or {}
+    curve = (summary.pass_at_k if isinstance(summary, AuditSummary) else None) or {}
     if curve.get("k"):
-        other = next((g for g in ("strict", "flexible") if g != summary.get("grading") and curve.get(g)), None)
-        null = summary.get("null") if isinstance(summary.get("null"), dict) else {}
-        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.get("D"), label, summary.get("vote_at_k"),
+        other = next((g for g in ("strict", "flexible") if g != summary.grading and curve.get(g)), None)
+        null = summary.null or {}
+        figs.append(("pass_at_k", pass_at_k_figure(curve["k"], curve["pass"], summary.D, label, summary.vote_at_k,
                                                    beside=(other, curve[other]) if other else None, null=null.get("O_K"))))
     if scores is not None and len(scores):
         figs.append(("hit_counts", hit_count_figure(scores, label)))
@@ -288,8 +289,8 @@ def route_distance_figure(distances: pd.DataFrame, label: str) -> go.Figure:
 
 def routing_figures(run: RunDir, label: str) -> Figures:
     """The routing figures of one run folder."""
-    deployed = summary_of(run).get("deployed")
-    deployed = float(deployed) if isinstance(deployed, (int, float)) else None
+    summary = summary_of(run)
+    deployed = summary.deployed if isinstance(summary, RouteSummary) else None
     figs = routing_figures_of(*(read_table(run, name) for name in ROUTING_TABLES), deployed, label)
     distances = read_table(run, "route_distances")
     if distances is not None and len(distances):
@@ -341,12 +342,12 @@ def temperature_figures(run: RunDir, label: str) -> Figures:
     return [("temperature_sweep", temperature_sweep_figure(table, label))] if table is not None and len(table) else []
 
 
-def summary_of(run: RunDir) -> dict[str, Any]:
-    """The run's summary.json, or {} while the run has not finished."""
+def summary_of(run: RunDir) -> Summary | None:
+    """The run's typed summary, or None while the run has not finished."""
     try:
         return run.read_summary()
     except FileNotFoundError:
-        return {}
+        return None
 
 
 def read_table(run: RunDir, name: str) -> pd.DataFrame | None:

@@ -9,7 +9,6 @@ opens offline; it loads nothing from the network.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
@@ -20,10 +19,11 @@ from typing import Any
 
 import pandas as pd
 
-from rnr_interp.report.text import answer_change_line, chance_blocks, interval
-from rnr_interp.records import DEPLOYED, RunDir, RunFolderError, load_runs, write_text_atomic, writer_lock
+from rnr_interp.records import DEPLOYED, AuditSummary, RunDir, RunFolderError, Summary, load_runs, write_text_atomic, writer_lock
 from rnr_interp.report.figures import ROUTING_TABLES, Figures, audit_figures, read_table, routing_figures_of, run_label, summary_of
+from rnr_interp.report.kinds import analysis_of
 from rnr_interp.report.registry import REGISTRY, FigureSet, present_tables
+from rnr_interp.report.sections import escape_html, table_html, with_interval
 
 REPORT_NAME = "report.html"
 INDEX_NAME = "index.html"
@@ -77,156 +77,22 @@ def build_page(run: RunDir, back_link: str | None = None) -> tuple[str, Figures]
     scores = _drilldown_section(page, summary)
     if figs := audit_figures(run, scores, page.label):
         page.section("Reachability", figures=figs)
-    for entry in REGISTRY:
+    for entry in REGISTRY:  # every set whose tables the run holds: the page hides nothing it has
         _registered_section(page, entry)
     _other_artefacts_section(page)
     _config_section(page, summary)
     return document(f"{page.label} — {run.path.name}", _header(run, summary, back_link) + "".join(page.blocks)), page.figures
 
 
-def _summary_section(page: Page, s: dict[str, Any]) -> None:
-    if not s:
+def _summary_section(page: Page, s: Summary | None) -> None:
+    if s is None:
         page.section("Summary", note="No summary.json yet: the run has not finished.")
         return
-    rows: list[tuple[str, str]] = []
-    if "D" in s and "O_K" in s:
-        level = f"{s.get('level', 0.95):.0%} {s.get('ci', '')} interval".strip()
-        grading = s.get("grading", "flexible")
-        other = next((g for g in ("strict", "flexible") if g != grading and isinstance(s.get(g), dict)), None)
-        rows += [
-            ("D, realized (deployed answer correct)", _ci(s["D"], s.get("D_ci"))),
-            (f"O_K, reachable (any of K={s.get('k')} samples correct)", _ci(s["O_K"], s.get("O_K_ci"))),
-            ("gap O_K − D (paired)", _ci(s["gap"], s.get("gap_ci"))),
-        ]
-        head = ["quantity", f"{grading} [{level}]"]
-        if other:
-            head.append(other)
-            rows = [(*row, _ci(s[other][key], s[other].get(f"{key}_ci"))) for row, key in zip(rows, ("D", "O_K", "gap"))]
-        if isinstance(null := s.get("null"), dict):
-            rows.append((f"chance null ({null.get('method')}): O_K", _ci(null["O_K"], null.get("O_K_ci")), *([""] if other else [])))
-            rows.append(("gap above the null (O_K − D) − (O_K − D)_null", _ci(null["gap_above_null"], null.get("gap_above_null_ci")),
-                         *([""] if other else [])))
-        facts = [f"{s.get('n_questions')} questions", f"probe {s.get('probe')}", f"K={s.get('k')}",
-                 f"T={s.get('temperature')}", level, f"graded {grading}", f"unparsed {s.get('unparsed_rate', 0):.1%} of candidates"]
-        if isinstance(s.get("unfinished_rate"), dict):
-            facts.append("stopped by the token limit: " + ", ".join(f"{p} {r:.0%}" for p, r in s["unfinished_rate"].items()))
-        body = table_html(head, rows) + f'<p class="facts">{escape_html(" · ".join(facts))}</p>'
-        if isinstance(null, dict) and null.get("indistinguishable"):
-            body += '<p class="facts">the reachable set is indistinguishable from chance at this n</p>'
-        body += "".join(f'<p class="facts">warning: {escape_html(w)}</p>' for w in s.get("warnings") or ())
-    else:
-        body = ""
-    body += _localisation_html(s)
-    if isinstance(snap := s.get("snapshot"), dict):  # `rnr route-summary` of a run in progress
-        line = f"snapshot of {snap.get('of')}: {snap.get('questions_done')} of {snap.get('questions_total')} questions written"
-        body += f'<p class="facts">{escape_html(line)}</p>'
-    if isinstance(s.get("oracle_at_k"), dict):
-        oracle = [("deployed", _num(s.get("deployed")))] + [(f"oracle@K, {m}", _num(v)) for m, v in s["oracle_at_k"].items()]
-        body += table_html(["route search", "accuracy (cells kept)"], oracle)
-    if isinstance(s.get("cells"), dict) and s["cells"]:
-        # Per cell, excluded ones too: a collapsed cell is still something to look at.
-        methods = sorted({m for c in s["cells"].values() for m in c.get("oracle_at_k", {})})
-        rows = [(cell, "excluded (format collapse)" if c.get("excluded") else "kept", _num(c.get("unparsed_rate")),
-                 *(_num(c.get("oracle_at_k", {}).get(m)) for m in methods)) for cell, c in s["cells"].items()]
-        body += table_html(["cell", "status", "unparsed", *(f"oracle@K {m}" for m in methods)], rows)
-        nulls = [(cell, m, _num(c["oracle_at_k"].get(m)), _num(null.get("O_K")),
-                  _ci(null["O_K_minus_null"], null.get("O_K_minus_null_ci")))
-                 for cell, c in s["cells"].items() for m, null in (c.get("null") or {}).items()]
-        if nulls:
-            body += table_html(["cell", "method", "oracle@K", "chance null", "oracle − null"], nulls)
-    if isinstance(s.get("layers"), dict) and s["layers"]:
-        ranked = [(space, f"{e['action']} {e['layer']}", _ci(e["gain"], e.get("gain_ci")), _num(e.get("null_gain")),
-                   "above chance" if e.get("above_chance") else "")
-                  for space, per in s["layers"].items() for e in per.get("ranked", [per.get("top")]) if e]
-        body += table_html(["space", "layer (largest gains first)", "gain: full path wrong, a correct route takes it",
-                            "chance null", ""], ranked)
-    if isinstance(s.get("selectors"), dict) and s["selectors"]:
-        sel = [(name, _num(v.get("accuracy")), _num(v.get("gap_recovery_median"))) for name, v in s["selectors"].items()]
-        body += table_html(["selector", "accuracy", "median gap recovery"], sel)
-    if s.get("excluded_cells"):
-        body += f'<p class="facts">excluded cells: {escape_html(", ".join(map(str, s["excluded_cells"])))}</p>'
-    for label, block in chance_blocks(s).items():
-        body += chance_html(block, label)
-    if s.get("answer_changes"):
-        body += "".join(f'<p class="facts">{escape_html(answer_change_line(p, c))}</p>' for p, c in s["answer_changes"].items())
-    if isinstance(s.get("permutation_control"), dict):
-        body += permutation_html(s["permutation_control"])
-    if body:
-        page.section(f"Summary ({s.get('kind', page.run.config.get('kind', 'run'))})", body)
+    if body := analysis_of(s.kind).section(s):
+        page.section(f"Summary ({s.kind})", body)
 
 
-def _localisation_html(s: dict[str, Any]) -> str:
-    """A failures/repair/steer/units summary's opening: the cohort's sizes and
-    recognition by readout, then (repair) the best block per component."""
-    if "n_failure" not in s:
-        return ""
-    rows = [("questions", escape_html(s.get("n_questions"))), ("deployed accuracy", _num(s.get("deployed_accuracy"))),
-            *((f"recognition, gold first ({readout})", _num(v)) for readout, v in (s.get("recognition_accuracy") or {}).items()),
-            ("failure set (recognised, answered wrong)", escape_html(s.get("n_failure"))),
-            ("healthy panel (answered right)", escape_html(s.get("n_panel")))]
-    screen = s.get("screen") or {}
-    if "recognition_chance" in screen:
-        lo, hi = screen["recognition_excess_ci"]
-        rows.append(("recognition over chance (1 / options), 95% Wilson",
-                     f"{_num(screen['recognition_excess'])} [{_num(lo)}, {_num(hi)}] over {_num(screen['recognition_chance'])}"))
-    if (s.get("circular") or {}).get("on"):
-        rows.append(("circular (right under every shift), letter-locked left out", escape_html(s["circular"]["n_letter_locked"])))
-    if (split := s.get("split") or {}).get("stratified_by"):
-        rows.append(("split stratified by", escape_html(", ".join(split["stratified_by"]))))
-    html = table_html(["cohort", "value"], rows)
-    if s.get("failure_empty_reason"):
-        html += f'<p class="facts">failure set empty: {escape_html(s["failure_empty_reason"])}</p>'
-    if (bias := s.get("letter_bias") or {}).get("message"):
-        html += f'<p class="warning">warning: {escape_html(bias["message"])} (rule: {escape_html(bias["rule"])})</p>'
-    if isinstance(s.get("best"), dict):
-        best = [(c, *(("nothing repaired", "", "", "") if b is None else
-                      (escape_html(b.get("layer")), _num(b.get("repair_rate")), _num(b.get("damage_rate")), _num(b.get("selectivity")))))
-                for c, b in s["best"].items()]
-        # These rates are on the selection half that chose each block (in-sample, so
-        # optimistic); the held-out rates are in the controls table.
-        html += table_html(["best block (chosen on the selection half)", "layer", "repair, selection half",
-                             "damage, selection half", "selectivity, selection half"], best)
-    return html
-
-
-def chance_html(chance: dict[str, Any], label: str = "") -> str:
-    """A multiple-choice summary's chance baselines (metrics.chance_baselines) as a table,
-    the deployed answer counts, and the dominant-option warning: on every MC page."""
-    k = chance.get("k")
-    prefix = f"{label}: " if label else ""
-    rows = [(f"{prefix}guessing, {how}", _num(chance[key]["D"]), _num(chance[key].get("O_K")))
-            for how, key in (("uniform over each question's options", "uniform"),
-                             ("like the model's deployed answers", "deployed_distribution"))]
-    counts = ", ".join(f"{o} {n}" for o, n in chance["deployed_counts"].items() if n)
-    html = table_html(["chance baseline", "D", f"O_K (K={k})" if k else "O_K (no samples)"], rows)
-    html += f'<p class="facts">{escape_html(prefix)}deployed answers: {escape_html(counts)}</p>'
-    if chance.get("warning"):
-        html += f'<p class="warning">{escape_html(prefix)}warning: {escape_html(chance["warning"])}</p>'
-    return html
-
-
-def permutation_html(control: dict[str, Any]) -> str:
-    """The letter-permutation control (`cohort.permutation_summary`): a table of each
-    intervention's repair rate unrotated and rotated and where its repairs went under
-    rotation, with the rotation and its reading stated."""
-    if "skipped" in control:
-        return f'<p class="facts">permutation control: none ({escape_html(control["skipped"])})</p>'
-
-    def rate(p: dict[str, Any]) -> str:
-        return f"{p['k']} of {p['n']}: " + (_ci(p["rate"], p["ci"]) if p["n"] else "—")
-
-    rows = [("rotated, no intervention", rate(control["baseline"]), "", "", "", "")]
-    rows += [(probe, rate(c["repair"]), rate(c["unrotated_repair"]), str(c["repairs"]["follow_content"]),
-              str(c["repairs"]["follow_position"]), str(c["repairs"]["other"])) for probe, c in control["probes"].items()]
-    head = ["permutation control (held-out failures)", "right, options rotated [95% Wilson]", "repaired unrotated",
-            "of those: rotated gold (content)", "old gold letter (position)", "other / none"]
-    changes = "".join(f'<p class="facts">{escape_html(answer_change_line(f"{p}, rotated answers vs rotated deployed", c["answer_changes"]))}</p>'
-                      for p, c in control["probes"].items())
-    return (f'<p class="facts">permutation control: {escape_html(control["rotation"])}</p>' + table_html(head, rows) + changes
-            + f'<p class="facts">reading: {escape_html(control["reading"])}</p>')
-
-
-def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | None:
+def _drilldown_section(page: Page, summary: Summary | None) -> pd.DataFrame | None:
     """Per-question table from the records; returns the question scores (None without
     records, or when they cannot be scored as one audit)."""
     from rnr_interp.metrics import question_scores
@@ -237,7 +103,7 @@ def _drilldown_section(page: Page, summary: dict[str, Any]) -> pd.DataFrame | No
     probes = records.loc[records["probe"] != DEPLOYED, "probe"]
     if probes.empty:
         return None
-    wanted = [summary.get("probe"), (page.run.config.get("probe") or {}).get("name"), "temperature"]
+    wanted = [summary.probe if isinstance(summary, AuditSummary) else None, (page.run.config.get("probe") or {}).get("name"), "temperature"]
     probe = next((p for p in wanted if p in set(probes)), probes.mode().iloc[0])
     try:
         scores = question_scores(records, probe)
@@ -372,11 +238,11 @@ def _other_artefacts_section(page: Page) -> None:
         page.section("Other artefacts", "".join(body), note=note)
 
 
-def _config_section(page: Page, summary: dict[str, Any]) -> None:
+def _config_section(page: Page, summary: Summary | None) -> None:
     manifest = {k: v for k, v in page.run.manifest.items() if k != "record_columns"}
     body = f"<details><summary>manifest.json</summary><pre>{escape_html(json.dumps(manifest, indent=2))}</pre></details>"
-    if summary:
-        body += f"<details><summary>summary.json</summary><pre>{escape_html(json.dumps(summary, indent=2))}</pre></details>"
+    if summary is not None:
+        body += f"<details><summary>summary.json</summary><pre>{escape_html(json.dumps(summary.to_json(), indent=2))}</pre></details>"
     page.section("Run configuration", body)
 
 
@@ -390,13 +256,19 @@ def build_index(runs: list[tuple[RunDir, str]], root: Path) -> tuple[str, Figure
     rows, models, tasks = [], set(), set()
     for run, link in runs:
         s, cfg = summary_of(run), run.config
-        model, task = s.get("model") or cfg.get("model") or "", s.get("task") or (cfg.get("task") or {}).get("name") or ""
+        # the summaries' model and task are the config's (lm.spec, task.name)
+        model, task = cfg.get("model") or "", (cfg.get("task") or {}).get("name") or ""
         models.add(str(model)), tasks.add(str(task))
+        # the facts several kinds share, where this one has them
+        n, k, grading = (getattr(s, name, None) for name in ("n_questions", "k", "grading"))
+        audit = s if isinstance(s, AuditSummary) else None
         rows.append((
-            f'<a href="{escape_html(link)}">{escape_html(str(run.path.relative_to(root)))}</a>', escape_html(s.get("kind", cfg.get("kind", ""))),
-            escape_html(model), escape_html(task), escape_html(s.get("n_questions", "")), escape_html(s.get("k", "")), escape_html(s.get("grading", "")),
-            *(_ci(s[key], s.get(f"{key}_ci")) if key in s else "" for key in ("D", "O_K", "gap")),
-            _ci(s["null"]["O_K"], s["null"].get("O_K_ci")) if isinstance(s.get("null"), dict) else "",
+            f'<a href="{escape_html(link)}">{escape_html(str(run.path.relative_to(root)))}</a>',
+            escape_html(s.kind if s is not None else cfg.get("kind", "")), escape_html(model), escape_html(task),
+            *(escape_html("" if v is None else v) for v in (n, k, grading)),
+            *((with_interval(audit.D, audit.D_ci), with_interval(audit.O_K, audit.O_K_ci), with_interval(audit.gap, audit.gap_ci))
+              if audit else ("", "", "")),
+            with_interval(audit.null["O_K"], audit.null.get("O_K_ci")) if audit and audit.null is not None else "",
         ))
     page = Page(None, f"sweep of {len(runs)} runs · {', '.join(sorted(models))} · {', '.join(sorted(tasks))}")
     page.blocks.append(f"<h1>{len(runs)} runs in {escape_html(str(root))}</h1>" + table_html(head, rows, raw=True))
@@ -472,22 +344,12 @@ def document(title: str, body: str) -> str:
             f"<style>{_CSS}</style></head><body>{body}</body></html>")
 
 
-def _header(run: RunDir, summary: dict[str, Any], back_link: str | None) -> str:
-    kind = summary.get("kind") or run.config.get("kind") or "run"
+def _header(run: RunDir, summary: Summary | None, back_link: str | None) -> str:
+    kind = summary.kind if summary is not None else run.config.get("kind") or "run"
     back = f'<p><a href="{escape_html(back_link)}">← all runs</a></p>' if back_link else ""
     label = run_label(run.config, summary)
     return (f"{back}<h1>{escape_html(label)}</h1><p class=\"facts\">{escape_html(kind)} run · {escape_html(str(run.path))} · "
             f"created {escape_html(run.manifest.get('created', '?'))}</p>")
-
-
-def table_html(head: list[str], rows: list[tuple[str, ...]], raw: bool = False) -> str:
-    cell = (lambda v: str(v)) if raw else escape_html
-    return ("<table><tr>" + "".join(f"<th>{escape_html(h)}</th>" for h in head) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows) + "</table>")
-
-
-def escape_html(value: Any) -> str:
-    return html.escape(str(value))
 
 
 def _clip(text: str, n: int = TEXT_CHARS) -> str:
@@ -497,16 +359,6 @@ def _clip(text: str, n: int = TEXT_CHARS) -> str:
 
 def _extracted(value: Any) -> str:
     return "(no answer parsed)" if value is None or (isinstance(value, float) and value != value) else str(value)
-
-
-def _num(value: Any) -> str:
-    if isinstance(value, (int, float)):
-        return "— (undefined)" if value != value else f"{value:.3f}"  # NaN: e.g. recovery of a zero gap
-    return escape_html(value if value is not None else "—")
-
-
-def _ci(value: float, ci: Any) -> str:
-    return f"{value:.3f} {interval(ci)}".rstrip()
 
 
 def _table(run: RunDir, name: str) -> pd.DataFrame | None:

@@ -42,14 +42,16 @@ class FigureSet:
     json: tuple[str, ...] = ()
 
 
-REGISTRY: tuple[FigureSet, ...] = (
-    FigureSet("Routing", ROUTING_TABLES, routing_figures),
-    FigureSet("Routing across cells", ("advantage",), cross_cell_figures),
-    FigureSet("Selection gap vs temperature", ("temperature_sweep",), temperature_figures),
-    FigureSet("Failure screen, repair, steering and units", ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
-              ("failure_set", "healthy_panel")),
-    FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures),
-)
+ROUTING_FIGURES = FigureSet("Routing", ROUTING_TABLES, routing_figures)
+CROSS_CELL_FIGURES = FigureSet("Routing across cells", ("advantage",), cross_cell_figures)
+TEMPERATURE_FIGURES = FigureSet("Selection gap vs temperature", ("temperature_sweep",), temperature_figures)
+LOCALISATION_FIGURES = FigureSet("Failure screen, repair, steering and units",
+                                 ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
+                                 ("failure_set", "healthy_panel"))
+COMPARE_FIGURES = FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures)
+#: every figure set; each analysis names its own (`report.kinds`)
+REGISTRY: tuple[FigureSet, ...] = (ROUTING_FIGURES, CROSS_CELL_FIGURES, TEMPERATURE_FIGURES, LOCALISATION_FIGURES,
+                                   COMPARE_FIGURES)
 
 
 def present_tables(run: RunDir, entry: FigureSet) -> list[str]:

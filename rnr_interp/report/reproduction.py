@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.records import MANIFEST, RunDir, load_runs
+from rnr_interp.records import AUDIT, COMPARE, LOCALISATION_SWEEPS, MANIFEST, ROUTE, TEMPERATURE_SWEEP, RunDir, load_runs
 from rnr_interp.report import compare_figures
 from rnr_interp.report.figures import (
     ROUTING_TABLES,
@@ -34,8 +34,10 @@ from rnr_interp.report.figures import (
     routing_figures_of,
     summary_of,
 )
-from rnr_interp.report.html import INDEX_NAME, Page, document, escape_html, table_html, write_page, write_report
-from rnr_interp.report.registry import REGISTRY, present_tables
+from rnr_interp.report.html import INDEX_NAME, Page, document, write_page, write_report
+from rnr_interp.report.sections import escape_html, table_html
+from rnr_interp.report.kinds import figure_sets
+from rnr_interp.report.registry import present_tables
 from rnr_interp.report.reproduction_figures import task_curves_figure
 from rnr_interp.report.text import interval
 
@@ -47,7 +49,7 @@ ROUTE_CELLS, SCREEN = "route_cells", "screen"
 def _finished(folder: Path, kind: str | None = None) -> list[RunDir]:
     if not folder.is_dir():
         return []
-    return [r for r in load_runs(folder) if summary_of(r) and (kind is None or r.config.get("kind") == kind)]
+    return [r for r in load_runs(folder) if r.has_summary() and (kind is None or r.config.get("kind") == kind)]
 
 
 def _finished_at(path: Path) -> RunDir | None:
@@ -56,7 +58,7 @@ def _finished_at(path: Path) -> RunDir | None:
     if not (path / MANIFEST).is_file():
         return None
     run = RunDir(path)
-    return run if summary_of(run) else None
+    return run if run.has_summary() else None
 
 
 def write_reproduction_report(root: Path, profile: str, model: str, why: dict[str, str],
@@ -120,12 +122,12 @@ def _parts_section(page: Page, parts: dict[str, dict[str, Any]], links: dict[str
 
 def _audit_section(page: Page, folder: Path, label: str) -> None:
     curves = []
-    for run in _finished(folder, "audit"):
-        s = summary_of(run)
-        pk = s.get("pass_at_k") or {}
+    for run in _finished(folder, AUDIT):
+        s = run.read_summary()
+        pk = s.pass_at_k or {}
         if pk.get("k"):
-            vote = (s.get("vote_at_k") or {}).get("majority")
-            curves.append({"task": s.get("task"), "k": pk["k"], "pass": pk["pass"], "vote": vote, "D": s.get("D")})
+            vote = (s.vote_at_k or {}).get("majority")
+            curves.append({"task": s.task, "k": pk["k"], "pass": pk["pass"], "vote": vote, "D": s.D})
     if curves:
         page.section("1 · Realization audit", figures=[("task_curves", task_curves_figure(curves, label))])
 
@@ -133,14 +135,14 @@ def _audit_section(page: Page, folder: Path, label: str) -> None:
 def _registered(run: RunDir, label: str, prefix: str = "") -> Figures:
     """Every registry figure of `run`, names prefixed (several runs share a page)."""
     figs: Figures = []
-    for entry in REGISTRY:
+    for entry in figure_sets(run):
         if present_tables(run, entry):
             figs += [(f"{prefix}{name}", fig) for name, fig in entry.draw(run, label)]
     return figs
 
 
 def _routing_section(page: Page, folder: Path, label: str) -> None:
-    runs = _finished(folder, "route")
+    runs = _finished(folder, ROUTE)
     tables = [[t for r in runs if (t := read_table(r, name)) is not None and len(t)] for name in ROUTING_TABLES]
     figs = routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None,
                               f"{label} · {len(runs)} routing runs")
@@ -154,7 +156,7 @@ def _routing_section(page: Page, folder: Path, label: str) -> None:
 
 
 def _temperature_section(page: Page, folder: Path, label: str) -> None:
-    figs = [f for run in _finished(folder, "temperature_sweep") for f in _registered(run, f"{label} · {run.path.name}")]
+    figs = [f for run in _finished(folder, TEMPERATURE_SWEEP) for f in _registered(run, f"{label} · {run.path.name}")]
     if figs:
         page.section("3 · Selection gap vs temperature", figures=figs)
 
@@ -164,7 +166,7 @@ def _localisation_section(page: Page, folder: Path, label: str) -> None:
     if screen := _finished_at(folder / SCREEN):
         figs += _registered(screen, label)
     for run in _finished(folder):
-        if run.config.get("kind") in ("repair", "steer", "units"):
+        if run.config.get("kind") in LOCALISATION_SWEEPS:
             cell = run.path.parent.name
             figs += _registered(run, f"{label} · {cell}", prefix=f"{cell}_")
     if figs:
@@ -172,7 +174,7 @@ def _localisation_section(page: Page, folder: Path, label: str) -> None:
 
 
 def _checkpoint_section(page: Page, folder: Path) -> None:
-    runs = _finished(folder, "compare")
+    runs = _finished(folder, COMPARE)
     if not runs:
         return
     pairs = [(r.path.name.removeprefix("compare_"), r) for r in runs]

@@ -66,10 +66,9 @@ def permutation_lines(control: dict[str, Any]) -> list[str]:
     return lines
 
 
-def chance_blocks(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The chance baselines a summary carries, by label: {"": block} for one run,
-    {"base": ..., "trained": ...} for a comparison; {} when it has none."""
-    chance = summary.get("chance")
+def chance_blocks(chance: Any) -> dict[str, dict[str, Any]]:
+    """A summary's `chance` field by label: {"": block} for one run, {"base": ...,
+    "trained": ...} for a comparison; {} when it has none."""
     if not isinstance(chance, dict):
         return {}
     if "uniform" in chance:

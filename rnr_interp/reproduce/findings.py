@@ -32,13 +32,14 @@ import pandas as pd
 from rnr_interp.metrics import (
     DAMAGE_EFFECT, INDUCTION_EFFECT, MIN_POWER, REPAIR_EFFECT, RESCUE_EFFECT, PaperEffect, wilson_interval, wilson_power,
 )
-from rnr_interp.records import RunDir, load_runs
+from rnr_interp.records import (
+    AUDIT, COMPARE, MANIFEST, REPAIR, AuditSummary, CompareSummary, RepairSummary, RunDir, SteerSummary, load_runs,
+)
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
 #: a row that measures and shows a number the paper reports but judges no claim on
 REPORTED = "reported, not judged"
-STRUCTURED = ("mcts", "hill_climb", "genetic")
 #: "little" gap recovery: the paper's six medians lie between -23.5% and +2.2%
 LITTLE_RECOVERY = 0.25
 #: "most" failures repaired, "little" damage (paper: 67.6-92.0% repair, 0-12% damage)
@@ -93,11 +94,7 @@ def _runs(folder: Path, kind: str) -> list[RunDir]:
     """Finished runs of one kind under `folder` (a summary written)."""
     if not folder.is_dir():
         return []
-    out = []
-    for run in load_runs(folder):
-        if (run.path / "summary.json").is_file() and run.config.get("kind") == kind:
-            out.append(run)
-    return out
+    return [run for run in load_runs(folder) if run.has_summary() and run.config.get("kind") == kind]
 
 
 # -- The realization audit, read against chance ----------------------------------------
@@ -112,21 +109,22 @@ def audit_findings(part: Path) -> list[Finding]:
     headline of a new run), judged on its interval; the flexible grade and, for multiple
     choice asked circularly, the circular numbers shown beside."""
     out = []
-    for run in _runs(part, "audit"):
-        s = run.read_summary()
-        null = s.get("null")
-        scope = f"{s.get('task')}: {s.get('model')}, {s.get('n_questions')} q, K={s.get('k')}, graded {s.get('grading', 'flexible')}"
-        if not isinstance(null, dict):
+    for run in _runs(part, AUDIT):
+        s: AuditSummary = run.read_summary()
+        null = s.null
+        scope = f"{s.task}: {s.model}, {s.n_questions} q, K={s.k}, graded {s.headline}"
+        if null is None:
             out.append(_untestable(GAP_CLAIM, GAP_PAPER, "the audit summary has no chance null (made before it; "
                                    "`rnr regrade` the run)", scope))
             continue
-        other = next((g for g in ("strict", "flexible") if g != s.get("grading") and isinstance(s.get(g), dict)), None)
-        measured = (f"O_K {s['O_K']:.3f}, D {s['D']:.3f}, gap {s['gap']:+.3f}; null ({null['method']}) O_K "
+        other = s.beside()
+        measured = (f"O_K {s.O_K:.3f}, D {s.D:.3f}, gap {s.gap:+.3f}; null ({null['method']}) O_K "
                     f"{null['O_K']:.3f}, D {null['D']:.3f}; O_K - null {null['O_K_minus_null']:+.3f} "
                     f"[{null['O_K_minus_null_ci'][0]:+.3f}, {null['O_K_minus_null_ci'][1]:+.3f}]")
         if other:
-            measured += f"; {other}: O_K {s[other]['O_K']:.3f}, D {s[other]['D']:.3f}, gap {s[other]['gap']:+.3f}"
-        circular = s.get("circular") or {}
+            beside = s.graded(other)
+            measured += f"; {other}: O_K {beside['O_K']:.3f}, D {beside['D']:.3f}, gap {beside['gap']:+.3f}"
+        circular = s.circular or {}
         if "O_K" in circular:
             measured += f"; circular ({len(circular.get('shifts', []))} shifts): O_K {circular['O_K']:.3f}, D {circular['D']:.3f}"
             if isinstance(circular.get("null"), dict):
@@ -137,7 +135,7 @@ def audit_findings(part: Path) -> list[Finding]:
                         (NOT_TESTABLE, f"the interval [{ci[0]:.2f}, {ci[1]:.2f}] of the gap above the null spans 0 at this sample size"))
         if null.get("indistinguishable"):
             why += "; the reachable set is indistinguishable from chance at this n"
-        out.append(Finding(GAP_CLAIM, GAP_PAPER, scope, measured, value, ci, int(s.get("n_questions") or 0), verdict, why))
+        out.append(Finding(GAP_CLAIM, GAP_PAPER, scope, measured, value, ci, s.n_questions, verdict, why))
     return out
 
 
@@ -157,7 +155,7 @@ PAPER_SELECTORS = ("self_verification", "genetic_vote", "majority", "confidence"
 def routing_findings(part: Path) -> list[Finding]:
     """From the routing part's cross-cell aggregate (`routing.cells`)."""
     agg = part / ROUTE_CELLS
-    if not (agg / "summary.json").is_file():
+    if not (agg / MANIFEST).is_file() or not RunDir(agg).has_summary():
         return [_untestable(ROUTING_CLAIM, ROUTING_PAPER, "the routing part did not finish (no cross-cell aggregate)"),
                 _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "the routing part did not finish (no cross-cell aggregate)")]
     run = RunDir(agg)
@@ -273,17 +271,17 @@ def combine(verdicts: Sequence[str]) -> str:
 
 
 def localisation_findings(part: Path) -> list[Finding]:
-    repairs = _runs(part, "repair")
+    repairs = _runs(part, REPAIR)
     if not repairs:
-        screened = (part / SCREEN / "summary.json").is_file()
+        screened = (part / SCREEN / MANIFEST).is_file() and RunDir(part / SCREEN).has_summary()
         why = ("no cell passed the failure screen" if screened else "the failure screen did not finish")
         return [_untestable(REPAIR_CLAIM, REPAIR_PAPER, why), _untestable(STEER_CLAIM, STEER_PAPER, why)]
     out = []
     for run in repairs:
-        s = run.read_summary()
+        s: RepairSummary = run.read_summary()
         # the cell's folder names the split ("arc" is ARC-Easy's and ARC-Challenge's task name)
-        scope = f"{s.get('model')} / {run.path.parent.name}" + (" (circular)" if (s.get("circular") or {}).get("on") else "")
-        at = (s.get("at_chosen_layer") or {}).get("mlp")
+        scope = f"{s.model} / {run.path.parent.name}" + (" (circular)" if (s.circular or {}).get("on") else "")
+        at = (s.at_chosen_layer or {}).get("mlp")
         if at is None:
             out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"{_cohort_size(s)}: no MLP block repaired anything on "
                                    "the selection part", scope))
@@ -305,15 +303,15 @@ def localisation_findings(part: Path) -> list[Finding]:
     return out
 
 
-def _cohort_size(s: dict[str, Any]) -> str:
+def _cohort_size(s: RepairSummary) -> str:
     """A repair summary's failure set and healthy panel, in words (an empty panel leaves
     damage unmeasured, whatever the repair)."""
-    split, circular = s.get("split") or {}, (s.get("circular") or {}).get("on")
+    split, circular = s.split or {}, (s.circular or {}).get("on")
     right = "right under every shift of the options" if circular else "right"
-    panel = (f"{s.get('n_panel', 0)} healthy questions" if s.get("n_panel")
+    panel = (f"{s.n_panel} healthy questions" if s.n_panel
              else f"no healthy question (no deployed answer {right}), so damage is unmeasured")
-    locked = (s.get("circular") or {}).get("n_letter_locked")
-    return (f"{s.get('n_failure', 0)} failures ({split.get('n_failure_selection', 0)} choose, "
+    locked = (s.circular or {}).get("n_letter_locked")
+    return (f"{s.n_failure} failures ({split.get('n_failure_selection', 0)} choose, "
             f"{split.get('n_failure_heldout', 0)} held out)"
             + (f" after {locked} letter-locked recognised questions left out" if locked else "") + f", {panel}")
 
@@ -340,13 +338,17 @@ JUDGED_ALPHA = {"rms": {"rescue": 1.0, "induction": 0.5}, "raw": {"rescue": 8.0,
 STEER_EFFECTS = {"rescue": RESCUE_EFFECT, "induction": INDUCTION_EFFECT}
 
 
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
 def _steering_finding(folder: Path, scope: str) -> Finding:
-    if not (folder / "summary.json").is_file():
+    if not (folder / MANIFEST).is_file() or not RunDir(folder).has_summary():
         return _untestable(STEER_CLAIM, STEER_PAPER, "the steering run did not finish", scope)
     run = RunDir(folder)
-    s = run.read_summary()
-    if "skipped" in s:
-        return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s['skipped']}", scope)
+    s: SteerSummary = run.read_summary()
+    if s.skipped is not None:
+        return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s.skipped}", scope)
     unit = str(run.config.get("alpha_unit", "raw"))
     table = run.read_table("steering")
     table = table[table["alpha"] > 0]
@@ -372,14 +374,14 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
     verdict = combine([v for v, _ in verdicts])
     weaker = min(lows, key=lambda x: x[0])
     scale = (f"judged at {' and '.join(judged)}: alpha in residual RMS norms along unit v (|v| "
-             f"{s.get('v_norm', float('nan')):.2f}, RMS norm {s.get('residual_rms', float('nan')):.2f}), fixed in "
+             f"{_or_nan(s.v_norm):.2f}, RMS norm {_or_nan(s.residual_rms):.2f}), fixed in "
              f"advance at -{JUDGED_ALPHA['rms']['rescue']:g} and +{JUDGED_ALPHA['rms']['induction']:g} (the paper's 2:1 "
              "ratio of -8v to +4v; the paper does not give the scale of v, so its numbers fix the ratio, not the "
              "strength), or the grid's largest alpha without them"
              if unit == "rms" else
              f"judged at {' and '.join(judged)}: alpha in raw multiples of the unnormalised v (no stated scale: |v| "
              "varies by cell), the paper's -8v and +4v, or the grid's largest alpha without them, fixed in advance")
-    return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.get('layer')}",
+    return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.layer}",
                    "; ".join(parts) + f" (best over the grid, picked on the same questions: {'; '.join(best)})",
                    weaker[0], weaker[1], weaker[2], verdict,
                    "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts)) + f" ({scale})")
@@ -397,7 +399,7 @@ SFT_WIDEN_PAPER = "OLMo thinking-SFT / instruct raise both D and O"
 
 
 def checkpoint_findings(part: Path) -> list[Finding]:
-    found = {run.path.name.removeprefix("compare_"): run.read_summary() for run in _runs(part, "compare")}
+    found = {run.path.name.removeprefix("compare_"): run.read_summary() for run in _runs(part, COMPARE)}
     out = []
     grpo = found.get("grpo")
     if grpo is None:
@@ -416,12 +418,12 @@ PROMPT_CLAIM = "prompt-format control: part of a trained gain is the prompt form
 PROMPT_PAPER = "a shared base prompt keeps 41.4-50.0% of the native-format gain"
 
 
-def _prompt_format(s: dict[str, Any], label: str) -> Finding:
+def _prompt_format(s: CompareSummary, label: str) -> Finding:
     """The share of the D gain kept when the trained model is asked in the base prompt
     format. A ratio of two paired changes has no interval of its own, so this row
     reports and does not judge."""
-    shared = s.get("shared_prompt")
-    formats = s.get("prompt_formats") or {}
+    shared = s.shared_prompt
+    formats = s.prompt_formats or {}
     if not shared:
         why = ("base and trained asked in the same prompt format: no format effect to separate"
                if formats.get("same") else "no shared-prompt audit was run")
@@ -430,20 +432,20 @@ def _prompt_format(s: dict[str, Any], label: str) -> Finding:
     share = d.get("share_retained")
     measured = (f"D change on the base prompt {d['shared_change']:+.3f} [{d['shared_change_ci'][0]:+.3f}, "
                 f"{d['shared_change_ci'][1]:+.3f}] vs native {d.get('native_change', float('nan')):+.3f}")
-    return Finding(PROMPT_CLAIM, PROMPT_PAPER, _scope(s, label), measured, share, None, int(s.get("n_questions") or 0),
+    return Finding(PROMPT_CLAIM, PROMPT_PAPER, _scope(s, label), measured, share, None, s.n_questions,
                    REPORTED, "the share retained is a ratio of two paired changes with no interval of its own; "
                                  "the changes and their intervals are shown")
 
 
-def _scope(s: dict[str, Any], label: str) -> str:
-    return f"{label}: {s.get('base_model')} -> trained, {s.get('task')}, {s.get('n_questions')} q, K={s.get('k')}"
+def _scope(s: CompareSummary, label: str) -> str:
+    return f"{label}: {s.base_model} -> trained, {s.task}, {s.n_questions} q, K={s.k}"
 
 
-def _gained_from(s: dict[str, Any]) -> Finding:
+def _gained_from(s: CompareSummary) -> Finding:
     """Judged at the largest budget the budget control sampled when it ran (the share
     of gained answers the base model reaches grows with K; the paper probes at K >=
     200), with the curve's trend; else at the audit's K."""
-    src = (s.get("budget_control") or {}).get("gained_source") or {}
+    src = (s.budget_control or {}).get("gained_source") or {}
     if src.get("n_gained") and src.get("curve"):
         last = src["curve"][-1]
         reach, n, ci = int(last["base_reachable"]), int(last["n_gained"]), tuple(last["ci"])
@@ -453,9 +455,9 @@ def _gained_from(s: dict[str, Any]) -> Finding:
         return Finding(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, _scope(s, "GRPO"),
                        f"{reach} of {n} gained answers base-reachable at K={last['k']} (the control's largest budget, "
                        f"fresh base samples); the share {src.get('trend', '')}; curve: {curve}; the audit at "
-                       f"K={s.get('k')}: {int(s['gained_from']['base_reachable'])} of {n}",
+                       f"K={s.k}: {int(s.gained_from['base_reachable'])} of {n}",
                        reach / n, ci, n, verdict, f"{why} (at K={last['k']}; the paper's K is at least 200)")
-    reach, unreach = int(s["gained_from"]["base_reachable"]), int(s["gained_from"]["base_unreachable"])
+    reach, unreach = int(s.gained_from["base_reachable"]), int(s.gained_from["base_unreachable"])
     n = reach + unreach
     if n == 0:
         return _untestable(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, "training realized no new answer", _scope(s, "GRPO"))
@@ -463,20 +465,19 @@ def _gained_from(s: dict[str, Any]) -> Finding:
     ci = wilson_interval(reach, n)
     verdict, why = at_least(share, ci, ALREADY_REACHABLE)
     return Finding(RLVR_REACHABLE, RLVR_REACHABLE_PAPER, _scope(s, "GRPO"),
-                   f"{reach} of {n} gained answers were base-reachable at K={s.get('k')} (no budget-control curve)",
+                   f"{reach} of {n} gained answers were base-reachable at K={s.k} (no budget-control curve)",
                    share, ci, n, verdict, why)
 
 
-def _o_change(s: dict[str, Any], claim: str, paper: str, label: str, shrink: bool) -> Finding:
-    m = s["stats"]["O_K"]
+def _o_change(s: CompareSummary, claim: str, paper: str, label: str, shrink: bool) -> Finding:
+    m = s.stats["O_K"]
     ci = (float(m["change_ci"][0]), float(m["change_ci"][1]))
     change = float(m["change"])
-    measured = f"O_K {m['base']:.3f} -> {m['trained']:.3f} (change {change:+.3f}); D {s['stats']['D']['base']:.3f} -> {s['stats']['D']['trained']:.3f}"
-    grading = s.get("grading", "flexible")
-    other = next((g for g in ("strict", "flexible") if g != grading and isinstance(s.get(g), dict)), None)
+    measured = f"O_K {m['base']:.3f} -> {m['trained']:.3f} (change {change:+.3f}); D {s.stats['D']['base']:.3f} -> {s.stats['D']['trained']:.3f}"
+    grading, other = s.headline, s.beside()
     measured += f" (graded {grading})"
     if other:
-        o = s[other]["stats"]["O_K"]
+        o = s.graded(other)["stats"]["O_K"]
         measured += f"; {other}: O_K {o['base']:.3f} -> {o['trained']:.3f} (change {o['change']:+.3f})"
     if shrink:
         verdict, why = at_most(change, ci, 0.0)
@@ -485,7 +486,7 @@ def _o_change(s: dict[str, Any], claim: str, paper: str, label: str, shrink: boo
         verdict, why = ((REPRODUCED, "the whole interval is above 0") if lo > 0 else
                         (NOT_REPRODUCED, "the whole interval is at or below 0") if hi <= 0 else
                         (NOT_TESTABLE, f"the interval [{lo:.2f}, {hi:.2f}] spans 0 at this sample size"))
-    return Finding(claim, paper, _scope(s, label), measured, change, ci, int(s.get("n_questions") or 0), verdict, why)
+    return Finding(claim, paper, _scope(s, label), measured, change, ci, s.n_questions, verdict, why)
 
 
 # -- all of them ------------------------------------------------------------------------

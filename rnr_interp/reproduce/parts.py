@@ -118,11 +118,11 @@ def localisation_part(ctx: Context, folder: Path) -> None:
     for name, task in tasks.items():
         s = run_failures(lm, task, folder / name / "failures", criterion=criterion, batch_size=p.rows_batch_size,
                          progress=ctx.progress, circular=circular[name])
-        ctx.log(f"  screen {name}: recognition {s['screen']['recognition_score']:.2f}, "
-                f"generation {s['screen']['generation_score']:.2f}")
+        ctx.log(f"  screen {name}: recognition {s.screen['recognition_score']:.2f}, "
+                f"generation {s.screen['generation_score']:.2f}")
     screen = write_screen(folder / SCREEN, [RunDir(folder / name / "failures") for name in tasks], criterion)
-    ctx.log(f"  {screen['n_failure_cells']} of {screen['n_cells']} cells pass ({screen['criterion']})")
-    for cell in screen["cells"]:
+    ctx.log(f"  {screen.n_failure_cells} of {screen.n_cells} cells pass ({screen.criterion})")
+    for cell in screen.cells:
         if not cell["failure"]:
             continue
         out = Path(cell["path"]).parent  # the cell's folder: its failures run sits in it

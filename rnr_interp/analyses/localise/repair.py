@@ -49,7 +49,9 @@ from rnr_interp.interventions import COMPONENT_SITE, Ablate
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
-from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir
+from rnr_interp.records import (
+    DEPLOYED, FAILURES, REPAIR, SCREEN, FailuresSummary, ProbeLabel, RepairSummary, RunDir, ScreenSummary,
+)
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
@@ -198,21 +200,20 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
 def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
                  panel: int | None = PANEL_CAP, decoding: Decoding | None = None,
                  criterion: FailureCriterion = FailureCriterion(), batch_size: int = 32,
-                 progress: bool = True, circular: bool = False) -> dict[str, Any]:
+                 progress: bool = True, circular: bool = False) -> FailuresSummary:
     """Recognition, deployed baseline and the cohort, into a run folder (kind "failures"),
     with the cell's line of the failure screen (`recognition.screen_cell`). With
     `circular`, generation is read under every cyclic shift of the options."""
     decoding = decoding or deployed_decoding(task)
-    run = RunDir.create(out, localisation_config("failures", lm, task, decoding, readout, panel, batch_size,
+    run = RunDir.create(out, localisation_config(FAILURES, lm, task, decoding, readout, panel, batch_size,
                                                  circular=circular))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding,
                           batch_size=batch_size, progress=progress, circular=circular)
     recognition = run.read_table("recognition")
-    summary = {"kind": "failures", "model": lm.spec, "task": task.name, "readout": readout,
+    summary = {"kind": FAILURES, "model": lm.spec, "task": task.name, "readout": readout,
                **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion),
                **multiple_choice_readings(task, run.read_records(), cohort.failure, grading=run.grading)}
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)
 
 
 def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
@@ -274,25 +275,24 @@ def _letter_warning(run: RunDir) -> str | None:
         return None
 
 
-def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
+def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> ScreenSummary:
     """The screen of `runs` into a run folder (kind "screen"): table `screen` and a
     summary stating the criterion and which cells it keeps."""
     table = screen_table(runs, criterion)
-    run = RunDir.create(out, {"kind": "screen", "cells": [{"path": str(r.path), "config_hash": r.config_hash} for r in runs],
+    run = RunDir.create(out, {"kind": SCREEN, "cells": [{"path": str(r.path), "config_hash": r.config_hash} for r in runs],
                               "criterion": asdict(criterion)})
     run.write_table("screen", table)
-    summary = {"kind": "screen", "criterion": criterion.describe(), "margin": criterion.margin, "level": criterion.level,
+    summary = {"kind": SCREEN, "criterion": criterion.describe(), "margin": criterion.margin, "level": criterion.level,
                "n_cells": len(table), "n_failure_cells": int(table["failure"].sum()) if len(table) else 0,
                "cells": table.to_dict(orient="records")}
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)
 
 
 def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
                permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
-               circular: bool = False) -> dict[str, Any]:
+               circular: bool = False) -> RepairSummary:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
@@ -309,7 +309,7 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     # only when on, so a default run's config (and run_id) is what it always was
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
-    run = RunDir.create(out, localisation_config("repair", lm, task, decoding, readout, panel, batch_size, split,
+    run = RunDir.create(out, localisation_config(REPAIR, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, layers=layers, components=list(components),
                                                  sweep=sweep, **control))
     cohort = build_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding,
@@ -331,7 +331,7 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     # each component's own best block (chosen on the selection part): how its answers moved (issue 17)
     best = best_blocks(table, on="selection")
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
-    summary = {"kind": "repair", "model": lm.spec, "task": task.name, "readout": readout, "sweep": sweep,
+    summary = {"kind": REPAIR, "model": lm.spec, "task": task.name, "readout": readout, "sweep": sweep,
                **cohort_summary(cohort, run.read_table("recognition")), "screen": cell_screen(run, readout),
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"),
@@ -339,8 +339,7 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     if permutation_control:
         summary["permutation_control"] = chosen_block_rotated(lm, task, cohort.parts("failure")[1], summary["chosen"], run,
                                                               decoding=decoding, batch_size=batch_size, progress=progress)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)
 
 
 def chosen_block_rotated(lm: LoadedModel, task: Task, heldout: Sequence[Question], chosen: dict[str, Any] | None,

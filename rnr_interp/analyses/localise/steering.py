@@ -65,7 +65,7 @@ from rnr_interp.interventions import (
 )
 from rnr_interp.metrics import DEPLOYED, INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import ProbeLabel, RunDir
+from rnr_interp.records import REPAIR, STEER, UNITS, ProbeLabel, RunDir, SteerSummary, UnitsSummary
 from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, silencing_sweep
 from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
@@ -311,17 +311,17 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
         source = RunDir(repair_run)
-        summary = source.read_summary()
-        if source.config.get("kind") != "repair":
+        if source.config.get("kind") != REPAIR:
             raise ValueError(f"{repair_run} is not a repair run (its config kind is {source.config.get('kind')!r}): "
                              "pass the folder `rnr repair` wrote, or --layer")
-        if "own_best" not in summary:
+        summary = source.read_summary()
+        if summary.own_best is None:
             raise ValueError(f"repair run {repair_run} has no chosen blocks in its summary (written by an older "
                              "version): rerun `rnr repair` on it, or pass --layer")
-        own_best = summary.get("own_best") or {}
+        own_best = summary.own_best
         if component not in own_best:
             raise ValueError(f"repair run {repair_run} swept {component} only at its chosen MLP layer "
-                             f"(--sweep {summary.get('sweep')}), so it has no {component} block of its own: "
+                             f"(--sweep {summary.sweep}), so it has no {component} block of its own: "
                              f"pass --layer, or rerun repair with --sweep all")
         best = own_best[component]
         if best is None:
@@ -354,8 +354,8 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedMod
     f_ids, p_ids, done = src.read_json("failure_set"), src.read_json("healthy_panel"), src.read_summary()
     cohort = Cohort(failure=[by_id[i] for i in f_ids["question_ids"]], panel=[by_id[i] for i in p_ids["question_ids"]],
                     failure_criterion=f_ids["criterion"], panel_criterion=p_ids["criterion"],
-                    n_questions=done["n_questions"], n_recognised=done["n_recognised"],
-                    n_deployed_correct=round(done["deployed_accuracy"] * done["n_questions"]), split=kw["split"],
+                    n_questions=done.n_questions, n_recognised=done.n_recognised,
+                    n_deployed_correct=round(done.deployed_accuracy * done.n_questions), split=kw["split"],
                     circular=bool(f_ids.get("circular")), n_letter_locked=int(f_ids.get("n_letter_locked") or 0),
                     letter_bias=f_ids.get("letter_bias"))
     run.write_json("failure_set", cohort.failure_json())
@@ -386,8 +386,7 @@ def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, colu
         return None
     summary["skipped"] = reason
     run.write_table(table, pd.DataFrame(columns=columns))
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)
 
 
 def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
@@ -395,7 +394,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
-              ) -> dict[str, Any]:
+              ) -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
@@ -417,13 +416,13 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         control.update(site=site, vector={"sha256": digest, "size": int(vector.shape[0])})
     elif site is not None:
         raise ValueError("a steering site needs a given vector (--vector); without one v is the block's own output")
-    run = RunDir.create(out, localisation_config("steer", lm, task, decoding, readout, panel, batch_size, split,
+    run = RunDir.create(out, localisation_config(STEER, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, **control))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress, circular=circular)
-    summary = {"kind": "steer", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
+    summary = {"kind": STEER, "model": lm.spec, "task": task.name, **cohort_summary(cohort),
                **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
@@ -458,15 +457,14 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a, site),) for a in alphas if a != 0}
         summary["permutation_control"] = run_permutation_control(lm, task, f_out, steered, run, decoding=decoding,
                                                                  batch_size=batch_size, progress=progress)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)
 
 
 def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
               ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, readout: str = "option:mean",
               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
               permutation_control: bool = False, circular: bool = False, batch_size: int = 32,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True) -> UnitsSummary:
     """Top-k units by directional contribution (scored on the selection part) vs
     `draws` sets of k random units, silenced on the held-out failures (kind "units").
     `permutation_control` re-scores the whole block and every top-k set on the held-out
@@ -476,13 +474,13 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
-    run = RunDir.create(out, localisation_config("units", lm, task, decoding, readout, panel, batch_size, split,
+    run = RunDir.create(out, localisation_config(UNITS, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, layer=layer,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  ks=[int(k) for k in ks], seed=seed, draws=draws, **control))
     cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                           batch_size=batch_size, progress=progress, circular=circular)
-    summary = {"kind": "units", "model": lm.spec, "task": task.name, **cohort_summary(cohort),
+    summary = {"kind": UNITS, "model": lm.spec, "task": task.name, **cohort_summary(cohort),
                **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
     if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
         return skipped
@@ -507,5 +505,4 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                 **{str(ProbeLabel.units("top", int(k))): (AblateUnits(chosen, top_units(scores, int(k))),) for k in top["k"]}}
         summary["permutation_control"] = run_permutation_control(lm, task, f_out, sets, run, decoding=decoding,
                                                                  batch_size=batch_size, progress=progress)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summary)

@@ -48,10 +48,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rnr_interp.records import RunDir, load_runs
-from rnr_interp.analyses.routing.config import above_chance
+from rnr_interp.records import ROUTE, ROUTE_CELLS, RunDir, load_runs
+from rnr_interp.analyses.routing.config import STRUCTURED, above_chance
 
-STRUCTURED = ("mcts", "hill_climb", "genetic")
 #: baseline -> its columns in a run's route_cells table (baseline - search)
 BASELINES = {"random": "random_minus", "random_matched": "matched_minus"}
 SCOPES = ("clean", "all")
@@ -59,7 +58,7 @@ SCOPES = ("clean", "all")
 
 def route_runs(folder: str | Path) -> list[RunDir]:
     """The finished route runs under `folder` (those holding a `route_cells` table)."""
-    runs = [r for r in load_runs(folder) if r.config.get("kind") == "route"]
+    runs = [r for r in load_runs(folder) if r.config.get("kind") == ROUTE]
     return [r for r in runs if (r.artefacts_dir / "route_cells.parquet").is_file()]
 
 
@@ -209,11 +208,11 @@ def write_route_cells(folder: str | Path, out: str | Path | None = None) -> tupl
     runs = route_runs(folder)
     tables = aggregate_route_cells(runs)
     run = RunDir.create(Path(out) if out is not None else Path(folder) / "route_cells",
-                        {"kind": "route_cells", "source": str(Path(folder).resolve())})
+                        {"kind": ROUTE_CELLS, "source": str(Path(folder).resolve())})
     for name, df in tables.items():
         run.write_table(name, df)
     taken = tables["runs"]
-    run.write_summary({"kind": "route_cells", "runs": taken.loc[taken.kept, "run"].tolist(),
+    run.write_summary({"kind": ROUTE_CELLS, "runs": taken.loc[taken.kept, "run"].tolist(),
                        "left_out": taken.loc[~taken.kept, ["run", "overlaps", "shared_questions"]].to_dict("records"),
                        "clean_cells": int(tables["comparisons"].loc[~tables["comparisons"].excluded, "cell"].nunique()),
                        "collapsed_cells": tables["collapsed"].cell.tolist(),

@@ -11,7 +11,7 @@ from typing import Any
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE, Decoding
 from rnr_interp.engine.sampling import run_config
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import RunDir, RunFolderError
+from rnr_interp.records import ROUTE, RunDir, RunFolderError
 from rnr_interp.analyses.routing.search import ADAPTIVE, SEARCHES
 from rnr_interp.analyses.routing.spaces import SPACES, RouteSpace, make_space, space_size
 from rnr_interp.tasks.base import Task
@@ -148,7 +148,7 @@ def route_spaces(cfg: RouteConfig, n_layers: int) -> dict[str, RouteSpace]:
 
 def route_config_of(run: RunDir) -> RouteConfig:
     """The RouteConfig a route run folder was started with."""
-    if run.config.get("kind") != "route":
+    if run.config.get("kind") != ROUTE:
         raise RunFolderError(f"{run.path} is not a route run (its kind: {run.config.get('kind')!r})")
     stored = run.config.get("route") or {}
     try:
@@ -167,5 +167,5 @@ def route_run_config(lm: LoadedModel, task: Task, cfg: RouteConfig, grading: str
     """The run config of a route audit: what a run folder stores and a resume checks.
     `grading` None: the folder's own when resuming, else the default."""
     samplers = {name: make_space(name, lm.n_layers, min_len=cfg.min_len, max_len=cfg.max_len).sampler for name in cfg.spaces}
-    return run_config("route", lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)),
+    return run_config(ROUTE, lm, task, grading=grading, route=asdict(cfg), deployed=asdict(route_decoding(task)),
                       random_samplers=samplers, seed_streams=SEED_STREAMS)

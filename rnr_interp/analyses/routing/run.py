@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from rnr_interp.engine.sampling import Probe, sample_questions
 from rnr_interp.models import LoadedModel
-from rnr_interp.records import Journal, ProbeLabel, RunDir
+from rnr_interp.records import Journal, ProbeLabel, RouteSummary, RunDir
 from rnr_interp.analyses.routing.config import (BLIND_SEARCHES, STRUCTURED, RouteConfig, matched_control, route_decoding,
                                                 route_rows, route_run_config, route_spaces)
 from rnr_interp.analyses.routing.evaluator import RouteEvaluator, Search, blind_reward, gold_reward, run_searches, verify_rows
@@ -58,7 +58,7 @@ from rnr_interp.tasks.base import Task
 
 
 def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConfig = RouteConfig(), progress: bool = True,
-                    grading: str | None = None) -> dict[str, Any]:
+                    grading: str | None = None) -> RouteSummary:
     decoding = route_decoding(task)
     spaces = route_spaces(cfg, lm.n_layers)  # refused before the run folder is made
     run = RunDir.create(out, route_run_config(lm, task, cfg, grading))
@@ -102,9 +102,7 @@ def run_route_audit(lm: LoadedModel, task: Task, out: str | Path, cfg: RouteConf
         evaluator.forget(q.id for q in chunk)
         bar.update(len(chunk))
     bar.close()
-    summary = summarize_routes(run, cfg, task=task)
-    run.write_summary(summary)
-    return summary
+    return run.write_summary(summarize_routes(run, cfg, task=task))
 
 
 def _rows(pairs, probe: str, common: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from scipy.stats import norm
 from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.grading import graded, graded_answers, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
-from rnr_interp.records import DEPLOYED, ProbeLabel, RunDir, RunFolderError
+from rnr_interp.records import DEPLOYED, ROUTE, ProbeLabel, RouteSummary, RunDir, RunFolderError
 from rnr_interp.analyses.routing.config import (BLIND_SEARCHES, CANDIDATE_SELECTORS, SEARCH_SELECTORS, STRUCTURED, VOTES,
                                                 RouteConfig, above_chance, draws_at_random, matched_control,
                                                 route_config_of)
@@ -28,7 +28,7 @@ from rnr_interp.tasks import reload_task
 from rnr_interp.tasks.base import Task
 
 
-def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
+def summarize_so_far(run: RunDir, out: str | Path) -> RouteSummary:
     """A route run's summary over the chunks it has written so far, without touching the
     run (it may still be going): its records are copied into a new run folder `out`
     (`RunDir.snapshot`), which gets the summary and tables a finished run gets, over
@@ -48,8 +48,7 @@ def summarize_so_far(run: RunDir, out: str | Path) -> dict[str, Any]:
         summary.setdefault("missing", []).append(why)
     summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
                            "questions_total": (run.config.get("task") or {}).get("n_questions")}
-    snap.write_summary(summary)
-    return summary
+    return snap.write_summary(summary)
 
 
 def _candidates(records: pd.DataFrame, probe: str, qids: Sequence[str]) -> list[pd.DataFrame]:
@@ -281,7 +280,7 @@ def _graded_routes(records: pd.DataFrame, config: dict[str, Any], cfg: RouteConf
     collapse_rate, parse = collapse
     excluded = bool(collapse_rate > cfg.collapse)
     curves, cells, distances, selectors = [], [], [], []
-    summary: dict[str, Any] = {"kind": "route", "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
+    summary: dict[str, Any] = {"kind": ROUTE, "model": model, "task": task_name, "k": cfg.samples, "budget": cfg.budget,
                                "n_questions": len(scores), "deployed": greedy,
                                "deployed_ci": list(wilson_interval(d.sum(), len(d))),
                                "proposals": {m: round_size(m, cfg.proposals) for m in STRUCTURED},
