@@ -155,7 +155,7 @@ def test_random_matched_draws_at_the_searches_distances(routed_run):
         row = cells[cells.space == space_name].set_index("method")
         for m in probe_methods(cfg):
             assert row.loc[m, "edits_mean"] == pytest.approx(np.mean(edits[m]))
-        cell = next(c for c in summary["cells"].values() if c["space"] == space_name)
+        cell = next(c for c in summary.cells.values() if c["space"] == space_name)
         for m in STRUCTURED:
             assert row.loc[m, "matched_control"] == cell["matched_minus_structured"][m]["baseline"] == matched_control(m)
             assert cell["matched_minus_structured"][m]["value"] == pytest.approx(
@@ -356,7 +356,7 @@ def test_format_collapse_is_flagged_and_excluded(tmp_path):
         records = RunDir(out).read_records()
         answers = graded_answers(records[records.probe == "deployed"], task, RunDir(out).grading)
         assert cell["unparsed_rate"] == pytest.approx(np.mean([a is None for a in answers]))
-        assert s["exclusion"]["parse"] == RunDir(out).grading
+        assert s.exclusion["parse"] == RunDir(out).grading
         assert cell["excluded"] is excluded
         assert s.excluded_cells == (list(s.cells) if excluded else [])
         assert np.isnan(s.oracle_at_k["random"]) == excluded
@@ -654,12 +654,12 @@ def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_p
     target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
     summary = summarize_routes(run, cfg, task=task, target=target)
 
-    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
+    cell = next(c for c in summary.cells.values() if c["space"] == "native")
     assert cell["oracle_at_k"]["random"] == 0.0
     assert cell["null"]["random"]["O_K"] == 1.0
     assert cell["null"]["random"]["O_K_minus_null"] == -1.0
     assert cell["null"]["random"]["O_K_minus_null_ci"][1] < 0
-    for c in summary["cells"].values():
+    for c in summary.cells.values():
         assert set(c["null"]) == set(c["oracle_at_k"])
         for m, null in c["null"].items():
             label = f"{c['space']}:{m}"
@@ -714,7 +714,7 @@ def test_a_zero_oracle_is_never_above_chance(routed_run, tmp_path):
     run.read_records = lambda: planted
     target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
     summary = summarize_routes(run, cfg, task=task, target=target)
-    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
+    cell = next(c for c in summary.cells.values() if c["space"] == "native")
     assert cell["oracle_at_k"]["mcts"] == 0.0 and cell["null"]["mcts"]["above_chance"] is False
     table = target.read_table("route_cells").set_index(["space", "method"])
     assert not table.loc[("native", "mcts"), "above_chance"]
@@ -792,7 +792,7 @@ def test_route_layers_name_a_planted_layer_and_nothing_where_nothing_is_planted(
     assert len(task) >= 5, "too few distinct replies to plant on"
 
     s = run_route_audit(lm, task, tmp_path / "planted", cfg, progress=False)
-    top = s["layers"]["skiponly"]["top"]
+    top = s.layers["skiponly"]["top"]
     assert (top["layer"], top["action"], top["above_chance"]) == (planted_layer, "skip", True)
     assert top["gain"] > 0.5 and top["null_gain"] < top["gain_ci"][0]
     table = RunDir(tmp_path / "planted").read_table("route_layers")
@@ -813,5 +813,5 @@ def test_route_layers_name_a_planted_layer_and_nothing_where_nothing_is_planted(
     assert f"skip {planted_layer}" in page and "best routes (fewest edits)" in page and f"skips {planted_layer}" in page
 
     s = run_route_audit(load_model(f"tiny-llama:{n_layers}"), null_task, tmp_path / "null", cfg, progress=False)
-    assert not any(entry["above_chance"] for entry in s["layers"]["skiponly"]["ranked"])
+    assert not any(entry["above_chance"] for entry in s.layers["skiponly"]["ranked"])
     assert not RunDir(tmp_path / "null").read_table("route_layers").above_chance.any()

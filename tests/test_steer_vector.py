@@ -26,7 +26,7 @@ def test_a_given_vector_is_steered_at_its_site_on_the_held_out_parts(tmp_path, l
     vector = torch.linspace(-1, 1, lm.bridge.cfg.d_model)
     s = run_steer(lm, t, tmp_path / "s", alphas=(0.0, 8.0), panel=6, decoding=deployed_decoding(t, max_new_tokens=3),
                   progress=False, vector=vector, site="blocks.1.hook_resid_mid")
-    assert "skipped" not in s, s.get("skipped")
+    assert s.skipped is None, s.skipped
     run = RunDir(tmp_path / "s")
     assert run.config["site"] == "hook_resid_mid" and run.config["vector"]["size"] == lm.bridge.cfg.d_model
     assert run.config["layer"] == 1 and not list(run.path.glob("repair*"))  # no block chosen by a sweep

@@ -202,7 +202,9 @@ class RouteSummary(Graded, Summary):
     missing: list[str] | None = None
     #: `rnr route-summary` of a run in progress: of, questions_done, questions_total
     snapshot: Json | None = None
-    layers: Any = None
+    #: per space, where the gains are (`analyses.routing.summary.layers_summary`): top
+    #: {layer, action, gain, gain_ci, null_gain, above_chance} and the ranked few
+    layers: Mapping[str, Json] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

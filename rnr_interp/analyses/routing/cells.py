@@ -199,7 +199,8 @@ def _distribution(selectors: pd.DataFrame) -> pd.DataFrame:
         rows.append({"selector": name, "cells": len(g), "cells_without_gap": int(g.gap_recovery.isna().sum()),
                      "median": q[0.5], "q25": q[0.25], "q75": q[0.75],
                      "min": rec.min() if len(rec) else np.nan, "max": rec.max() if len(rec) else np.nan})
-    return pd.DataFrame(rows)
+    # the columns even when no cell is kept: readers select by them
+    return pd.DataFrame(rows, columns=["selector", "cells", "cells_without_gap", "median", "q25", "q75", "min", "max"])
 
 
 def write_route_cells(folder: str | Path, out: str | Path | None = None) -> tuple[RunDir, dict[str, pd.DataFrame]]:
