@@ -1,0 +1,102 @@
+"""Model organisms: the planted checkpoint is an ordinary folder, reproducible from its
+seed, and the layer organism undoes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rnr_interp.analyses.plant import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant, read_planted, remove_layer
+from rnr_interp.cli import app
+from rnr_interp.engine.generate import forward
+from rnr_interp.interventions import Route, applied
+from rnr_interp.models import load_model
+
+BASE = "tiny-llama:4"
+
+
+def logits(lm, text: str = "What is 12 + 30?"):
+    ids = torch.tensor([lm.encode(lm.render(text))])
+    out, _ = forward(lm, ids, torch.ones_like(ids))
+    return out
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama:4", "tiny-gemma3:4", "tiny-olmo2:4"])
+def test_skipping_the_planted_layer_gives_back_the_base_exactly(tmp_path, spec):
+    planted = plant("layer", spec, tmp_path / "org", layer=2, strength=1.5, seed=3)
+    base, organism = load_model(spec), load_model(str(tmp_path / "org"))
+    assert organism.n_layers == base.n_layers + 1 == planted.n_layers
+    assert not torch.equal(logits(organism), logits(base))  # the plant has an effect
+    skip = tuple(i for i in range(organism.n_layers) if i != 2)
+    with applied(organism, [Route(skip)]):
+        assert torch.equal(logits(organism), logits(base))
+
+
+def test_removing_the_planted_layer_gives_back_the_base_weights(tmp_path):
+    plant("layer", BASE, tmp_path / "org", layer=1, strength=2.0, seed=0)
+    organism, _ = load_base(str(tmp_path / "org"))
+    remove_layer(organism, 1)
+    base, _ = load_base(BASE)
+    theirs, ours = base.state_dict(), organism.state_dict()
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+
+
+def test_strength_zero_is_no_effect(tmp_path):
+    planted = plant("null", BASE, tmp_path / "null", seed=5)
+    assert planted.strength == 0 and planted.expected == {"effect": False}
+    assert planted.location["layer"] == draw_layer(5, 4)
+    assert torch.equal(logits(load_model(str(tmp_path / "null"))), logits(load_model(BASE)))
+
+
+def test_an_organism_is_reproducible_from_its_seed(tmp_path):
+    first = plant("null", BASE, tmp_path / "a", seed=11)
+    again = plant("null", BASE, tmp_path / "b", seed=11)
+    assert (tmp_path / "a" / WEIGHTS_FILE).read_bytes() == (tmp_path / "b" / WEIGHTS_FILE).read_bytes()
+    assert first == again == read_planted(tmp_path / "a")
+    other_seeds = {plant("null", "tiny-llama:12", tmp_path / f"s{s}", seed=s).location["layer"] for s in range(6)}
+    assert len(other_seeds) > 1  # the seed does draw the location
+
+
+def test_expected_findings_name_the_planted_layer(tmp_path):
+    duplicate = plant("layer", BASE, tmp_path / "dup", layer=2, seed=0)
+    assert duplicate.strength == 1.0
+    # at strength 1 the copy and its original are one block twice: removing either is the base
+    assert duplicate.expected["repair"] == {"component": "layer", "layers": [2, 3]}
+    scaled = plant("layer", BASE, tmp_path / "scaled", layer=2, strength=3.0, seed=0)
+    assert scaled.expected["route"] == {"space": "skiponly", "skip": [2]}
+
+
+def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
+    out = tmp_path / "org"
+    done = CliRunner().invoke(app, ["plant", "layer", "--model", BASE, "--out", str(out), "--layer", "1", "--seed", "2"])
+    assert done.exit_code == 0, done.output
+    truth = json.loads((out / PLANTED_FILE).read_text())
+    assert truth["kind"] == "layer" and truth["location"] == {"layer": 1} and truth["seed"] == 2
+    assert {"config.json", WEIGHTS_FILE, "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    info = CliRunner().invoke(app, ["model-info", str(out)])
+    assert info.exit_code == 0 and json.loads(info.output[info.output.index("{"):])["n_layers"] == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plant", "bogus", "--model", BASE], "kind must be one of"),
+    (["plant", "layer", "--model", BASE, "--layer", "9"], "--layer must be in 0..3"),
+    (["plant", "null", "--model", BASE, "--strength", "1"], "takes neither --layer nor --strength"),
+    (["plant", "layer", "--model", "/nowhere/model"], "plant takes smollm2"),
+])
+def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
+    done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])
+    assert done.exit_code == 2 and message in done.output and "Traceback" not in done.output
+    assert not (tmp_path / "org").exists()
+
+
+def test_plant_never_overwrites_a_folder(tmp_path):
+    out = tmp_path / "org"
+    out.mkdir()
+    (out / "result.txt").write_text("keep me")
+    done = CliRunner().invoke(app, ["plant", "layer", "--model", BASE, "--out", str(out)])
+    assert done.exit_code == 2 and "not an empty folder" in done.output
+    assert (out / "result.txt").read_text() == "keep me"
