@@ -106,6 +106,7 @@ COMMANDS = {
     "sweep": sweep.sweep,
     "reproduce": reproduce.reproduce,
     "plant": plant.plant,
+    "validate": plant.validate,
 }
 for name, command in COMMANDS.items():
     app.command(name)(command)

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("engine and rows", ["engine.decoding", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",
                   "analyses.localise.repair", "analyses.localise.steering", "analyses.checkpoints", "analyses.finetune", "analyses.sweep",
-                  "analyses.plant"]),
+                  "analyses.plant", "analyses.validate"]),
     ("report", ["report"]),
     ("reproduce", ["reproduce"]),
     ("commands", ["commands"]),

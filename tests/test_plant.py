@@ -100,3 +100,54 @@ def test_plant_never_overwrites_a_folder(tmp_path):
     done = CliRunner().invoke(app, ["plant", "layer", "--model", BASE, "--out", str(out)])
     assert done.exit_code == 2 and "not an empty folder" in done.output
     assert (out / "result.txt").read_text() == "keep me"
+
+
+# -- validate ------------------------------------------------------------------------
+
+
+def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path):
+    from tests.test_localise_freeform import echo_task
+
+    from rnr_interp.analyses.validate import run_validate
+    from rnr_interp.records import RunDir
+
+    task = echo_task()
+    summary = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
+    run = RunDir(tmp_path / "v")
+    recovery = run.read_table("recovery")
+    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered"]
+    assert len(recovery) == 6 and set(recovery["analysis"]) == {"repair:layer"}
+    planted = recovery[recovery["strength"] > 0]
+    assert planted["recovered"].all() and (planted["found"] != "").all()
+    nulls = recovery[recovery["strength"] == 0]
+    assert (nulls["found"] == "").all() and (nulls["planted"] == "").all()
+    layer = summary["recovery"]["layer"]
+    assert layer["rate"] == 1.0 and layer["n"] == 3 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 3
+    # resumed: organisms and analysis runs are read back, nothing is planted or run again
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*.safetensors")}
+    again = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
+    assert again["recovery"] == summary["recovery"]
+    assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*.safetensors")}
+
+
+def test_the_route_check_reads_the_layer_a_route_run_names():
+    from rnr_interp.analyses.validate import route_layer_found
+
+    summary = {"layers": {"skiponly": {"top": {"layer": 15, "action": "skip", "gain": 0.25, "above_chance": True}},
+                          "native": {"top": {"layer": 3, "action": "repeat", "gain": 0.1, "above_chance": True}}}}
+    assert route_layer_found(summary) == 15
+    assert route_layer_found(summary, "native") is None  # a repeat is not a skip
+    chance = {"layers": {"skiponly": {"top": {"layer": 15, "action": "skip", "gain": 0.0, "above_chance": False}}}}
+    assert route_layer_found(chance) is None and route_layer_found({}) is None
+
+
+def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_path):
+    out = tmp_path / "v"
+    bad = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--profile", "huge", "--out", str(out)])
+    assert bad.exit_code == 2 and "--profile must be one of quick, full" in bad.output and not out.exists()
+    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
+    assert done.exit_code == 0, done.output
+    assert "layer: recovered" in done.output and "nulls with a false positive" in done.output
+    assert (out / "figures" / "detection_curve.html").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["recovery"]["layer"]) >= {"rate", "ci", "null_false_positive_rate"}

@@ -1,5 +1,6 @@
-"""The plant command: a model organism (a known effect planted in a model) written as
-an ordinary checkpoint folder with its ground truth in ``planted.json``."""
+"""Model organisms: `plant` writes one (a known effect planted in a model, an ordinary
+checkpoint folder with its ground truth in ``planted.json``); `validate` plants many and
+scores what the analyses find in them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from rnr_interp.commands.common import ModelOpt, QuietOpt, execute, out_folder
+from rnr_interp.commands.common import (
+    BatchOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+)
 
 
 def plant(
@@ -34,3 +37,47 @@ def plant(
                f"seed {planted.seed}: {planted.n_layers_base} -> {planted.n_layers} layers")
     typer.echo(f"  expected: {json.dumps(planted.expected)}")
     typer.echo(f"checkpoint: {out} (weights sha256 {planted.weights_sha256[:16]}...)")
+
+
+def validate(
+    model: ModelOpt = "smollm2", task: TaskOpt = "arithmetic", data: DataOpt = None,
+    n: Annotated[Optional[int], typer.Option("--n", help="questions per organism (default: the profile's)")] = None,
+    out: OutOpt = Path("runs/validate"),
+    profile: Annotated[str, typer.Option("--profile", help="quick: the default strength and its null at 3 seeds | "
+                                         "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
+    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+):
+    """Plant known effects in MODEL at several strengths and seeds, run the analyses on
+    each organism as a user would, and score what they found against what was planted:
+    recovery per kind, the detection curve, false positives on the nulls."""
+    from rnr_interp.analyses.validate import PROFILES, run_validate
+    from rnr_interp.tasks import load_task
+
+    at_least("--n", n)
+    at_least("--batch-size", batch_size)
+    if profile not in PROFILES:
+        fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    check_out(out)
+
+    def body():
+        t = load_task(task, data=data, n=n or PROFILES[profile].n)
+        return run_validate(model, t, out, profile=profile, batch_size=batch_size, progress=not quiet)
+
+    summary = execute(body)
+    _figures(out)
+    typer.echo(f"{summary['model']} on {summary['task']} ({summary['n_questions']} questions), profile {summary['profile']}:")
+    for kind, r in summary["recovery"].items():
+        typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'])}; nulls with a false positive "
+                   f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'])}")
+    typer.echo(f"run folder: {out}")
+
+
+def _share(rate: float, ci, n: int) -> str:
+    return "n/a (no cells)" if n == 0 else f"{rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n}"
+
+
+def _figures(out: Path) -> None:
+    from rnr_interp.records import RunDir
+    from rnr_interp.report.registry import write_run_figures
+
+    write_run_figures(RunDir(out))

@@ -19,6 +19,7 @@ from typing import Callable
 
 from rnr_interp.records import RunDir
 from rnr_interp.report import compare_figures, repair_figures
+from rnr_interp.report import validate_figures
 from rnr_interp.report.figures import (
     ROUTING_TABLES,
     Figures,
@@ -49,6 +50,7 @@ REGISTRY: tuple[FigureSet, ...] = (
     FigureSet("Failure screen, repair, steering and units", ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
               ("failure_set", "healthy_panel")),
     FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures),
+    FigureSet("Recovery of planted effects", ("recovery", "detection"), validate_figures.figures),
 )
 
 
