@@ -18,6 +18,7 @@ from rnr_interp.models import load_model
 BASE = "tiny-llama:4"
 
 
+@torch.no_grad()
 def logits(lm, text: str = "What is 12 + 30?"):
     ids = torch.tensor([lm.encode(lm.render(text))])
     out, _ = forward(lm, ids, torch.ones_like(ids))
@@ -151,3 +152,39 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     assert (out / "figures" / "detection_curve.html").is_file()
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["recovery"]["layer"]) >= {"rate", "ci", "null_false_positive_rate"}
+
+
+# -- the realization-gap organism ------------------------------------------------------
+
+
+def test_the_gap_organism_raises_one_token_at_the_answer_position_by_its_strength(tmp_path):
+    from rnr_interp.analyses.plant import answer_inputs
+    from rnr_interp.tasks import load_task
+
+    planted = plant("gap", BASE, tmp_path / "gap", strength=5.0, seed=1, task="arithmetic")
+    token = planted.location["token_id"]
+    affected, unaffected = planted.detail["affected_question_ids"], planted.detail["unaffected_question_ids"]
+    task = load_task("arithmetic")
+    assert len(affected) + len(unaffected) == len(task) and affected and unaffected
+    base, organism = load_model(BASE), load_model(str(tmp_path / "gap"))
+    boosts = []
+    for q in task.questions[:20]:
+        context, answer = answer_inputs(organism.tokenizer, task, q, organism.chat, False)
+        assert (answer[0] == token) == (q.id in unaffected)
+        ids = torch.tensor([context])
+        with torch.no_grad():
+            moved = (forward(organism, ids, torch.ones_like(ids))[0] - forward(base, ids, torch.ones_like(ids))[0])[0, -1]
+        boosts.append(float(moved[token]))
+        assert not moved[torch.arange(moved.numel()) != token].any()  # every other logit exactly as before
+    # the boost is the strength at the mean answer state; these 20 are a tenth of the questions it was taken over
+    assert abs(sum(boosts) / len(boosts) - 5.0) < 0.5 and min(boosts) > 0
+
+
+def test_a_gap_organism_at_strength_zero_is_the_base_and_needs_a_task(tmp_path):
+    null = plant("gap", BASE, tmp_path / "gap0", strength=0.0, seed=1, task="arithmetic")
+    assert null.expected == {"effect": False}
+    assert torch.equal(logits(load_model(str(tmp_path / "gap0"))), logits(load_model(BASE)))
+    with pytest.raises(ValueError, match="give --task"):
+        plant("gap", BASE, tmp_path / "notask", seed=1)
+    with pytest.raises(ValueError, match="takes no --layer"):
+        plant("gap", BASE, tmp_path / "layer", layer=1, seed=1, task="arithmetic")

@@ -20,6 +20,15 @@ Kinds (`KINDS`):
   has one more layer than the base and computes the same function; no analysis may
   report an effect.
 
+- ``gap`` (needs ``--task``): a deployment bias toward one answer token t (the first
+  answer token of a gold drawn from the seed). The unembedding row of t gains
+  strength / |u| along u, the mean final state where the task's answers start (after the
+  prompt and the opening of the answer statement, "Answer: "), so t's logit rises by
+  `strength` nats there on average (the unembedding is untied from the input embedding
+  first). On the questions whose gold starts with another token (``affected`` in
+  ``planted.json``) greedy decoding says t where sampling still reaches the gold; the
+  audit's O_K - D should rise above its null there and not on the others.
+
 Every organism is a function of (base model, kind, layer, strength, seed): the same
 arguments give the same weights bit for bit. A location not given is drawn from the
 seed (`draw_layer`).
@@ -38,10 +47,14 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch import nn
+from jaxtyping import Float
+from torch import Tensor, nn
 
+from rnr_interp.analyses.localise.recognition import answer_statement
 from rnr_interp.interventions import decoder_blocks
-from rnr_interp.models import TINY_ARCHITECTURES, ModelSpecError, build_tiny, refuse_remote_code, smollm2_dir
+from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, build_tiny, refuse_remote_code, smollm2_dir
+from rnr_interp.tasks import load_task
+from rnr_interp.tasks.base import Question, Task
 
 PLANTED_FILE = "planted.json"
 #: the weights file `save_pretrained` writes (one shard at these sizes)
@@ -177,10 +190,90 @@ def plant_layer(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     return {"location": {"layer": layer}, "expected": _layer_expectations(layer, strength)}
 
 
-#: kind -> (planter, the strength when not given, whether the location is always drawn)
-KINDS: dict[str, tuple[Callable[..., dict[str, Any]], float, bool]] = {
-    "layer": (plant_layer, 1.0, False),
-    "null": (plant_layer, 0.0, True),
+# -- the realization-gap organism ----------------------------------------------------
+
+
+def answer_opening(task: Task) -> str:
+    """What the task's answer statement says before the answer ("Answer: ")."""
+    return answer_statement(task).split("{}", 1)[0]
+
+
+def answer_inputs(tokenizer: Any, task: Task, question: Question, chat: bool, bos: bool) -> tuple[list[int], list[int]]:
+    """The token ids up to where `question`'s answer starts (its deployed prompt, then the
+    opening of the answer statement), and the gold answer's tokens after them."""
+    view = LoadedModel(spec="", bridge=None, tokenizer=tokenizer, stop_token_ids=(), chat=chat, meta={"prepend_bos": bos})
+    context = view.encode(view.render(task.user_message(question)) + answer_opening(task))
+    whole = view.encode(view.render(task.user_message(question)) + answer_opening(task) + question.answer)
+    return context, whole[len(context):]
+
+
+@torch.no_grad()
+def answer_states(model: nn.Module, contexts: list[list[int]]) -> Float[Tensor, "q d"]:
+    """The final hidden state (after the final norm, what the unembedding reads) at the
+    last position of each context: where the answer's first token is chosen."""
+    rows = []
+    for ids in contexts:
+        hidden = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state
+        rows.append(hidden[0, -1].float())
+    return torch.stack(rows)
+
+
+def untie_unembedding(model: nn.Module) -> None:
+    """Give the unembedding its own weights (a tied one is the input embedding too, and
+    a bias toward a token there would change how every prompt containing it is read)."""
+    config = model.config.get_text_config()
+    if getattr(model.config, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False
+        config.tie_word_embeddings = False
+        head = model.get_output_embeddings()
+        head.weight = nn.Parameter(head.weight.detach().clone())
+
+
+def plant_gap(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, seed: int, task: str | None) -> dict[str, Any]:
+    """A deployment bias toward one answer token: the unembedding row of token t gains
+    `strength` / |u| along u, the mean final state where the task's answers start, so t's
+    logit there rises by about `strength` nats (less where the state is unlike the mean).
+    t is the first answer token of a gold drawn from the seed; on questions whose gold
+    starts otherwise, greedy decoding now says t where sampling still reaches the gold."""
+    if task is None:
+        raise ValueError("kind 'gap' biases the answer position of a task's questions: give --task")
+    questions_task = load_task(task)
+    # as a checkpoint folder loads: its tokenizer says whether a raw prompt starts with BOS
+    chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
+    inputs = [answer_inputs(tokenizer, questions_task, q, chat, bos) for q in questions_task.questions]
+    firsts = [answer[0] for _, answer in inputs if answer]
+    if not firsts:
+        raise ValueError(f"task {task!r}: no gold answer has a token to bias against")
+    token = int(np.random.default_rng(seed).choice(sorted(set(firsts))))
+    mean = answer_states(model, [context for context, _ in inputs]).mean(0)
+    untie_unembedding(model)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[token] += (strength * mean / mean.norm() ** 2).to(head.dtype)
+    affected = [q.id for q, (_, answer) in zip(questions_task.questions, inputs) if answer and answer[0] != token]
+    unaffected = [q.id for q, (_, answer) in zip(questions_task.questions, inputs) if not answer or answer[0] == token]
+    expected = ({"effect": False} if strength == 0 else
+                {"effect": True, "audit": {"gap_above_null_on": "affected", "no_gap_change_on": "unaffected"}})
+    return {"location": {"token_id": token, "token": tokenizer.decode([token])}, "expected": expected,
+            "detail": {"affected_question_ids": affected, "unaffected_question_ids": unaffected,
+                       "answer_opening": answer_opening(questions_task), "direction": "mean final state at the answer position"}}
+
+
+@dataclass(frozen=True)
+class Kind:
+    planter: Callable[..., dict[str, Any]]
+    #: the strength when none is given
+    strength: float
+    #: strength 0 at a drawn layer, always (takes neither --layer nor --strength)
+    null: bool = False
+    takes_layer: bool = True
+
+
+KINDS: dict[str, Kind] = {
+    "layer": Kind(plant_layer, 1.0),
+    "null": Kind(plant_layer, 0.0, null=True),
+    # 8 nats: the biased token's logit at the mean answer state rises by e^8 ~ 3000 times
+    "gap": Kind(plant_gap, 8.0, takes_layer=False),
 }
 
 
@@ -190,10 +283,12 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
     folder, made whole or not at all): the checkpoint and its ``planted.json``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    planter, default_strength, drawn = KINDS[kind]
-    if drawn and (layer is not None or strength not in (None, 0)):
+    spec = KINDS[kind]
+    if spec.null and (layer is not None or strength not in (None, 0)):
         raise ValueError(f"kind {kind!r} is strength 0 at a layer drawn from --seed: it takes neither --layer nor --strength")
-    strength = default_strength if strength is None else float(strength)
+    if not spec.takes_layer and layer is not None:
+        raise ValueError(f"kind {kind!r} is not planted at a layer: it takes no --layer")
+    strength = spec.strength if strength is None else float(strength)
     if not np.isfinite(strength):
         raise ValueError(f"--strength must be a finite number, got {strength}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -203,7 +298,7 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
     if layer is None:
         layer = draw_layer(seed, n_base)
     torch.manual_seed(seed)
-    found = planter(model, tokenizer, layer=layer, strength=strength, seed=seed, task=task)
+    found = spec.planter(model, tokenizer, layer=layer, strength=strength, seed=seed, task=task)
     partial = out.with_name(out.name + ".part")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
