@@ -4,6 +4,8 @@ run on free-form answers, and the whole-layer sweep finds a planted layer."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from typer.testing import CliRunner
 
@@ -57,6 +59,10 @@ def test_failures_run_on_a_free_form_task(tmp_path):
     recognition = RunDir(out).read_table("recognition")
     assert set(recognition["readout"]) == {"answer"} and recognition["scores"].map(len).eq(5).all()
     assert "recognition (gold first): {'answer':" in done.output
+    summary = RunDir(out).read_summary()
+    assert summary["letter_bias"] is None and "letter distribution" not in done.output  # no letters to be biased toward
+    lucky = summary["screen"]["lucky_share_of_recognised"]
+    assert math.isnan(lucky) or 0 <= lucky <= 1  # a share, even where recognition is below chance
 
 
 @pytest.mark.parametrize("task, readout, message", [
@@ -106,3 +112,10 @@ def test_the_whole_layer_sweep_chooses_the_planted_layer_and_a_null_gives_no_ver
                          decoding=deployed_decoding(task), progress=False)
     assert nothing["n_failure"] == 0 and nothing["best"] == {"mlp": None, "attn": None, "layer": None}
     assert nothing["failure_empty_reason"] == "the deployed generation is right on every question"
+
+
+def test_the_lucky_share_is_a_share_below_chance_too():
+    from rnr_interp.analyses.localise.recognition import screen_cell
+
+    below = screen_cell([True] + [False] * 9, [False] * 10, [0.2] * 10)  # recognition 0.1 against chance 0.2
+    assert below["lucky_share_of_recognised"] == 1.0

@@ -369,8 +369,10 @@ def select_cohort(
         n_questions=len(questions), n_recognised=len(recognised & {q.id for q in questions}),
         n_deployed_correct=sum(correct[q.id] for q in questions), split=split, circular=circular is not None,
         n_letter_locked=sum(q.id in locked for q in wrong_recognised),
+        # free-form answers have no letters to be biased toward (and nearly every number is rare)
         letter_bias=letter_bias([q for q in questions if q.id in recognised], correct,
-                                {q.id: _answer(answers.get(q.id)) for q in questions}, circular),
+                                {q.id: _answer(answers.get(q.id)) for q in questions}, circular)
+        if all(q.choices is not None for q in questions) else None,
     )
 
 

@@ -326,7 +326,8 @@ def screen_cell(recognised: Sequence[bool], generated: Sequence[bool], chance: S
         "recognition_chance": chance_rate, "recognition_excess": excess,
         "recognition_excess_ci": [r_lo - chance_rate, r_hi - chance_rate],
         "recognition_known_share": known,
-        "lucky_share_of_recognised": (1 - known) * chance_rate / float(rec.mean()) if rec.any() else float("nan"),
+        # capped: below chance, every recognition is as many as a guesser's
+        "lucky_share_of_recognised": min(1.0, (1 - known) * chance_rate / float(rec.mean())) if rec.any() else float("nan"),
         "difference": diff, "difference_ci": [float(lo), float(hi)],
         "n_recognised_not_generated": int((rec & ~gen).sum()),
         "failure": bool((r_lo - chance_rate > 0 or not criterion.above_chance) and diff >= criterion.margin and lo > 0),
