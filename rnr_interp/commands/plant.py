@@ -17,12 +17,14 @@ from rnr_interp.commands.common import (
 
 def plant(
     kind: Annotated[str, typer.Argument(help="layer (an extra decoder layer at --layer) | null (layer at strength 0, "
-                                        "at a layer drawn from --seed)")],
+                                        "at a layer drawn from --seed) | gap (a bias toward one answer token at the "
+                                        "--task's answer position)")],
     model: ModelOpt = "smollm2",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
     layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
     strength: Annotated[Optional[float], typer.Option("--strength", help="effect size (layer: scale of the copy's "
-                                                      "writes, 1 = an exact duplicate, 0 = no effect)")] = None,
+                                                      "writes, 1 = an exact duplicate; gap: logit boost in nats, 8 by "
+                                                      "default; 0 = no effect)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
     quiet: QuietOpt = False,
