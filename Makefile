@@ -8,7 +8,7 @@ SITE := lib/python3.11/site-packages
 # the CPU wheel on disk, for both venvs (pyproject.toml pins the same)
 TORCH := 2.13.0
 
-.PHONY: setup vllm llama-cpp browser demo reproduce test bench clean
+.PHONY: setup vllm llama-cpp browser demo reproduce validate test bench clean
 
 $(BIN)/rnr: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -68,6 +68,11 @@ demo: setup
 # The paper end to end on the demo model (resumable: rerun to continue; see README).
 reproduce: setup
 	$(BIN)/rnr reproduce --profile demo --out runs/reproduce
+
+# Known answers: plant effects in the demo model and check the analyses find them
+# (quick profile, resumable; docs/organisms.md).
+validate: setup
+	$(BIN)/rnr validate --model smollm2 --task arithmetic --profile quick --out runs/validate
 
 test: setup browser vllm
 	$(BIN)/python -m pytest -q -rs tests

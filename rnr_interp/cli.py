@@ -21,6 +21,7 @@ import typer
 from typer.core import TyperGroup
 
 from rnr_interp.commands import audit, common, compare, localise, report, reproduce, sweep
+from rnr_interp.commands import plant
 
 
 class OneLineErrors(TyperGroup):
@@ -104,6 +105,8 @@ COMMANDS = {
     "report": report.report,
     "sweep": sweep.sweep,
     "reproduce": reproduce.reproduce,
+    "plant": plant.plant,
+    "validate": plant.validate,
 }
 for name, command in COMMANDS.items():
     app.command(name)(command)

@@ -760,6 +760,12 @@ def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
     raise NotImplementedError(f"routing is not supported for {type(model).__name__}: no decoder layer list found")
 
 
+def decoder_blocks(model: nn.Module) -> nn.ModuleList:
+    """The decoder's block list of an HF causal LM (the list routes swap)."""
+    owner, attr = _decoder_layers(model)
+    return getattr(owner, attr)
+
+
 @contextlib.contextmanager
 def layer_list(lm, modules: list[nn.Module], layer_types: list[str] | None) -> Iterator[None]:
     """Run the decoder over `modules` instead of its own block list (and matching

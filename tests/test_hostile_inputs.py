@@ -153,9 +153,10 @@ def test_letter_controls_refuse_options_that_are_not_lettered(tmp_path, command,
             absent=(out,), says=(says,))
 
 
-def test_failures_refuses_a_task_without_options(tmp_path):
-    out = tmp_path / "out"
-    refused("failures", *TINY, "--task", "arithmetic", "--n", "2", "--out", out, absent=(out,), says=("multiple choice",))
+def test_failures_refuses_a_free_form_task_without_distractors(tmp_path):
+    out, data = tmp_path / "out", tmp_path / "words.jsonl"
+    data.write_text('{"prompt": "Say a colour.", "answer": "red"}\n')
+    refused("failures", *TINY, "--task", "jsonl", "--data", data, "--out", out, absent=(out,), says=("no distractors",))
 
 
 @pytest.mark.parametrize("bins", ["0,0.5,0.5,1", "abc", "1", "0.5,0.1", "nan,1", ""])

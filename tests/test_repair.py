@@ -391,8 +391,9 @@ def test_repair_run_folder_and_cli(tmp_path, lm):
     assert CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",
                                     "--panel", "3", "--max-new-tokens", "4", "--out", str(out), "--quiet"]).exit_code == 0
     assert len(RunDir(out).parts()) == parts
+    # a free-form task is ranked by its answer statements, never by an option readout
     res = CliRunner().invoke(app, ["failures", "--model", "tiny-llama:3", "--task", "arithmetic", "--n", "2",
-                                   "--out", str(tmp_path / "f")])
+                                   "--readout", "option:mean", "--out", str(tmp_path / "f")])
     assert res.exit_code != 0 and "not multiple choice" in res.output
     # --permute-control: a new config (another folder), the control in summary and output
     res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",

@@ -19,7 +19,9 @@ from rnr_interp.analyses.localise.steering import ALPHA_UNITS, DEFAULT_DRAWS, DE
 if TYPE_CHECKING:
     from rnr_interp.records import CohortSummary, SteerSummary, UnitsSummary
 
-ReadoutOpt = Annotated[str, typer.Option("--readout", help="recognition readout for the failure set: option:mean | option:sum | letter | lm-eval:acc | lm-eval:acc_norm (lm-eval tasks)")]
+ReadoutOpt = Annotated[Optional[str], typer.Option("--readout", help="recognition readout for the failure set: option:mean (the "
+                      "default for multiple choice) | option:sum | letter | lm-eval:acc | lm-eval:acc_norm (lm-eval tasks) | "
+                      "answer (the default for free-form tasks: the gold's answer statement against its distractors')")]
 PanelOpt = Annotated[Optional[int], typer.Option("--panel", help="healthy panel cap: every deployed-right question up to the first N in task order")]
 SplitSeedOpt = Annotated[int, typer.Option("--split-seed", help="seed of the selection / held-out split of failure set and panel")]
 LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="layers to sweep, e.g. '0-5,9' (default: all)")]
@@ -80,8 +82,12 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
     at_least("--panel", options.get("panel"))
 
     def body():
+        from rnr_interp.analyses.localise.recognition import default_readout
+
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, task_config=task_config,
                             on_invalid=on_invalid)
+        if "readout" in options:
+            options["readout"] = options["readout"] or default_readout(t)
         return analysis(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
                         progress=not quiet, **per_model(lm), **options)
 
@@ -142,17 +148,17 @@ def _rate(r: dict) -> str:
 
 def failures(
     model: Annotated[list[str], typer.Option("--model", "-m", help="model spec (repeatable: one cell per model x task)")] = ["smollm2"],
-    task: Annotated[list[str], typer.Option("--task", "-t", help="multiple-choice task (repeatable)")] = ["arc_easy"],
+    task: Annotated[list[str], typer.Option("--task", "-t", help="task (repeatable): multiple choice, or free-form with distractors (arithmetic: near misses)")] = ["arc_easy"],
     data: DataOpt = None, n: NOpt = 24,
-    out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP,
+    out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP,
     margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,
     circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, on_invalid: OnInvalidOpt = "refuse",
     quiet: QuietOpt = False,
 ):
-    """Failure set (recognised but answered wrong) and healthy panel of an MC task; over
+    """Failure set (recognised but answered wrong) and healthy panel of a task; over
     several models/tasks, one run per cell under OUT/cells and the cell-level screen
     (recognition vs generation score, the criterion applied) in OUT."""
-    from rnr_interp.analyses.localise.recognition import FailureCriterion
+    from rnr_interp.analyses.localise.recognition import FailureCriterion, default_readout
     from rnr_interp.records import RunDir
     from rnr_interp.analyses.localise.repair import run_failures, write_screen
     from rnr_interp.engine.sampling import check_prompts_fit, deployed_decoding
@@ -181,7 +187,7 @@ def failures(
             for t in task:
                 check_prompts_fit(lm, tasks[t], max_new_tokens or tasks[t].max_new_tokens)
             for t in task:
-                summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout, panel=panel,
+                summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout or default_readout(tasks[t]), panel=panel,
                                               decoding=deployed_decoding(tasks[t], max_new_tokens), criterion=criterion,
                                               batch_size=batch_size, progress=not quiet, circular=circular))
         screen = write_screen(out, [RunDir(folders[c]) for c in cells], criterion) if len(cells) > 1 else None
@@ -211,10 +217,11 @@ def failures(
 
 def repair(
     model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
-    out: OutOpt = Path("runs/repair"), readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP,
+    out: OutOpt = Path("runs/repair"), readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP,
     split_seed: SplitSeedOpt = 0, layers: LayersOpt = None,
     sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
-                                       "then attention and whole layer at the chosen layer only (a third of the cost)")] = "all",
+                                       "then attention and whole layer at the chosen layer only (a third of the cost); "
+                                       "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
@@ -261,7 +268,7 @@ def steer(
                                                    "0,0.125,0.25,0.5,1,2 for rms; 0,0.5,1,2,4,8 for raw)")] = None,
     alpha_unit: Annotated[str, typer.Option("--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS "
                                             "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
-    readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
+    readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
     vector: Annotated[Optional[Path], typer.Option("--vector", help="steer along this vector instead of v: a 1-D tensor "
@@ -317,7 +324,7 @@ def units(
     ks: Annotated[str, typer.Option("--ks", help="comma-separated k grid")] = _KS,
     seed: SeedOpt = 0,
     draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
-    readout: ReadoutOpt = "option:mean", panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
+    readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False,
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
     task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,

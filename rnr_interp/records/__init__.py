@@ -47,6 +47,6 @@ from rnr_interp.records.summaries import (
     AUDIT, COMPARE, FAILURES, LOCALISATION_SWEEPS, REPAIR, ROUTE, ROUTE_CELLS, SCHEMA_VERSION, SCREEN, STEER,
     SUMMARY_TYPES, TEMPERATURE_SWEEP, UNITS, AuditSummary, CohortSummary, CompareSummary, FailuresSummary,
     RepairSummary, RouteCellsSummary, RouteSummary, ScreenSummary, SteerSummary, Summary, SummaryError,
-    TemperatureSweepSummary, UnitsSummary, parse_summary, register_summary, summary_type,
+    TemperatureSweepSummary, UnitsSummary, VALIDATE, ValidateSummary, parse_summary, register_summary, summary_type,
 )
 from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, file_sha256, load_runs

@@ -32,6 +32,8 @@ SCHEMA_VERSION = 1
 #: every analysis kind a run folder's config names, in the order the paper takes them
 AUDIT, ROUTE, ROUTE_CELLS, TEMPERATURE_SWEEP = "audit", "route", "route_cells", "temperature_sweep"
 FAILURES, SCREEN, REPAIR, STEER, UNITS, COMPARE = "failures", "screen", "repair", "steer", "units", "compare"
+#: the known-answer validation: organisms planted in a model, the analyses run on them
+VALIDATE = "validate"
 #: the localisation kinds that sweep, steer or silence inside a cohort's chosen block
 LOCALISATION_SWEEPS = (REPAIR, STEER, UNITS)
 
@@ -364,11 +366,27 @@ class CompareSummary(Graded, Summary):
     chance: Json | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ValidateSummary(Summary):
+    """`analyses.validate.run_validate`: per planted kind (and per analysis) the share of
+    planted organisms recovered, with its interval, and the nulls' false-positive rate."""
+
+    KIND: ClassVar[str] = VALIDATE
+    model: str
+    task: str
+    n_questions: int
+    profile: str
+    profile_why: str | None = None
+    #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
+    recovery: Mapping[str, Json]
+    by_analysis: Mapping[str, Json]
+
+
 #: kind -> its summary's class, the one place a kind's summary type is looked up
 #: (`report.kinds.register` adds an analysis's own)
 SUMMARY_TYPES: dict[str, type[Summary]] = {cls.KIND: cls for cls in (
     AuditSummary, RouteSummary, RouteCellsSummary, TemperatureSweepSummary, FailuresSummary, ScreenSummary,
-    RepairSummary, SteerSummary, UnitsSummary, CompareSummary)}
+    RepairSummary, SteerSummary, UnitsSummary, CompareSummary, ValidateSummary)}
 
 
 def register_summary(cls: type[Summary]) -> type[Summary]:

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 from rnr_interp.records import (
     AUDIT, COMPARE, FAILURES, REPAIR, ROUTE, ROUTE_CELLS, SCREEN, STEER, TEMPERATURE_SWEEP, UNITS, AuditSummary,
     CompareSummary, FailuresSummary, RepairSummary, RouteCellsSummary, RouteSummary, RunDir, ScreenSummary,
-    SteerSummary, Summary, SummaryError, TemperatureSweepSummary, UnitsSummary, register_summary, summary_type,
+    SteerSummary, Summary, SummaryError, TemperatureSweepSummary, UnitsSummary, VALIDATE, ValidateSummary, register_summary, summary_type,
 )
 from rnr_interp.report import sections
 from rnr_interp.report.registry import (
-    COMPARE_FIGURES, CROSS_CELL_FIGURES, LOCALISATION_FIGURES, REGISTRY, ROUTING_FIGURES, TEMPERATURE_FIGURES, FigureSet,
+    COMPARE_FIGURES, CROSS_CELL_FIGURES, LOCALISATION_FIGURES, REGISTRY, ROUTING_FIGURES, TEMPERATURE_FIGURES,
+    VALIDATE_FIGURES, FigureSet,
 )
 
 S = TypeVar("S", bound=Summary)
@@ -152,6 +153,8 @@ ANALYSES: dict[str, Analysis] = _analyses(
                Lazy("rnr_interp.analyses.localise.steering", "run_units"), sections.cohort_html, (LOCALISATION_FIGURES,)),
     Registered(COMPARE, CompareSummary, None, Lazy("rnr_interp.analyses.checkpoints", "compare_runs"),
                sections.compare_html, (COMPARE_FIGURES,)),
+    Registered(VALIDATE, ValidateSummary, Lazy("rnr_interp.analyses.validate", "Profile"),
+               Lazy("rnr_interp.analyses.validate", "run_validate"), sections.no_html, (VALIDATE_FIGURES,)),
 )
 
 

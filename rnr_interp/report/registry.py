@@ -19,6 +19,7 @@ from typing import Callable
 
 from rnr_interp.records import RunDir
 from rnr_interp.report import compare_figures, repair_figures
+from rnr_interp.report import validate_figures
 from rnr_interp.report.figures import (
     ROUTING_TABLES,
     Figures,
@@ -49,9 +50,10 @@ LOCALISATION_FIGURES = FigureSet("Failure screen, repair, steering and units",
                                  ("screen", "repair", "controls", "steering", "units"), repair_figures.figures,
                                  ("failure_set", "healthy_panel"))
 COMPARE_FIGURES = FigureSet("Checkpoint comparison", ("transitions", "propensity"), compare_figures.figures)
+VALIDATE_FIGURES = FigureSet("Recovery of planted effects", ("recovery", "detection"), validate_figures.figures)
 #: every figure set; each analysis names its own (`report.kinds`)
 REGISTRY: tuple[FigureSet, ...] = (ROUTING_FIGURES, CROSS_CELL_FIGURES, TEMPERATURE_FIGURES, LOCALISATION_FIGURES,
-                                   COMPARE_FIGURES)
+                                   COMPARE_FIGURES, VALIDATE_FIGURES)
 
 
 def present_tables(run: RunDir, entry: FigureSet) -> list[str]:

@@ -37,7 +37,7 @@ from rnr_interp.engine.rows import PrefillCache, Row, generate_rows
 from rnr_interp.interventions import Intervention, first_layer, set_id
 from rnr_interp.metrics import answer_changes, proportion
 from rnr_interp.models import LoadedModel
-from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognize
+from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognition_choices, recognize
 from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, ProbeLabel, RunDir, stable_key
 from rnr_interp.engine.sampling import candidate_row, chance_summary, chunks, run_config
 from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task, rotate_options
@@ -369,13 +369,15 @@ def select_cohort(
         n_questions=len(questions), n_recognised=len(recognised & {q.id for q in questions}),
         n_deployed_correct=sum(correct[q.id] for q in questions), split=split, circular=circular is not None,
         n_letter_locked=sum(q.id in locked for q in wrong_recognised),
+        # free-form answers have no letters to be biased toward (and nearly every number is rare)
         letter_bias=letter_bias([q for q in questions if q.id in recognised], correct,
-                                {q.id: _answer(answers.get(q.id)) for q in questions}, circular),
+                                {q.id: _answer(answers.get(q.id)) for q in questions}, circular)
+        if all(q.choices is not None for q in questions) else None,
     )
 
 
 def build_cohort(
-    lm: LoadedModel, task: MultipleChoiceTask, run: RunDir, *, readout: str = "option:mean",
+    lm: LoadedModel, task: Task, run: RunDir, *, readout: str = "option:mean",
     panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding, batch_size: int = 32,
     progress: bool = False, circular: bool = False,
 ) -> Cohort:
@@ -598,12 +600,18 @@ def _answer(value: Any) -> str | None:
 
 
 def check_cohort_options(task: Task, readout: str, panel: int | None, batch_size: int) -> None:
-    """Refuse what no cohort can be built from: a task without options, an unknown
-    readout, a panel or batch below 1."""
-    if not isinstance(task, MultipleChoiceTask):
-        raise ValueError(f"task {task.name!r} is not multiple choice: failure localisation needs options to rank")
+    """Refuse what no cohort can be built from: an unknown readout, one that does not
+    fit the task (free-form answers are ranked by the answer readout, options by the
+    others), a panel or batch below 1."""
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    if (readout == "answer") == isinstance(task, MultipleChoiceTask):
+        raise ValueError(f"task {task.name!r} is multiple choice: rank its options (readout option:mean, option:sum or letter)"
+                         if readout == "answer" else f"task {task.name!r} is not multiple choice: readout {readout!r} "
+                         "ranks options; free-form answers are ranked against their distractors by readout 'answer'")
+    if readout == "answer":
+        for q in task.questions:  # every question needs distractors before anything is written
+            recognition_choices(task, q)
     if readout.startswith("lm-eval:") and not hasattr(task, "loglikelihood_requests"):
         raise ValueError(f"readout {readout!r} reads lm-eval's requests: only for lm-eval tasks (--task lm-eval:NAME), not {task.name!r}")
     if panel is not None and panel < 1:

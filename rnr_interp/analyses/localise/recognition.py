@@ -25,6 +25,15 @@ scored tokens are the option's as they follow a word (``" Paris"``), never glued
 question's last token (`TARGET_DELIMITER`). Through a chat template the option is the
 start of the assistant's turn, which needs no delimiter.
 
+- ``answer`` (free-form tasks): the log-prob of the answer statement the task's
+  instruction quotes (``'Answer: N'``, GSM8K's ``'The answer is N.'``) after the full
+  deployed prompt, for the gold answer and its distractors (`recognition_choices`):
+  those a question declares (a ``distractors`` list in its data row), else, for a
+  numeric answer, its near misses (`NEAR_MISSES`: off by 1 and by 10, as
+  ``arithmetic_mc``'s distractors are). The candidates are ranked in numeric order, so
+  the gold's position says nothing. This is recognition without the reasoning a
+  chain-of-thought task would write first.
+
 The cell-level screen (`screen_cell`) compares a cell's recognition score with its
 generation score (the paper's Figure 4a: failures lie off y = x) under a stated
 `FailureCriterion`, and reads recognition against chance (one over the number of
@@ -37,6 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+import re
+
 import numpy as np
 import torch
 from jaxtyping import Float, Int
@@ -46,12 +57,70 @@ from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.metrics import paired_diff_ci, wilson_interval
 from rnr_interp.models import LoadedModel
 from rnr_interp.engine.sampling import chunks
-from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question
+from rnr_interp.tasks.base import LETTERS, MultipleChoiceTask, Question, Task
+from rnr_interp.tasks.numeric import canonical_number
 
-Variant = Literal["option", "letter", "lm-eval"]
-#: how the failure set reads recognition: "option:sum", "option:mean", "letter", and for
-#: lm-eval tasks lm-eval's own "lm-eval:acc" and "lm-eval:acc_norm"
-READOUTS = ("option:sum", "option:mean", "letter", "lm-eval:acc", "lm-eval:acc_norm")
+Variant = Literal["option", "letter", "lm-eval", "answer"]
+#: how the failure set reads recognition: "option:sum", "option:mean", "letter", for
+#: lm-eval tasks lm-eval's own "lm-eval:acc" and "lm-eval:acc_norm", and for free-form
+#: tasks "answer" (the gold's statement against its distractors')
+READOUTS = ("option:sum", "option:mean", "letter", "lm-eval:acc", "lm-eval:acc_norm", "answer")
+#: a numeric gold's derived distractors: these offsets from it
+NEAR_MISSES = (-10, -1, 1, 10)
+#: the answer statement when a task's instruction quotes none
+ANSWER_STATEMENT = "Answer: {}"
+
+
+def default_readout(task: Task) -> str:
+    """The readout a localisation uses unless told: the option likelihoods for multiple
+    choice, the answer statements for free-form tasks."""
+    return "option:mean" if isinstance(task, MultipleChoiceTask) else "answer"
+
+
+def answer_statement(task: Task) -> str:
+    """The statement of an answer (a format string, `{}` for the answer) that `task`'s
+    instruction quotes, such as 'Answer: N' or 'The answer is N.'; else `ANSWER_STATEMENT`."""
+    quoted = re.search(r"'([^']*?\b[NX]\b[^']*)'", task.instruction or "")
+    if quoted is None:
+        return ANSWER_STATEMENT
+    return re.sub(r"\b[NX]\b", "{}", quoted.group(1).replace("{", "{{").replace("}", "}}"), count=1)
+
+
+def recognition_choices(task: Task, q: Question) -> tuple[tuple[str, ...], int]:
+    """The candidates recognition ranks for `q` and the gold's index among them: a
+    multiple-choice question's options; for a free-form one, the gold and its declared
+    distractors (``meta["distractors"]``), else a number's near misses, numbers in
+    numeric order."""
+    if isinstance(task, MultipleChoiceTask):
+        if q.choices is None or q.gold_index is None:
+            raise ValueError(f"question {q.id!r} has no options to rank")
+        return tuple(q.choices), q.gold_index
+    declared = q.meta.get("distractors")
+    if declared is not None:
+        if not isinstance(declared, (list, tuple)) or not declared or not all(isinstance(d, (str, int, float)) for d in declared):
+            raise ValueError(f"question {q.id!r}: distractors must be a non-empty list of answers, got {declared!r}")
+        others = [str(d).strip() for d in declared if str(d).strip() != q.answer]
+    elif task.answer_kind == "number" and (gold := _as_number(q.answer)) is not None:
+        others = [_number_text(gold + d) for d in NEAR_MISSES]
+    else:
+        raise ValueError(f"question {q.id!r} of task {task.name!r} has a free-form answer and no distractors to rank it "
+                         "against: declare them (a 'distractors' list in each data row) or use a multiple-choice task")
+    candidates = list(dict.fromkeys([q.answer, *others]))
+    numbers = [_as_number(c) for c in candidates]
+    if all(n is not None for n in numbers):
+        candidates = [c for _, c in sorted(zip(numbers, candidates), key=lambda x: x[0])]
+    else:
+        candidates.sort()
+    return tuple(candidates), candidates.index(q.answer)
+
+
+def _as_number(text: str) -> float | None:
+    canonical = canonical_number(text)
+    return None if canonical is None else float(canonical)
+
+
+def _number_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
 
 
 #: between context and continuation for a model without a chat template (lm-eval's
@@ -71,11 +140,18 @@ class ScoredSequence:
     continuation: tuple[int, ...]
 
 
-def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, variant: Variant) -> list[ScoredSequence]:
-    """One (context, continuation) per option of `q`, in option order."""
-    if q.choices is None:
-        raise ValueError(f"question {q.id!r} has no choices: recognition needs a multiple-choice task")
-    if variant == "option":
+def option_sequences(lm: LoadedModel, task: Task, q: Question, variant: Variant) -> list[ScoredSequence]:
+    """One (context, continuation) per candidate of `q` (`recognition_choices`), in order."""
+    if variant == "answer":
+        if isinstance(task, MultipleChoiceTask):
+            raise ValueError(f"the answer readout ranks free-form answers; task {task.name!r} is multiple choice "
+                             "(use an option or letter readout)")
+        prompt = lm.render(task.user_message(q))
+        texts = [answer_statement(task).format(c) for c in recognition_choices(task, q)[0]]
+    elif q.choices is None:
+        raise ValueError(f"question {q.id!r} has no choices: readout {variant!r} needs a multiple-choice task "
+                         "(free-form tasks: the answer readout)")
+    elif variant == "option":
         prompt = lm.render(task.recognition_prompt(q))
         texts = [c.strip() for c in q.choices]
     elif variant == "letter":
@@ -87,7 +163,7 @@ def option_sequences(lm: LoadedModel, task: MultipleChoiceTask, q: Question, var
             raise ValueError(f"task {task.name!r} is not an lm-eval task: it has no lm-eval requests to score")
         return [lm_eval_sequence(lm, context, continuation) for context, continuation in requests(q)]
     else:
-        raise ValueError(f"recognition variant must be 'option', 'letter' or 'lm-eval', got {variant!r}")
+        raise ValueError(f"recognition variant must be 'option', 'letter', 'lm-eval' or 'answer', got {variant!r}")
     delimiter = target_delimiter(lm)
     # lm-eval moves the context's trailing whitespace into the continuation; the delimiter replaces it here
     context = lm.encode(prompt.rstrip() if delimiter else prompt)
@@ -143,10 +219,11 @@ _NORMS: dict[str, dict[str, Any]] = {
     "option": {"option:sum": lambda s, n, text: s, "option:mean": lambda s, n, text: s / n},
     "letter": {"letter": lambda s, n, text: s},
     "lm-eval": {"lm-eval:acc": lambda s, n, text: s, "lm-eval:acc_norm": lambda s, n, text: s / len(text)},
+    "answer": {"answer": lambda s, n, text: s},
 }
 
 
-def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Question], batch_size: int = 8,
+def recognize(lm: LoadedModel, task: Task, questions: Sequence[Question], batch_size: int = 8,
               variants: Sequence[Variant] = ("option", "letter")) -> list[dict[str, Any]]:
     """One row per (question, readout): per-option scores, rankings (best first) and
     whether the gold option ranks first. Option variants carry both normalisations, the
@@ -162,8 +239,9 @@ def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Que
             start += len(seqs)
             sums = np.array([float(x.sum()) for x in lp])
             lengths = np.array([len(x) for x in lp])
+            choices, gold = recognition_choices(task, q)
             for readout, norm in _NORMS[variant].items():
-                scores = np.array([norm(s, n, text) for s, n, text in zip(sums, lengths, q.choices or ())])
+                scores = np.array([norm(s, n, text) for s, n, text in zip(sums, lengths, choices)])
                 ranking = rank(scores)
                 rows.append({
                     "question_id": q.id,
@@ -173,9 +251,9 @@ def recognize(lm: LoadedModel, task: MultipleChoiceTask, questions: Sequence[Que
                     "scores": scores.tolist(),
                     "n_tokens": lengths.tolist(),
                     "ranking": ranking,
-                    "gold_index": q.gold_index,
-                    "gold_rank": ranking.index(q.gold_index),
-                    "gold_first": ranking[0] == q.gold_index,
+                    "gold_index": gold,
+                    "gold_rank": ranking.index(gold),
+                    "gold_first": ranking[0] == gold,
                 })
     return rows
 
@@ -248,7 +326,8 @@ def screen_cell(recognised: Sequence[bool], generated: Sequence[bool], chance: S
         "recognition_chance": chance_rate, "recognition_excess": excess,
         "recognition_excess_ci": [r_lo - chance_rate, r_hi - chance_rate],
         "recognition_known_share": known,
-        "lucky_share_of_recognised": (1 - known) * chance_rate / float(rec.mean()) if rec.any() else float("nan"),
+        # capped: below chance, every recognition is as many as a guesser's
+        "lucky_share_of_recognised": min(1.0, (1 - known) * chance_rate / float(rec.mean())) if rec.any() else float("nan"),
         "difference": diff, "difference_ci": [float(lo), float(hi)],
         "n_recognised_not_generated": int((rec & ~gen).sum()),
         "failure": bool((r_lo - chance_rate > 0 or not criterion.above_chance) and diff >= criterion.margin and lo > 0),

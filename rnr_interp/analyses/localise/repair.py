@@ -53,7 +53,7 @@ from rnr_interp.records import (
     DEPLOYED, FAILURES, REPAIR, SCREEN, FailuresSummary, ProbeLabel, RepairSummary, RunDir, ScreenSummary,
 )
 from rnr_interp.engine.sampling import deployed_decoding
-from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
+from rnr_interp.tasks.base import Question, Task
 
 #: the block components a sweep silences (the keys of the site table's component map)
 COMPONENTS = tuple(COMPONENT_SITE)
@@ -165,8 +165,9 @@ def localisation_summary(table: pd.DataFrame) -> dict[str, Any]:
         out["chosen"] = {"component": "mlp", "layer": chosen["layer"], "selection": chosen}
         out["at_chosen_layer"] = {c: heldout_rates(table, chosen["layer"], c) for c in COMPONENTS}
     swept = table.groupby("component")["layer"].apply(set)
+    widest = max(swept.index, key=lambda c: len(swept[c]))
     for c, best in own.items():
-        if "mlp" in swept and not swept["mlp"] <= swept[c]:
+        if not swept[widest] <= swept[c]:
             continue  # swept at the chosen layer only: it has no "own best" layer
         out["own_best"][c] = None if best is None else {"selection": best, "heldout": heldout_rates(table, best["layer"], c)}
     return out
@@ -197,7 +198,7 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
 # -- run folders ---------------------------------------------------------------------
 
 
-def run_failures(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
+def run_failures(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "option:mean",
                  panel: int | None = PANEL_CAP, decoding: Decoding | None = None,
                  criterion: FailureCriterion = FailureCriterion(), batch_size: int = 32,
                  progress: bool = True, circular: bool = False) -> FailuresSummary:
@@ -235,10 +236,10 @@ def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = Failure
             "readout": readout, "criterion": criterion.describe(), "circular": bool(run.config.get("circular"))}
 
 
-#: what a repair run silences: every component at every layer, or ("mlp") the MLP at
-#: every layer and then attention and the whole layer at the chosen MLP layer only (the
-#: paper's same-layer controls, a third of the cost; no own-best layer for them)
-SWEEPS = ("all", "mlp")
+#: what a repair run silences: every component at every layer, or one component ("mlp",
+#: "layer") at every layer and then the others at its chosen layer only (the paper's
+#: same-layer controls, a third of the cost; no own-best layer for them)
+SWEEPS = ("all", "mlp", "layer")
 
 
 def screen_table(runs: Sequence[RunDir], criterion: FailureCriterion = FailureCriterion()) -> pd.DataFrame:
@@ -288,7 +289,7 @@ def write_screen(out: str | Path, runs: Sequence[RunDir], criterion: FailureCrit
     return run.write_summary(summary)
 
 
-def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, readout: str = "option:mean",
+def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "option:mean",
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
                permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
@@ -318,10 +319,10 @@ def run_repair(lm: LoadedModel, task: MultipleChoiceTask, out: str | Path, *, re
     if sweep == "all":
         table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=components, **common)
     else:
-        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=("mlp",), **common)
-        chosen = best_blocks(table, on="selection").get("mlp")
+        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=(sweep,), **common)
+        chosen = best_blocks(table, on="selection").get(sweep)
         if chosen is not None:
-            others = [c for c in components if c != "mlp"]
+            others = [c for c in components if c != sweep]
             table = pd.concat([table, silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=[chosen["layer"]],
                                                       components=others, **common)], ignore_index=True)
     run.write_table("repair", table)

@@ -1,0 +1,85 @@
+"""Model organisms: `plant` writes one (a known effect planted in a model, an ordinary
+checkpoint folder with its ground truth in ``planted.json``); `validate` plants many and
+scores what the analyses find in them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from rnr_interp.commands.common import (
+    BatchOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+)
+
+
+def plant(
+    kind: Annotated[str, typer.Argument(help="layer (an extra decoder layer at --layer) | null (layer at strength 0, "
+                                        "at a layer drawn from --seed) | gap (a bias toward one answer token at the "
+                                        "--task's answer position)")],
+    model: ModelOpt = "smollm2",
+    out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
+    layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
+    strength: Annotated[Optional[float], typer.Option("--strength", help="effect size (layer: scale of the copy's "
+                                                      "writes, 1 = an exact duplicate; gap: logit boost in nats, 8 by "
+                                                      "default; 0 = no effect)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
+    task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
+    quiet: QuietOpt = False,
+):
+    """Plant a known effect in MODEL and write it as a checkpoint folder every command
+    loads with --model OUT; planted.json holds what was planted and what each analysis
+    should find."""
+    from rnr_interp.analyses.plant import plant as plant_organism
+
+    planted = execute(lambda: plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=task))
+    typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "
+               f"seed {planted.seed}: {planted.n_layers_base} -> {planted.n_layers} layers")
+    typer.echo(f"  expected: {json.dumps(planted.expected)}")
+    typer.echo(f"checkpoint: {out} (weights sha256 {planted.weights_sha256[:16]}...)")
+
+
+def validate(
+    model: ModelOpt = "smollm2", task: TaskOpt = "arithmetic", data: DataOpt = None,
+    n: Annotated[Optional[int], typer.Option("--n", help="questions per organism (default: the profile's)")] = None,
+    out: OutOpt = Path("runs/validate"),
+    profile: Annotated[str, typer.Option("--profile", help="quick: the default strength and its null at 3 seeds | "
+                                         "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
+    batch_size: BatchOpt = 32, quiet: QuietOpt = False,
+):
+    """Plant known effects in MODEL at several strengths and seeds, run the analyses on
+    each organism as a user would, and score what they found against what was planted:
+    recovery per kind, the detection curve, false positives on the nulls."""
+    from rnr_interp.analyses.validate import PROFILES, run_validate
+    from rnr_interp.tasks import load_task
+
+    at_least("--n", n)
+    at_least("--batch-size", batch_size)
+    if profile not in PROFILES:
+        fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    check_out(out)
+
+    def body():
+        t = load_task(task, data=data, n=n or PROFILES[profile].n)
+        return run_validate(model, t, out, profile=profile, batch_size=batch_size, progress=not quiet)
+
+    summary = execute(body)
+    _figures(out)
+    typer.echo(f"{summary.model} on {summary.task} ({summary.n_questions} questions), profile {summary.profile}:")
+    for kind, r in summary.recovery.items():
+        typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'])}; nulls with a false positive "
+                   f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'])}")
+    typer.echo(f"run folder: {out}")
+
+
+def _share(rate: float, ci, n: int) -> str:
+    return "n/a (no cells)" if n == 0 else f"{rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n}"
+
+
+def _figures(out: Path) -> None:
+    from rnr_interp.records import RunDir
+    from rnr_interp.report.registry import write_run_figures
+
+    write_run_figures(RunDir(out))
