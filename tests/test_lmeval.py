@@ -36,8 +36,9 @@ def _lm_eval_task_module():
     return ConfigurableTask, load_yaml
 
 
-def lm_eval_own_task(name: str, folder: Path):
-    """lm-eval's own ConfigurableTask for `name`, its dataset read from `folder`."""
+def lm_eval_own_task(name: str, folder: Path, keep_splits: bool = False):
+    """lm-eval's own ConfigurableTask for `name`, its dataset read from `folder` (every
+    split the same rows, or with `keep_splits` the folder's own splits)."""
     ConfigurableTask, load_yaml = _lm_eval_task_module()
     config = load_yaml(find_task_yaml(name))
     for key in ("tag", "group"):
@@ -47,6 +48,9 @@ def lm_eval_own_task(name: str, folder: Path):
 
     class Offline(ConfigurableTask):
         def download(self, dataset_kwargs=None, **kwargs):
+            if keep_splits:
+                self.dataset = datasets.load_from_disk(str(folder))
+                return
             split = datasets.load_from_disk(str(folder))
             split = split[next(iter(split))] if isinstance(split, datasets.DatasetDict) else split
             # every split the task might name is the same rows (no few-shot is drawn at 0 shots)
@@ -356,3 +360,76 @@ def test_context_fit_is_checked_for_the_asked_questions_only(tmp_path):
     assert asked.exit_code == 0, asked.output
     refused = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "no")])
     assert refused.exit_code == 2 and "question 'long'" in refused.output and not (tmp_path / "no").exists()
+
+
+# -- few-shot, as lm-eval builds it ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fewshot_folders(tmp_path_factory, shared_data) -> dict[str, Path]:
+    """Folders with a question split and a separate few-shot split (the shared data has
+    no train files: later rows of the same file serve as the examples' pool)."""
+    root = tmp_path_factory.mktemp("fewshot")
+
+    def splits(rows: list[dict], folder: Path, asked: str, pool: str) -> Path:
+        datasets.DatasetDict({asked: datasets.Dataset.from_list(rows[:6]),
+                              pool: datasets.Dataset.from_list(rows[6:])}).save_to_disk(str(folder))
+        return folder
+
+    with open(shared_data / "gsm8k" / "test.jsonl") as f:
+        gsm8k = [json.loads(line) for line in list(f)[:20]]
+    return {"arc_easy": splits(arc_rows(shared_data, 40), root / "arc_easy", "test", "train"),
+            "piqa": splits(piqa_rows(shared_data, 30), root / "piqa", "validation", "train"),
+            "gsm8k": splits(gsm8k, root / "gsm8k", "test", "train")}
+
+
+@pytest.mark.parametrize("name,shots,seed", [("arc_easy", 3, 1234), ("arc_easy", 25, 7), ("piqa", 2, 1234), ("gsm8k", 5, 1234)])
+def test_fewshot_context_equals_lm_evals_own(name, shots, seed, fewshot_folders):
+    """Each question's prompt, examples included, is lm-eval's `fewshot_context` for
+    that doc with the same seed, questions drawn in order; multiple-choice requests are
+    its `construct_requests`."""
+    ours = load_task(f"lm-eval:{name}", data=fewshot_folders[name], num_fewshot=shots, fewshot_seed=seed)
+    theirs = lm_eval_own_task(name, fewshot_folders[name], keep_splits=True)
+    theirs.set_fewshot_seed(seed)
+    docs = list(theirs.test_docs() if theirs.config.test_split else theirs.validation_docs())
+    assert len(ours) == len(docs) == 6
+    for q, doc in zip(ours.questions, docs):
+        ctx = theirs.fewshot_context(doc, shots)
+        assert q.text == ctx and q.text.count("Question:") == shots + 1
+        if isinstance(ours, LmEvalMCTask):
+            assert ours.loglikelihood_requests(q) == [r.args for r in theirs.construct_requests(doc, ctx, metadata=(name, 0, 1))]
+    described = ours.describe()["lm_eval"]
+    assert (described["num_fewshot"], described["fewshot_seed"], described["fewshot_sampler"]) == (shots, seed, "default")
+    assert described["fewshot_split"] == "train" and described["yaml_num_fewshot"] == (5 if name == "gsm8k" else 0)
+
+
+def test_first_n_sampler_and_a_question_kept_out_of_its_own_examples(tmp_path):
+    """`fewshot_config.sampler: first_n` takes the pool's first rows in order; when the
+    examples come from the questions' own split, a question is never its own example."""
+    rows = [{"id": f"r{i}", "question": f"q{i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(5)]
+    data = _mine_data(tmp_path, rows)
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(folder))
+    own_split = MINE + "fewshot_split: test\n"
+    config = _config(tmp_path, own_split + "fewshot_config:\n  sampler: first_n\n")
+    task = load_task("mine", task_config=config, data=folder, num_fewshot=2)
+    assert task.questions[0].text == "Q: q1?\nA: no\n\nQ: q2?\nA: yes\n\nQ: q0?\nA:"  # r0 left out of its own examples
+    assert task.questions[3].text == "Q: q0?\nA: yes\n\nQ: q1?\nA: no\n\nQ: q3?\nA:"
+    shuffled = load_task("mine", task_config=_config(tmp_path, own_split), data=folder, num_fewshot=4)
+    for q in shuffled.questions:
+        assert q.text.count("?") == 5 and q.text.count(q.text.rsplit("\n\n", 1)[-1]) == 1
+    with pytest.raises(DataFormatError, match="one split"):
+        load_task("mine", task_config=config, data=data, num_fewshot=1)
+
+
+def test_bad_fewshot_options_are_one_line(tmp_path, fewshot_folders):
+    folder = fewshot_folders["arc_easy"]
+    for kw, problem in (({"num_fewshot": -1}, "num_fewshot must be a whole number >= 0"),
+                        ({"num_fewshot": 1, "fewshot_seed": "x"}, "seed must be a whole number"),
+                        ({"num_fewshot": 1, "fewshot_split": "dev"}, "no few-shot split 'dev'"),
+                        ({"num_fewshot": 40}, "has only 34 rows")):
+        with pytest.raises((ValueError, DataFormatError), match=problem):
+            load_task("lm-eval:arc_easy", data=folder, **kw)
+    samples = _config(tmp_path, MINE + "fewshot_config:\n  samples: [{question: a}]\n")
+    with pytest.raises(DataFormatError, match="fewshot_config.samples is not supported"):
+        load_task("mine", task_config=samples, data=folder, num_fewshot=1)
