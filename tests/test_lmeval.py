@@ -433,3 +433,25 @@ def test_bad_fewshot_options_are_one_line(tmp_path, fewshot_folders):
     samples = _config(tmp_path, MINE + "fewshot_config:\n  samples: [{question: a}]\n")
     with pytest.raises(DataFormatError, match="fewshot_config.samples is not supported"):
         load_task("mine", task_config=samples, data=folder, num_fewshot=1)
+
+
+def test_audit_records_the_fewshot_settings_and_refuses_bad_ones(tmp_path):
+    """`rnr audit --num-fewshot` asks lm-eval's few-shot prompts and records the settings
+    in the manifest; a bad value is one line."""
+    rows = [{"id": f"r{i}", "question": f"q{i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(8)]
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows[:3]),
+                          "train": datasets.Dataset.from_list(rows[3:])}).save_to_disk(str(folder))
+    config = str(_config(tmp_path, MINE + "training_split: train\n"))
+    args = ["--task-config", config, "--data", str(folder), "--max-new-tokens", "4"]
+    result = CliRunner().invoke(app, ["audit", "--model", "tiny-llama:1", *args, "--n", "2", "--k", "2", "--quiet",
+                                      "--num-fewshot", "3", "--fewshot-seed", "5", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    recorded = manifest["config"]["task"]["lm_eval"]
+    assert (recorded["num_fewshot"], recorded["fewshot_seed"], recorded["fewshot_split"]) == (3, 5, "train")
+    for extra, problem in ((["--num-fewshot", "-2"], "num_fewshot must be a whole number >= 0"),
+                           (["--num-fewshot", "6"], "has only 5 rows"),
+                           (["--num-fewshot", "1", "--fewshot-split", "dev"], "no few-shot split 'dev'")):
+        assert problem in _refused([*args, *extra], tmp_path / "bad")
+    assert "applies to lm-eval tasks only" in _refused(["--task", "arithmetic", "--num-fewshot", "2"], tmp_path / "bad")

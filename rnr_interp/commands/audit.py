@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
-    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
+    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt,
     at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
     print_multiple_choice, run_folder,
 )
@@ -44,6 +44,9 @@ def audit(
         "--prompt-like", help="audit run folder whose prompt format to ask in (e.g. the base model's, for compare --shared-prompt)")] = None,
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
+    num_fewshot: NumFewshotOpt = 0,
+    fewshot_split: FewshotSplitOpt = None,
+    fewshot_seed: FewshotSeedOpt = 1234,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
@@ -68,7 +71,8 @@ def audit(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type,
-                            task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size))
+                            task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size),
+                            fewshot={"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed})
         lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
@@ -294,6 +298,9 @@ def route(
                                                 "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward holds up to max(this, 64) rows on a CPU, 512 on a GPU")] = 16,
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
+    num_fewshot: NumFewshotOpt = 0,
+    fewshot_split: FewshotSplitOpt = None,
+    fewshot_seed: FewshotSeedOpt = 1234,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     quiet: QuietOpt = False,
@@ -311,7 +318,8 @@ def route(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
-                            on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"))
+                            on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"),
+                            fewshot={"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed})
         return run_route_audit(lm, t, out, cfg, progress=not quiet, grading=grading)
 
     print_route_summary(execute(body))
@@ -402,6 +410,9 @@ def temperature_sweep(
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 8,
     task_config: TaskConfigOpt = None,
+    num_fewshot: NumFewshotOpt = 0,
+    fewshot_split: FewshotSplitOpt = None,
+    fewshot_seed: FewshotSeedOpt = 1234,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     quiet: QuietOpt = False,
@@ -419,7 +430,7 @@ def temperature_sweep(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
-                            size=audit_size(k, batch_size))
+                            size=audit_size(k, batch_size), fewshot={"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed})
         return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet,
                                      grading=grading)
 

@@ -32,6 +32,11 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_ea
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
 TaskConfigOpt = Annotated[Optional[Path], typer.Option(
     "--task-config", help="your own lm-eval task YAML (replaces --task); !function is refused outside lm-eval's installed tasks")]
+NumFewshotOpt = Annotated[int, typer.Option(
+    "--num-fewshot", help="lm-eval tasks: examples before each question, drawn as lm-eval does (default 0, whatever the YAML says)")]
+FewshotSplitOpt = Annotated[Optional[str], typer.Option(
+    "--fewshot-split", help="lm-eval tasks: the split the examples come from (default: the YAML's fewshot_split, else training_split, ...)")]
+FewshotSeedOpt = Annotated[int, typer.Option("--fewshot-seed", help="lm-eval tasks: the few-shot sampler's seed (lm-eval's default 1234)")]
 OnInvalidOpt = Annotated[str, typer.Option(
     "--on-invalid", help="a data row that does not parse: refuse (the file) | skip (the row, listed in the manifest and summary)")]
 NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
@@ -135,7 +140,7 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
 
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
                 max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None,
-                task_config: Optional[Path] = None, on_invalid: str = "refuse",
+                task_config: Optional[Path] = None, on_invalid: str = "refuse", fewshot: Optional[dict] = None,
                 size: Optional[Callable[..., tuple[RunSize, str]]] = None) -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
@@ -143,7 +148,9 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     the tokens to generate fits the model's context. Nothing is created. `answer_type`
     (jsonl only) chooses how free-form answers are graded; `task_config` is an lm-eval
     YAML that replaces `task`; `on_invalid` says what an invalid data row does (skipped
-    rows are counted on stderr). `size(task, max_new_tokens, generating)` gives the run's
+    rows are counted on stderr); `fewshot` holds an lm-eval task's few-shot options
+    (`load_lm_eval`'s num_fewshot, fewshot_split, fewshot_seed; refused for other tasks
+    when it asks for examples). `size(task, max_new_tokens, generating)` gives the run's
     `RunSize` and the option that sets its budget, checked against the machine's memory
     (`sampling.check_run_size`): before the model loads (generating None), and once it
     has, with its batched generations (generating: the model and the longest prompt's
@@ -158,9 +165,12 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
         check_out(out)
     if answer_type is not None and task != "jsonl":
         raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
+    is_lm_eval = task_config is not None or task.startswith("lm-eval:")
+    if fewshot and fewshot.get("num_fewshot") and not is_lm_eval:
+        raise ValueError(f"--num-fewshot applies to lm-eval tasks only (task {task!r} has its own prompt)")
     try:
         t = load_task(task, data=data, n=n, on_invalid=on_invalid, task_config=task_config,
-                      **({"answer_type": answer_type} if answer_type else {}))
+                      **({"answer_type": answer_type} if answer_type else {}), **(fewshot if fewshot and is_lm_eval else {}))
     except HFLoadError as exc:  # an unreadable dataset folder or Arrow file is bad input too
         raise ValueError(str(exc)) from None
     if len(t) == 0:
