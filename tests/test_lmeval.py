@@ -450,8 +450,43 @@ def test_audit_records_the_fewshot_settings_and_refuses_bad_ones(tmp_path):
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     recorded = manifest["config"]["task"]["lm_eval"]
     assert (recorded["num_fewshot"], recorded["fewshot_seed"], recorded["fewshot_split"]) == (3, 5, "train")
+    from rnr_interp.models import USER_SLOT
+
+    assert not recorded["apply_chat_template"] and manifest["config"]["prompt_format"]["template"] == USER_SLOT  # raw
     for extra, problem in ((["--num-fewshot", "-2"], "num_fewshot must be a whole number >= 0"),
                            (["--num-fewshot", "6"], "has only 5 rows"),
                            (["--num-fewshot", "1", "--fewshot-split", "dev"], "no few-shot split 'dev'")):
         assert problem in _refused([*args, *extra], tmp_path / "bad")
-    assert "applies to lm-eval tasks only" in _refused(["--task", "arithmetic", "--num-fewshot", "2"], tmp_path / "bad")
+    for option in (["--num-fewshot", "2"], ["--apply-chat-template"]):
+        assert "applies to lm-eval tasks only" in _refused(["--task", "arithmetic", *option], tmp_path / "bad")
+
+
+@pytest.mark.parametrize("shots", [0, 3])
+def test_generation_prompt_equals_lm_evals_raw_and_through_the_chat_template(shots, tmp_path):
+    """The prompt text a command asks (`load_inputs`, then the model's `render`) is
+    lm-eval's `fewshot_context` for the doc: raw by default, and with
+    --apply-chat-template the one lm-eval's own HFLM renders with the model's chat
+    template (gsm8k's YAML over short rows, to fit the tiny model's context)."""
+    from rnr_interp.commands.common import load_inputs
+
+    _lm_eval_task_module()
+    from lm_eval.models.huggingface import HFLM
+
+    rows = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
+            for a, b in zip(range(2, 12), range(7, 17))]
+    folder = tmp_path / "gsm8k"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows[:4]),
+                          "train": datasets.Dataset.from_list(rows[4:])}).save_to_disk(str(folder))
+    theirs = lm_eval_own_task("gsm8k", folder, keep_splits=True)
+    docs = list(theirs.test_docs())
+    for chat in (False, True):
+        theirs.set_fewshot_seed(1234)
+        options = {"num_fewshot": shots, "fewshot_split": None, "fewshot_seed": 1234, "apply_chat_template": chat}
+        lm, task = load_inputs("tiny-llama:1", "lm-eval:gsm8k", folder, None, max_new_tokens=8, lm_eval=options)
+        assert (lm.prompt_override is None) == chat and task.describe()["lm_eval"]["apply_chat_template"] == chat
+        hflm = HFLM(pretrained=lm.hf_model, tokenizer=lm.tokenizer, device="cpu", batch_size=1)
+        for q, doc in zip(task.questions, docs, strict=True):
+            expected = theirs.fewshot_context(doc, shots, apply_chat_template=chat,
+                                              chat_template=hflm.apply_chat_template if chat else None)
+            assert lm.render(task.user_message(q)) == expected
+            assert expected.count("Question:") == shots + 1 and ("<|im_start|>" in expected) == chat

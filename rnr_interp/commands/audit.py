@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
-    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt,
+    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
     print_multiple_choice, run_folder,
 )
@@ -47,6 +47,7 @@ def audit(
     num_fewshot: NumFewshotOpt = 0,
     fewshot_split: FewshotSplitOpt = None,
     fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
@@ -72,8 +73,9 @@ def audit(
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type,
                             task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size),
-                            fewshot={"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed})
-        lm.prompt_override = shared_format
+                            lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
+        if shared_format is not None:  # else the task's own format (an lm-eval task's raw prompt)
+            lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
                          grading=grading, circular=circular)
@@ -301,6 +303,7 @@ def route(
     num_fewshot: NumFewshotOpt = 0,
     fewshot_split: FewshotSplitOpt = None,
     fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     quiet: QuietOpt = False,
@@ -319,7 +322,7 @@ def route(
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
                             on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"),
-                            fewshot={"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed})
+                            lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         return run_route_audit(lm, t, out, cfg, progress=not quiet, grading=grading)
 
     print_route_summary(execute(body))
@@ -413,6 +416,7 @@ def temperature_sweep(
     num_fewshot: NumFewshotOpt = 0,
     fewshot_split: FewshotSplitOpt = None,
     fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     quiet: QuietOpt = False,
@@ -430,7 +434,7 @@ def temperature_sweep(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
-                            size=audit_size(k, batch_size), fewshot={"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed})
+                            size=audit_size(k, batch_size), lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet,
                                      grading=grading)
 

@@ -74,7 +74,7 @@ def default_data_path(name: str) -> Path:
 
 
 #: the options an lm-eval task takes (`load_lm_eval`'s few-shot settings)
-LM_EVAL_OPTIONS = frozenset({"num_fewshot", "fewshot_split", "fewshot_seed"})
+LM_EVAL_OPTIONS = frozenset({"num_fewshot", "fewshot_split", "fewshot_seed", "apply_chat_template"})
 
 
 def load_task(name: str, data: str | Path | None = None, n: int | None = None, *, on_invalid: str = "refuse",

@@ -270,6 +270,9 @@ class LmEvalConfig:
     fewshot_delimiter: str = "\n\n"
     #: `fewshot_config` keys this reader does not apply (refused when shots are asked for)
     fewshot_unsupported: tuple[str, ...] = ()
+    #: the generation prompt through the model's chat template (lm-eval's --apply_chat_template),
+    #: else the raw context text (lm-eval's default)
+    apply_chat_template: bool = False
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "LmEvalConfig":
@@ -402,7 +405,8 @@ class LmEvalConfig:
         return {"yaml": str(self.path), "task": self.task, "output_type": self.output_type,
                 "doc_to_text": shown(self.doc_to_text), "doc_to_choice": shown(self.doc_to_choice),
                 "doc_to_target": shown(self.doc_to_target), "target_delimiter": self.target_delimiter,
-                "description": shown(self.description), "num_fewshot": self.num_fewshot,
+                "description": shown(self.description), "apply_chat_template": self.apply_chat_template,
+                "num_fewshot": self.num_fewshot,
                 "yaml_num_fewshot": self.yaml_num_fewshot,
                 **({"fewshot_split": self.fewshot_pool_split, "fewshot_sampler": self.fewshot_sampler,
                     "fewshot_seed": self.fewshot_seed, "fewshot_delimiter": self.fewshot_delimiter}
@@ -717,7 +721,17 @@ def _features(docs: Any) -> list[str]:
 # -- the tasks ------------------------------------------------------------------
 
 
-class LmEvalMCTask(MultipleChoiceTask):
+class _PromptMode:
+    config: LmEvalConfig
+
+    @property
+    def raw_prompt(self) -> bool:
+        """Whether the model is asked the prompt text as it is, without its chat
+        template (lm-eval's default; `apply_chat_template` asks through it)."""
+        return not self.config.apply_chat_template
+
+
+class LmEvalMCTask(_PromptMode, MultipleChoiceTask):
     """An lm-eval multiple_choice task: asked with lettered options, graded by letter;
     recognised by lm-eval's own loglikelihood requests."""
 
@@ -747,7 +761,7 @@ class LmEvalMCTask(MultipleChoiceTask):
         return {**super().stored(), "lm_eval": self.config.stored()}
 
 
-class LmEvalGenerationTask(Task):
+class LmEvalGenerationTask(_PromptMode, Task):
     """An lm-eval generate_until task: the rendered doc_to_text, stopped at `until`,
     graded by exact match after the YAML's filters."""
 
@@ -924,16 +938,20 @@ def stored_lm_eval_task(described: dict[str, Any], stored: Any) -> Task:
 
 
 def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, data: str | Path | None = None,
-                 num_fewshot: int = 0, fewshot_split: str | None = None, fewshot_seed: int = FEWSHOT_SEED) -> Task:
+                 num_fewshot: int = 0, fewshot_split: str | None = None, fewshot_seed: int = FEWSHOT_SEED,
+                 apply_chat_template: bool = False) -> Task:
     """The lm-eval task `task` (a name in the installed lm-eval) or the one a YAML file
     `config` defines, over `data` (None: the YAML's dataset by name), each question
     after `num_fewshot` examples from `fewshot_split` (None: the YAML's rule) drawn with
     `fewshot_seed`, as lm-eval builds them (`FewshotSampler`). The default is zero-shot
-    whatever the YAML's `num_fewshot` (recorded as `yaml_num_fewshot`)."""
+    whatever the YAML's `num_fewshot` (recorded as `yaml_num_fewshot`). The task's
+    `raw_prompt` says how a model is to be asked: the raw text (lm-eval's default), or,
+    with `apply_chat_template`, the user turn of the model's chat template."""
     if (task is None) == (config is None):
         raise ValueError("give an lm-eval task name or a task config file, not both")
     path = find_task_yaml(task) if task is not None else Path(config)  # type: ignore[arg-type]
-    cfg = LmEvalConfig.from_yaml(path).with_fewshot(num_fewshot, fewshot_split, fewshot_seed)
+    cfg = replace(LmEvalConfig.from_yaml(path).with_fewshot(num_fewshot, fewshot_split, fewshot_seed),
+                  apply_chat_template=bool(apply_chat_template))
     docs, where, row_of = read_docs(cfg, data)
     pool = [dict(d) for d in read_split(cfg, data, cfg.fewshot_pool_split)] if cfg.num_fewshot else []
     questions = _rendered_questions(cfg, docs, where, row_of, pool)
