@@ -21,16 +21,17 @@ the installed lm-eval's own task folder (code that came with the package, as tru
 lm-eval itself); a tag pointing anywhere else (a user's `--task-config` folder, a data
 folder) is refused naming the file, and no code from there is imported.
 
-Two output types:
+Both are asked raw (the context text alone, lm-eval's default: `raw_prompt`) unless
+`apply_chat_template`, then through the model's chat template. Two output types:
 
-- ``multiple_choice`` -> `LmEvalMCTask`: generation asks the rendered `doc_to_text`
-  verbatim, then the options lettered ``A. ...`` (not when the choices are the letters
+- ``multiple_choice`` -> `LmEvalMCTask`: generation asks the rendered context
+  (description, examples, `doc_to_text`), then the options lettered ``A. ...`` (not when the choices are the letters
   themselves, as in mmlu, whose doc_to_text lists the options) and the multiple-choice
   instruction, graded by letter; recognition scores lm-eval's own requests
   (`loglikelihood_requests`: context, then `target_delimiter` + each choice, no chat
   template), read as lm-eval's ``acc`` (sum of log-probs) and ``acc_norm`` (divided by
   the choice's length in characters, as lm-eval 0.4.13 computes it).
-- ``generate_until`` -> `LmEvalGenerationTask`: the rendered `doc_to_text`, stopped at
+- ``generate_until`` -> `LmEvalGenerationTask`: the rendered context, stopped at
   `generation_kwargs.until`, `max_gen_toks` new tokens (lm-eval's default 256); each
   named filter of the YAML's `filter_list` (gsm8k: ``strict-match``,
   ``flexible-extract``) is an extraction (`extractions`), applied by lm-eval's own
@@ -751,7 +752,7 @@ class LmEvalMCTask(_PromptMode, MultipleChoiceTask):
     def loglikelihood_requests(self, q: Question) -> list[tuple[str, str]]:
         """lm-eval's requests for q, one per option in order: (context, target
         delimiter + choice), exactly the `Instance.arguments` its ConfigurableTask builds
-        at zero shots without a chat template."""
+        (few-shot examples included) without a chat template."""
         return [(q.text, f"{self.config.target_delimiter}{c}") for c in q.choices or ()]
 
     def describe(self) -> dict[str, Any]:
