@@ -182,12 +182,19 @@ def test_recognition_choice_equals_lm_evals_acc_and_acc_norm(smollm2, folders):
             lls = [ll for ll, _ in results]
             assert mine[(q.id, "lm-eval:acc")]["scores"] == pytest.approx(lls, abs=2e-3)
             for metric in ("acc", "acc_norm"):
-                picked = []
-                for g in range(len(q.choices)):
-                    theirs.config.doc_to_target = g
-                    picked.append(theirs.process_results(doc, results)[metric])
-                assert picked.count(1.0) == 1
-                assert mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == picked.index(1.0), (name, q.id, metric)
+                assert mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == lm_evals_pick(theirs, doc, results, metric), \
+                    (name, q.id, metric)
+
+
+def lm_evals_pick(theirs, doc: dict, results: list, metric: str) -> int:
+    """The option lm-eval's `process_results` picks under `metric` (acc, acc_norm):
+    each option g is tried as the gold, and the metric is 1 exactly for its pick."""
+    picked = []
+    for g in range(len(results)):
+        theirs.config.doc_to_target = g
+        picked.append(theirs.process_results(doc, results)[metric])
+    assert picked.count(1.0) == 1
+    return picked.index(1.0)
 
 
 def test_arc_and_lm_eval_arc_easy_read_the_same_questions(folders, shared_data, tmp_path):
@@ -490,3 +497,42 @@ def test_generation_prompt_equals_lm_evals_raw_and_through_the_chat_template(sho
                                               chat_template=hflm.apply_chat_template if chat else None)
             assert lm.render(task.user_message(q)) == expected
             assert expected.count("Question:") == shots + 1 and ("<|im_start|>" in expected) == chat
+
+
+@pytest.mark.slow
+def test_fewshot_recognition_choice_equals_lm_evals_on_40_questions(smollm2, shared_data, tmp_path):
+    """With 3 examples per question, on the first 40 questions of ARC-Easy and PIQA, the
+    option lm-eval's own HFLM and process_results pick under acc and under acc_norm is
+    the one our lm-eval readouts rank first, question by question (the examples come from
+    the next 100 rows of the same file, saved as the task's few-shot split)."""
+    from transformers import AutoModelForCausalLM
+
+    from rnr_interp.analyses.localise.recognition import recognize
+    from rnr_interp.models import smollm2_dir
+
+    _lm_eval_task_module()
+    from lm_eval.models.huggingface import HFLM
+
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir()).eval()
+    hflm = HFLM(pretrained=plain, tokenizer=smollm2.tokenizer, batch_size=8, device="cpu")
+    agree: dict[tuple[str, str], int] = {}
+    for name, rows, asked in (("arc_easy", arc_rows(shared_data, 140), "test"), ("piqa", piqa_rows(shared_data, 140), "validation")):
+        folder = tmp_path / name
+        datasets.DatasetDict({asked: datasets.Dataset.from_list(rows[:40]),
+                              "train": datasets.Dataset.from_list(rows[40:])}).save_to_disk(str(folder))
+        ours = load_task(f"lm-eval:{name}", data=folder, num_fewshot=3)
+        rows_out = recognize(smollm2, ours, ours.questions, variants=("lm-eval",))
+        mine = {(r["question_id"], r["readout"]): r for r in rows_out}
+        theirs = lm_eval_own_task(name, folder, keep_splits=True)
+        theirs.set_fewshot_seed(1234)
+        docs = list(theirs.test_docs() if theirs.config.test_split else theirs.validation_docs())
+        assert len(docs) == len(ours) == 40
+        for q, doc in zip(ours.questions, docs):
+            ctx = theirs.fewshot_context(doc, 3)
+            assert q.text == ctx
+            results = hflm.loglikelihood(theirs.construct_requests(doc, ctx, metadata=(name, 0, 1)), disable_tqdm=True)
+            for metric in ("acc", "acc_norm"):
+                same = mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == lm_evals_pick(theirs, doc, results, metric)
+                agree[(name, metric)] = agree.get((name, metric), 0) + same
+    print("per-question agreement with lm-eval's HFLM, 3-shot, of 40:", agree)
+    assert all(n == 40 for n in agree.values()), agree

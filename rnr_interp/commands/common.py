@@ -39,12 +39,6 @@ FewshotSplitOpt = Annotated[Optional[str], typer.Option(
 FewshotSeedOpt = Annotated[int, typer.Option("--fewshot-seed", help="lm-eval tasks: the few-shot sampler's seed (lm-eval's default 1234)")]
 ChatTemplateOpt = Annotated[bool, typer.Option(
     "--apply-chat-template", help="lm-eval tasks: ask through the model's chat template (default: the raw prompt, as lm-eval)")]
-
-
-def lm_eval_options(num_fewshot: int, fewshot_split: Optional[str], fewshot_seed: int, apply_chat_template: bool) -> dict:
-    """The lm-eval task options of a command line, as `load_inputs` takes them."""
-    return {"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed,
-            "apply_chat_template": apply_chat_template}
 OnInvalidOpt = Annotated[str, typer.Option(
     "--on-invalid", help="a data row that does not parse: refuse (the file) | skip (the row, listed in the manifest and summary)")]
 NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
@@ -159,14 +153,15 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     rows are counted on stderr); `lm_eval` holds an lm-eval task's options
     (`load_lm_eval`'s num_fewshot, fewshot_split, fewshot_seed, apply_chat_template;
     refused for other tasks when set). An lm-eval task asked raw (its default) is asked
-    in a bare prompt format (`raw_prompt_format`), recorded as every prompt format is. `size(task, max_new_tokens, generating)` gives the run's
+    in a bare prompt format (`raw_prompt_format`), recorded as every prompt format is.
+    `size(task, max_new_tokens, generating)` gives the run's
     `RunSize` and the option that sets its budget, checked against the machine's memory
     (`sampling.check_run_size`): before the model loads (generating None), and once it
     has, with its batched generations (generating: the model and the longest prompt's
     token count)."""
     from rnr_interp.models import load_model
     from rnr_interp.engine.sampling import check_prompts_fit, check_run_size
-    from rnr_interp.tasks import HFLoadError, load_task
+    from rnr_interp.tasks import LM_EVAL_PREFIX, HFLoadError, load_task
 
     at_least("--n", n)
     at_least("--max-new-tokens", max_new_tokens)
@@ -174,7 +169,7 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
         check_out(out)
     if answer_type is not None and task != "jsonl":
         raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
-    is_lm_eval = task_config is not None or task.startswith("lm-eval:")
+    is_lm_eval = task_config is not None or task.startswith(LM_EVAL_PREFIX)
     if lm_eval and not is_lm_eval and (set_option := next((k for k in ("num_fewshot", "apply_chat_template") if lm_eval.get(k)), None)):
         raise ValueError(f"--{set_option.replace('_', '-')} applies to lm-eval tasks only (task {task!r} has its own prompt)")
     try:
@@ -195,6 +190,12 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     if size is not None:
         check_run_size(*size(t, new_tokens, (lm, longest)))
     return lm, t
+
+
+def lm_eval_options(num_fewshot: int, fewshot_split: Optional[str], fewshot_seed: int, apply_chat_template: bool) -> dict:
+    """The lm-eval task options of a command line, as `load_inputs` takes them."""
+    return {"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed,
+            "apply_chat_template": apply_chat_template}
 
 
 def raw_prompt_format(lm: LoadedModel) -> PromptFormat:

@@ -660,14 +660,7 @@ def read_split(cfg: LmEvalConfig, data: str | Path | None, split: str | None) ->
         raise DataFormatError(cfg.path, None, "num_fewshot > 0 needs a split to draw examples from "
                               "(the YAML names no fewshot_split, training_split, validation_split or test_split)")
     if data is None:
-        try:
-            ds = _datasets().load_dataset(cfg.dataset_path, cfg.dataset_name, split=split)
-        except LmEvalUnavailable:
-            raise
-        except Exception as e:  # noqa: BLE001 - network, auth and missing-dataset errors all end here
-            raise DataFormatError(cfg.path, None, f"could not load the few-shot split {split!r} of {cfg.dataset_path} "
-                                  f"({type(e).__name__}); without a network, pass --data PATH") from None
-        return _processed(cfg, ds)
+        return _processed(cfg, _hub_split(cfg, split, f"the few-shot split {split!r} of {cfg.dataset_path}"))
     p = Path(data)
     splits: Any = None
     if p.is_dir():
@@ -677,7 +670,7 @@ def read_split(cfg: LmEvalConfig, data: str | Path | None, split: str | None) ->
             splits = None
     if not isinstance(splits, _datasets().DatasetDict):
         raise DataFormatError(p, None, f"num_fewshot {cfg.num_fewshot} draws its examples from split {split!r}, and this "
-                              "data is one split: pass a DatasetDict.save_to_disk folder holding it (or --fewshot-split)")
+                              "data is one split: pass a DatasetDict.save_to_disk folder holding it")
     if split not in splits:
         raise DataFormatError(p, None, f"no few-shot split {split!r} in the saved dataset; splits: {', '.join(splits)}")
     return _processed(cfg, splits[split])
@@ -688,14 +681,18 @@ def _hub_docs(cfg: LmEvalConfig) -> tuple[Any, str, Callable[[int], int]]:
     where = f"hf://{cfg.dataset_path}" + (f"/{cfg.dataset_name}" if cfg.dataset_name else "") + f"[{split}]"
     if not cfg.dataset_path or not split:
         raise DataFormatError(cfg.path, None, "no dataset_path and test_split/validation_split to load: pass --data PATH")
+    return _processed(cfg, _hub_split(cfg, split, where)), where, lambda i: i + 1
+
+
+def _hub_split(cfg: LmEvalConfig, split: str, what: str) -> Any:
+    """Split `split` of the YAML's dataset, loaded by name; `what` names it in the refusal."""
     try:
-        ds = _datasets().load_dataset(cfg.dataset_path, cfg.dataset_name, split=split)
+        return _datasets().load_dataset(cfg.dataset_path, cfg.dataset_name, split=split)
     except LmEvalUnavailable:
         raise
     except Exception as e:  # noqa: BLE001 - network, auth and missing-dataset errors all end here
-        raise DataFormatError(cfg.path, None, f"could not load {where} ({type(e).__name__}); "
+        raise DataFormatError(cfg.path, None, f"could not load {what} ({type(e).__name__}); "
                               "without a network, pass the data with --data PATH") from None
-    return _processed(cfg, ds), where, lambda i: i + 1
 
 
 def _processed(cfg: LmEvalConfig, rows: Any) -> Any:
