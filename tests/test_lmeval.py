@@ -474,6 +474,7 @@ def test_generation_prompt_equals_lm_evals_raw_and_through_the_chat_template(sho
     lm-eval's `fewshot_context` for the doc: raw by default, and with
     --apply-chat-template the one lm-eval's own HFLM renders with the model's chat
     template (gsm8k's YAML over short rows, to fit the tiny model's context)."""
+    from rnr_interp import notebook
     from rnr_interp.commands.common import load_inputs
 
     _lm_eval_task_module()
@@ -491,6 +492,8 @@ def test_generation_prompt_equals_lm_evals_raw_and_through_the_chat_template(sho
         options = {"num_fewshot": shots, "fewshot_split": None, "fewshot_seed": 1234, "apply_chat_template": chat}
         lm, task = load_inputs("tiny-llama:1", "lm-eval:gsm8k", folder, None, max_new_tokens=8, lm_eval=options)
         assert (lm.prompt_override is None) == chat and task.describe()["lm_eval"]["apply_chat_template"] == chat
+        notebook_lm, _ = notebook.inputs("tiny-llama:1", task, None, None, max_new_tokens=8)  # rnr.audit(...) asks alike
+        assert notebook_lm.prompt_override == lm.prompt_override
         hflm = HFLM(pretrained=lm.hf_model, tokenizer=lm.tokenizer, device="cpu", batch_size=1)
         for q, doc in zip(task.questions, docs, strict=True):
             expected = theirs.fewshot_context(doc, shots, apply_chat_template=chat,

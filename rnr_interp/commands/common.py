@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
 import typer
 
 if TYPE_CHECKING:  # torch and pandas load on first use, so `rnr --help` stays quick
-    from rnr_interp.models import LoadedModel, PromptFormat
+    from rnr_interp.models import LoadedModel
     from rnr_interp.engine.sampling import RunSize
     from rnr_interp.tasks.base import Task
 
@@ -153,14 +153,14 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     rows are counted on stderr); `lm_eval` holds an lm-eval task's options
     (`load_lm_eval`'s num_fewshot, fewshot_split, fewshot_seed, apply_chat_template;
     refused for other tasks when set). An lm-eval task asked raw (its default) is asked
-    in a bare prompt format (`raw_prompt_format`), recorded as every prompt format is.
+    in a bare prompt format (`sampling.ask_as_the_task_says`), recorded as every prompt format is.
     `size(task, max_new_tokens, generating)` gives the run's
     `RunSize` and the option that sets its budget, checked against the machine's memory
     (`sampling.check_run_size`): before the model loads (generating None), and once it
     has, with its batched generations (generating: the model and the longest prompt's
     token count)."""
     from rnr_interp.models import load_model
-    from rnr_interp.engine.sampling import check_prompts_fit, check_run_size
+    from rnr_interp.engine.sampling import ask_as_the_task_says, check_prompts_fit, check_run_size
     from rnr_interp.tasks import LM_EVAL_PREFIX, HFLoadError, load_task
 
     at_least("--n", n)
@@ -184,8 +184,7 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     if size is not None:
         check_run_size(*size(t, new_tokens, None))
     lm = load_model(model)
-    if getattr(t, "raw_prompt", False):
-        lm.prompt_override = raw_prompt_format(lm)
+    ask_as_the_task_says(lm, t)
     longest = check_prompts_fit(lm, t, new_tokens)
     if size is not None:
         check_run_size(*size(t, new_tokens, (lm, longest)))
@@ -196,16 +195,6 @@ def lm_eval_options(num_fewshot: int, fewshot_split: Optional[str], fewshot_seed
     """The lm-eval task options of a command line, as `load_inputs` takes them."""
     return {"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed,
             "apply_chat_template": apply_chat_template}
-
-
-def raw_prompt_format(lm: LoadedModel) -> PromptFormat:
-    """The prompt text as it is, no chat template, with the special tokens the
-    tokenizer itself adds (a BOS or none), as lm-eval's Hugging Face model asks."""
-    from rnr_interp.models import PromptFormat
-
-    bos = lm.tokenizer.bos_token_id
-    adds_bos = bos is not None and lm.tokenizer("a").input_ids[:1] == [bos]
-    return PromptFormat("", "", add_bos=adds_bos)
 
 
 def say_skipped(task: Task) -> None:
