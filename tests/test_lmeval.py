@@ -2,8 +2,9 @@
 invalid rows (`--on-invalid`).
 
 lm-eval 0.4.13 is installed by `make setup` with --no-deps; its `lm_eval.api.task`
-imports `sacrebleu` (for BLEU metrics these tests never call), which is not installed,
-so the comparison tests put an empty module in its place before importing lm-eval's
+imports `sacrebleu` (for BLEU metrics these tests never call), which a venv set up
+before `make setup` installed it lacks, so the comparison tests put an empty module in its place
+(only when it is missing) before importing lm-eval's
 ConfigurableTask and HFLM. lm-eval runs offline here: its task's `download` is
 replaced by the same `save_to_disk` data we read, and HFLM scores a plain Hugging
 Face model given as an object (no hub access).
