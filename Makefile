@@ -18,7 +18,11 @@ $(BIN)/rnr: pyproject.toml
 	$(BIN)/pip install -q -e '.[test,scale]'
 	# lm-eval's own filter classes, to check the grading references' copies against
 	# (tests/grading_references.py); --no-deps: the filters need none of its forty packages.
-	$(BIN)/pip install -q --no-deps lm_eval==0.4.13
+	# The small packages after it let its `lm_eval` command start and print its table
+	# (offline runs of lm-eval itself beside ours; its metrics import sacrebleu).
+	$(BIN)/pip install -q --no-deps lm_eval==0.4.13 sacrebleu==2.6.0 portalocker==4.4.2 tabulate==0.10.0 \
+		colorama==0.4.6 lxml==6.2.0 pytablewriter==1.2.1 DataProperty==1.1.1 mbstrdecoder==1.1.5 \
+		pathvalidate==3.3.1 tabledata==1.3.5 tcolorpy==0.1.7 typepy==1.3.4 chardet==5.2.0 pytz==2026.6
 	touch $(BIN)/rnr
 
 setup: $(BIN)/rnr

@@ -100,12 +100,13 @@ def inputs(model: Any, task: Task | str, n: int | None, data: str | Path | None,
     """The model and task of a call, after the command line's checks: a task with
     questions (loaded first: quicker to find wrong than the model), every prompt plus
     its generation (`max_new_tokens`, default the task's) inside the model's context."""
-    from rnr_interp.engine.sampling import check_prompts_fit
+    from rnr_interp.engine.sampling import ask_as_the_task_says, check_prompts_fit
 
     t = as_task(task, n, data)
     if len(t) == 0:
         raise ValueError(f"task {t.name!r} has no questions")
     lm = as_model(model)
+    ask_as_the_task_says(lm, t)
     check_prompts_fit(lm, t, max_new_tokens or t.max_new_tokens)
     return lm, t
 

@@ -2,8 +2,9 @@
 invalid rows (`--on-invalid`).
 
 lm-eval 0.4.13 is installed by `make setup` with --no-deps; its `lm_eval.api.task`
-imports `sacrebleu` (for BLEU metrics these tests never call), which is not installed,
-so the comparison tests put an empty module in its place before importing lm-eval's
+imports `sacrebleu` (for BLEU metrics these tests never call), which a venv set up
+before `make setup` installed it lacks, so the comparison tests put an empty module in its place
+(only when it is missing) before importing lm-eval's
 ConfigurableTask and HFLM. lm-eval runs offline here: its task's `download` is
 replaced by the same `save_to_disk` data we read, and HFLM scores a plain Hugging
 Face model given as an object (no hub access).
@@ -36,8 +37,9 @@ def _lm_eval_task_module():
     return ConfigurableTask, load_yaml
 
 
-def lm_eval_own_task(name: str, folder: Path):
-    """lm-eval's own ConfigurableTask for `name`, its dataset read from `folder`."""
+def lm_eval_own_task(name: str, folder: Path, keep_splits: bool = False):
+    """lm-eval's own ConfigurableTask for `name`, its dataset read from `folder` (every
+    split the same rows, or with `keep_splits` the folder's own splits)."""
     ConfigurableTask, load_yaml = _lm_eval_task_module()
     config = load_yaml(find_task_yaml(name))
     for key in ("tag", "group"):
@@ -47,6 +49,9 @@ def lm_eval_own_task(name: str, folder: Path):
 
     class Offline(ConfigurableTask):
         def download(self, dataset_kwargs=None, **kwargs):
+            if keep_splits:
+                self.dataset = datasets.load_from_disk(str(folder))
+                return
             split = datasets.load_from_disk(str(folder))
             split = split[next(iter(split))] if isinstance(split, datasets.DatasetDict) else split
             # every split the task might name is the same rows (no few-shot is drawn at 0 shots)
@@ -178,12 +183,19 @@ def test_recognition_choice_equals_lm_evals_acc_and_acc_norm(smollm2, folders):
             lls = [ll for ll, _ in results]
             assert mine[(q.id, "lm-eval:acc")]["scores"] == pytest.approx(lls, abs=2e-3)
             for metric in ("acc", "acc_norm"):
-                picked = []
-                for g in range(len(q.choices)):
-                    theirs.config.doc_to_target = g
-                    picked.append(theirs.process_results(doc, results)[metric])
-                assert picked.count(1.0) == 1
-                assert mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == picked.index(1.0), (name, q.id, metric)
+                assert mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == lm_evals_pick(theirs, doc, results, metric), \
+                    (name, q.id, metric)
+
+
+def lm_evals_pick(theirs, doc: dict, results: list, metric: str) -> int:
+    """The option lm-eval's `process_results` picks under `metric` (acc, acc_norm):
+    each option g is tried as the gold, and the metric is 1 exactly for its pick."""
+    picked = []
+    for g in range(len(results)):
+        theirs.config.doc_to_target = g
+        picked.append(theirs.process_results(doc, results)[metric])
+    assert picked.count(1.0) == 1
+    return picked.index(1.0)
 
 
 def test_arc_and_lm_eval_arc_easy_read_the_same_questions(folders, shared_data, tmp_path):
@@ -356,3 +368,175 @@ def test_context_fit_is_checked_for_the_asked_questions_only(tmp_path):
     assert asked.exit_code == 0, asked.output
     refused = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "no")])
     assert refused.exit_code == 2 and "question 'long'" in refused.output and not (tmp_path / "no").exists()
+
+
+# -- few-shot, as lm-eval builds it ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fewshot_folders(tmp_path_factory, shared_data) -> dict[str, Path]:
+    """Folders with a question split and a separate few-shot split (the shared data has
+    no train files: later rows of the same file serve as the examples' pool)."""
+    root = tmp_path_factory.mktemp("fewshot")
+
+    def splits(rows: list[dict], folder: Path, asked: str, pool: str) -> Path:
+        datasets.DatasetDict({asked: datasets.Dataset.from_list(rows[:6]),
+                              pool: datasets.Dataset.from_list(rows[6:])}).save_to_disk(str(folder))
+        return folder
+
+    with open(shared_data / "gsm8k" / "test.jsonl") as f:
+        gsm8k = [json.loads(line) for line in list(f)[:20]]
+    return {"arc_easy": splits(arc_rows(shared_data, 40), root / "arc_easy", "test", "train"),
+            "piqa": splits(piqa_rows(shared_data, 30), root / "piqa", "validation", "train"),
+            "gsm8k": splits(gsm8k, root / "gsm8k", "test", "train")}
+
+
+@pytest.mark.parametrize("name,shots,seed", [("arc_easy", 3, 1234), ("arc_easy", 25, 7), ("piqa", 2, 1234), ("gsm8k", 5, 1234)])
+def test_fewshot_context_equals_lm_evals_own(name, shots, seed, fewshot_folders):
+    """Each question's prompt, examples included, is lm-eval's `fewshot_context` for
+    that doc with the same seed, questions drawn in order; multiple-choice requests are
+    its `construct_requests`."""
+    ours = load_task(f"lm-eval:{name}", data=fewshot_folders[name], num_fewshot=shots, fewshot_seed=seed)
+    theirs = lm_eval_own_task(name, fewshot_folders[name], keep_splits=True)
+    theirs.set_fewshot_seed(seed)
+    docs = list(theirs.test_docs() if theirs.config.test_split else theirs.validation_docs())
+    assert len(ours) == len(docs) == 6
+    for q, doc in zip(ours.questions, docs):
+        ctx = theirs.fewshot_context(doc, shots)
+        assert q.text == ctx and q.text.count("Question:") == shots + 1
+        if isinstance(ours, LmEvalMCTask):
+            assert ours.loglikelihood_requests(q) == [r.args for r in theirs.construct_requests(doc, ctx, metadata=(name, 0, 1))]
+    described = ours.describe()["lm_eval"]
+    assert (described["num_fewshot"], described["fewshot_seed"], described["fewshot_sampler"]) == (shots, seed, "default")
+    assert described["fewshot_split"] == "train" and described["yaml_num_fewshot"] == (5 if name == "gsm8k" else 0)
+
+
+def test_first_n_sampler_and_a_question_kept_out_of_its_own_examples(tmp_path):
+    """`fewshot_config.sampler: first_n` takes the pool's first rows in order; when the
+    examples come from the questions' own split, a question is never its own example."""
+    rows = [{"id": f"r{i}", "question": f"q{i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(5)]
+    data = _mine_data(tmp_path, rows)
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(folder))
+    own_split = MINE + "fewshot_split: test\n"
+    config = _config(tmp_path, own_split + "fewshot_config:\n  sampler: first_n\n")
+    task = load_task("mine", task_config=config, data=folder, num_fewshot=2)
+    assert task.questions[0].text == "Q: q1?\nA: no\n\nQ: q2?\nA: yes\n\nQ: q0?\nA:"  # r0 left out of its own examples
+    assert task.questions[3].text == "Q: q0?\nA: yes\n\nQ: q1?\nA: no\n\nQ: q3?\nA:"
+    shuffled = load_task("mine", task_config=_config(tmp_path, own_split), data=folder, num_fewshot=4)
+    for q in shuffled.questions:
+        assert q.text.count("?") == 5 and q.text.count(q.text.rsplit("\n\n", 1)[-1]) == 1
+    with pytest.raises(DataFormatError, match="one split"):
+        load_task("mine", task_config=config, data=data, num_fewshot=1)
+
+
+def test_bad_fewshot_options_are_one_line(tmp_path, fewshot_folders):
+    folder = fewshot_folders["arc_easy"]
+    for kw, problem in (({"num_fewshot": -1}, "num_fewshot must be a whole number >= 0"),
+                        ({"num_fewshot": 1, "fewshot_seed": "x"}, "seed must be a whole number"),
+                        ({"num_fewshot": 1, "fewshot_split": "dev"}, "no few-shot split 'dev'"),
+                        ({"num_fewshot": 40}, "has only 34 rows")):
+        with pytest.raises((ValueError, DataFormatError), match=problem):
+            load_task("lm-eval:arc_easy", data=folder, **kw)
+    samples = _config(tmp_path, MINE + "fewshot_config:\n  samples: [{question: a}]\n")
+    with pytest.raises(DataFormatError, match="fewshot_config.samples is not supported"):
+        load_task("mine", task_config=samples, data=folder, num_fewshot=1)
+
+
+def test_audit_records_the_fewshot_settings_and_refuses_bad_ones(tmp_path):
+    """`rnr audit --num-fewshot` asks lm-eval's few-shot prompts and records the settings
+    in the manifest; a bad value is one line."""
+    rows = [{"id": f"r{i}", "question": f"q{i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(8)]
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows[:3]),
+                          "train": datasets.Dataset.from_list(rows[3:])}).save_to_disk(str(folder))
+    config = str(_config(tmp_path, MINE + "training_split: train\n"))
+    args = ["--task-config", config, "--data", str(folder), "--max-new-tokens", "4"]
+    result = CliRunner().invoke(app, ["audit", "--model", "tiny-llama:1", *args, "--n", "2", "--k", "2", "--quiet",
+                                      "--num-fewshot", "3", "--fewshot-seed", "5", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    recorded = manifest["config"]["task"]["lm_eval"]
+    assert (recorded["num_fewshot"], recorded["fewshot_seed"], recorded["fewshot_split"]) == (3, 5, "train")
+    from rnr_interp.models import USER_SLOT
+
+    assert not recorded["apply_chat_template"] and manifest["config"]["prompt_format"]["template"] == USER_SLOT  # raw
+    for extra, problem in ((["--num-fewshot", "-2"], "num_fewshot must be a whole number >= 0"),
+                           (["--num-fewshot", "6"], "has only 5 rows"),
+                           (["--num-fewshot", "1", "--fewshot-split", "dev"], "no few-shot split 'dev'")):
+        assert problem in _refused([*args, *extra], tmp_path / "bad")
+    for option in (["--num-fewshot", "2"], ["--apply-chat-template"]):
+        assert "applies to lm-eval tasks only" in _refused(["--task", "arithmetic", *option], tmp_path / "bad")
+
+
+@pytest.mark.parametrize("shots", [0, 3])
+def test_generation_prompt_equals_lm_evals_raw_and_through_the_chat_template(shots, tmp_path):
+    """The prompt text a command asks (`load_inputs`, then the model's `render`) is
+    lm-eval's `fewshot_context` for the doc: raw by default, and with
+    --apply-chat-template the one lm-eval's own HFLM renders with the model's chat
+    template (gsm8k's YAML over short rows, to fit the tiny model's context)."""
+    from rnr_interp import notebook
+    from rnr_interp.commands.common import load_inputs
+
+    _lm_eval_task_module()
+    from lm_eval.models.huggingface import HFLM
+
+    rows = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
+            for a, b in zip(range(2, 12), range(7, 17))]
+    folder = tmp_path / "gsm8k"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows[:4]),
+                          "train": datasets.Dataset.from_list(rows[4:])}).save_to_disk(str(folder))
+    theirs = lm_eval_own_task("gsm8k", folder, keep_splits=True)
+    docs = list(theirs.test_docs())
+    for chat in (False, True):
+        theirs.set_fewshot_seed(1234)
+        options = {"num_fewshot": shots, "fewshot_split": None, "fewshot_seed": 1234, "apply_chat_template": chat}
+        lm, task = load_inputs("tiny-llama:1", "lm-eval:gsm8k", folder, None, max_new_tokens=8, lm_eval=options)
+        assert (lm.prompt_override is None) == chat and task.describe()["lm_eval"]["apply_chat_template"] == chat
+        notebook_lm, _ = notebook.inputs("tiny-llama:1", task, None, None, max_new_tokens=8)  # rnr.audit(...) asks alike
+        assert notebook_lm.prompt_override == lm.prompt_override
+        hflm = HFLM(pretrained=lm.hf_model, tokenizer=lm.tokenizer, device="cpu", batch_size=1)
+        for q, doc in zip(task.questions, docs, strict=True):
+            expected = theirs.fewshot_context(doc, shots, apply_chat_template=chat,
+                                              chat_template=hflm.apply_chat_template if chat else None)
+            assert lm.render(task.user_message(q)) == expected
+            assert expected.count("Question:") == shots + 1 and ("<|im_start|>" in expected) == chat
+
+
+@pytest.mark.slow
+def test_fewshot_recognition_choice_equals_lm_evals_on_40_questions(smollm2, shared_data, tmp_path):
+    """With 3 examples per question, on the first 40 questions of ARC-Easy and PIQA, the
+    option lm-eval's own HFLM and process_results pick under acc and under acc_norm is
+    the one our lm-eval readouts rank first, question by question (the examples come from
+    the next 100 rows of the same file, saved as the task's few-shot split)."""
+    from transformers import AutoModelForCausalLM
+
+    from rnr_interp.analyses.localise.recognition import recognize
+    from rnr_interp.models import smollm2_dir
+
+    _lm_eval_task_module()
+    from lm_eval.models.huggingface import HFLM
+
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir()).eval()
+    hflm = HFLM(pretrained=plain, tokenizer=smollm2.tokenizer, batch_size=8, device="cpu")
+    agree: dict[tuple[str, str], int] = {}
+    for name, rows, asked in (("arc_easy", arc_rows(shared_data, 140), "test"), ("piqa", piqa_rows(shared_data, 140), "validation")):
+        folder = tmp_path / name
+        datasets.DatasetDict({asked: datasets.Dataset.from_list(rows[:40]),
+                              "train": datasets.Dataset.from_list(rows[40:])}).save_to_disk(str(folder))
+        ours = load_task(f"lm-eval:{name}", data=folder, num_fewshot=3)
+        rows_out = recognize(smollm2, ours, ours.questions, variants=("lm-eval",))
+        mine = {(r["question_id"], r["readout"]): r for r in rows_out}
+        theirs = lm_eval_own_task(name, folder, keep_splits=True)
+        theirs.set_fewshot_seed(1234)
+        docs = list(theirs.test_docs() if theirs.config.test_split else theirs.validation_docs())
+        assert len(docs) == len(ours) == 40
+        for q, doc in zip(ours.questions, docs):
+            ctx = theirs.fewshot_context(doc, 3)
+            assert q.text == ctx
+            results = hflm.loglikelihood(theirs.construct_requests(doc, ctx, metadata=(name, 0, 1)), disable_tqdm=True)
+            for metric in ("acc", "acc_norm"):
+                same = mine[(q.id, f"lm-eval:{metric}")]["ranking"][0] == lm_evals_pick(theirs, doc, results, metric)
+                agree[(name, metric)] = agree.get((name, metric), 0) + same
+    print("per-question agreement with lm-eval's HFLM, 3-shot, of 40:", agree)
+    assert all(n == 40 for n in agree.values()), agree

@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
-    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
+    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
     print_multiple_choice, run_folder,
 )
@@ -47,6 +47,10 @@ def audit(
         "--prompt-like", help="audit run folder whose prompt format to ask in (e.g. the base model's, for compare --shared-prompt)")] = None,
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
+    num_fewshot: NumFewshotOpt = 0,
+    fewshot_split: FewshotSplitOpt = None,
+    fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
@@ -71,8 +75,10 @@ def audit(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type,
-                            task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size))
-        lm.prompt_override = shared_format
+                            task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size),
+                            lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
+        if shared_format is not None:  # else the task's own format (an lm-eval task's raw prompt)
+            lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
                          grading=grading, circular=circular)
@@ -266,6 +272,10 @@ def route(
                                                 "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward holds up to max(this, 64) rows on a CPU, 512 on a GPU")] = 16,
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
+    num_fewshot: NumFewshotOpt = 0,
+    fewshot_split: FewshotSplitOpt = None,
+    fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     quiet: QuietOpt = False,
@@ -284,7 +294,8 @@ def route(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
-                            on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"))
+                            on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"),
+                            lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         return run_route_audit(lm, t, out, cfg, progress=not quiet, grading=grading)
 
     print_route_summary(execute(body))
@@ -386,6 +397,10 @@ def temperature_sweep(
     seed: SeedOpt = 0,
     batch_size: BatchOpt = 8,
     task_config: TaskConfigOpt = None,
+    num_fewshot: NumFewshotOpt = 0,
+    fewshot_split: FewshotSplitOpt = None,
+    fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
     quiet: QuietOpt = False,
@@ -403,7 +418,7 @@ def temperature_sweep(
 
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
-                            size=audit_size(k, batch_size))
+                            size=audit_size(k, batch_size), lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet,
                                      grading=grading)
 

@@ -33,6 +33,13 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_ea
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
 TaskConfigOpt = Annotated[Optional[Path], typer.Option(
     "--task-config", help="your own lm-eval task YAML (replaces --task); !function is refused outside lm-eval's installed tasks")]
+NumFewshotOpt = Annotated[int, typer.Option(
+    "--num-fewshot", help="lm-eval tasks: examples before each question, drawn as lm-eval does (default 0, whatever the YAML says)")]
+FewshotSplitOpt = Annotated[Optional[str], typer.Option(
+    "--fewshot-split", help="lm-eval tasks: the split the examples come from (default: the YAML's fewshot_split, else training_split, ...)")]
+FewshotSeedOpt = Annotated[int, typer.Option("--fewshot-seed", help="lm-eval tasks: the few-shot sampler's seed (lm-eval's default 1234)")]
+ChatTemplateOpt = Annotated[bool, typer.Option(
+    "--apply-chat-template", help="lm-eval tasks: ask through the model's chat template (default: the raw prompt, as lm-eval)")]
 OnInvalidOpt = Annotated[str, typer.Option(
     "--on-invalid", help="a data row that does not parse: refuse (the file) | skip (the row, listed in the manifest and summary)")]
 NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
@@ -136,7 +143,7 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
 
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
                 max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None,
-                task_config: Optional[Path] = None, on_invalid: str = "refuse",
+                task_config: Optional[Path] = None, on_invalid: str = "refuse", lm_eval: Optional[dict] = None,
                 size: Optional[Callable[..., tuple[RunSize, str]]] = None) -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
@@ -144,14 +151,18 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     the tokens to generate fits the model's context. Nothing is created. `answer_type`
     (jsonl only) chooses how free-form answers are graded; `task_config` is an lm-eval
     YAML that replaces `task`; `on_invalid` says what an invalid data row does (skipped
-    rows are counted on stderr). `size(task, max_new_tokens, generating)` gives the run's
+    rows are counted on stderr); `lm_eval` holds an lm-eval task's options
+    (`load_lm_eval`'s num_fewshot, fewshot_split, fewshot_seed, apply_chat_template;
+    refused for other tasks when set). An lm-eval task asked raw (its default) is asked
+    in a bare prompt format (`sampling.ask_as_the_task_says`), recorded as every prompt format is.
+    `size(task, max_new_tokens, generating)` gives the run's
     `RunSize` and the option that sets its budget, checked against the machine's memory
     (`sampling.check_run_size`): before the model loads (generating None), and once it
     has, with its batched generations (generating: the model and the longest prompt's
     token count)."""
     from rnr_interp.models import load_model
-    from rnr_interp.engine.sampling import check_prompts_fit, check_run_size
-    from rnr_interp.tasks import HFLoadError, load_task
+    from rnr_interp.engine.sampling import ask_as_the_task_says, check_prompts_fit, check_run_size
+    from rnr_interp.tasks import LM_EVAL_PREFIX, HFLoadError, load_task
 
     at_least("--n", n)
     at_least("--max-new-tokens", max_new_tokens)
@@ -159,9 +170,12 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
         check_out(out)
     if answer_type is not None and task != "jsonl":
         raise ValueError(f"--answer-type applies to --task jsonl only (task {task!r} fixes its answer kind)")
+    is_lm_eval = task_config is not None or task.startswith(LM_EVAL_PREFIX)
+    if lm_eval and not is_lm_eval and (set_option := next((k for k in ("num_fewshot", "apply_chat_template") if lm_eval.get(k)), None)):
+        raise ValueError(f"--{set_option.replace('_', '-')} applies to lm-eval tasks only (task {task!r} has its own prompt)")
     try:
         t = load_task(task, data=data, n=n, on_invalid=on_invalid, task_config=task_config,
-                      **({"answer_type": answer_type} if answer_type else {}))
+                      **({"answer_type": answer_type} if answer_type else {}), **(lm_eval if lm_eval and is_lm_eval else {}))
     except HFLoadError as exc:  # an unreadable dataset folder or Arrow file is bad input too
         raise ValueError(str(exc)) from None
     if len(t) == 0:
@@ -171,10 +185,17 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     if size is not None:
         check_run_size(*size(t, new_tokens, None))
     lm = load_model(model)
+    ask_as_the_task_says(lm, t)
     longest = check_prompts_fit(lm, t, new_tokens)
     if size is not None:
         check_run_size(*size(t, new_tokens, (lm, longest)))
     return lm, t
+
+
+def lm_eval_options(num_fewshot: int, fewshot_split: Optional[str], fewshot_seed: int, apply_chat_template: bool) -> dict:
+    """The lm-eval task options of a command line, as `load_inputs` takes them."""
+    return {"num_fewshot": num_fewshot, "fewshot_split": fewshot_split, "fewshot_seed": fewshot_seed,
+            "apply_chat_template": apply_chat_template}
 
 
 def say_skipped(task: Task) -> None:

@@ -11,6 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt, at_least,
+    NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     check_out, execute, fail, load_inputs, print_multiple_choice, run_folder, say_skipped,
 )
 from rnr_interp.analyses.localise.cohort import PANEL_CAP
@@ -72,10 +73,12 @@ def _figures(out: Path) -> None:
 
 
 def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
-              per_model=lambda lm: {}, task_config: Optional[Path] = None, on_invalid: str = "refuse", **options) -> dict:
+              per_model=lambda lm: {}, task_config: Optional[Path] = None, on_invalid: str = "refuse",
+              lm_eval: Optional[dict] = None, **options) -> "CohortSummary":
     """The localisation commands' body: load, run `analysis` with the task's deployed
     decoding (`sampling.deployed_decoding`, as every command), figures into the run
-    folder; `per_model(lm)` gives the options that depend on the loaded model."""
+    folder; `per_model(lm)` gives the options that depend on the loaded model; `lm_eval`
+    an lm-eval task's options (`common.load_inputs`)."""
     from rnr_interp.engine.sampling import deployed_decoding
 
     at_least("--batch-size", batch_size)
@@ -85,7 +88,7 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
         from rnr_interp.analyses.localise.recognition import default_readout
 
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, task_config=task_config,
-                            on_invalid=on_invalid)
+                            on_invalid=on_invalid, lm_eval=lm_eval)
         if "readout" in options:
             options["readout"] = options["readout"] or default_readout(t)
         return analysis(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
@@ -224,6 +227,8 @@ def repair(
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
@@ -231,7 +236,7 @@ def repair(
     from rnr_interp.analyses.localise.repair import controls_table, run_repair
 
     s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
-                  on_invalid=on_invalid, readout=readout, panel=panel,
+                  on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
                   per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s.split
@@ -271,6 +276,8 @@ def steer(
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
     vector: Annotated[Optional[Path], typer.Option("--vector", help="steer along this vector instead of v: a 1-D tensor "
                                                    "saved with torch.save (read as weights only)")] = None,
     site: Annotated[Optional[str], typer.Option("--site", help="with --vector, where to add it: a site-table key, a "
@@ -288,7 +295,7 @@ def steer(
     if alpha_unit not in ALPHA_UNITS:
         fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
     s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
-                  on_invalid=on_invalid, layer=layer,
+                  on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
                   permutation_control=permute_control, circular=circular, site=site,
@@ -328,6 +335,8 @@ def units(
     permute_control: PermuteOpt = False, circular: CircularOpt = False,
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
     task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
+    apply_chat_template: ChatTemplateOpt = False,
 ):
     """Silence the top-k MLP units along v vs k random units (many draws): share of the
     block's held-out repair."""
@@ -335,7 +344,7 @@ def units(
     from rnr_interp.analyses.localise.steering import run_units
 
     s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
-                  on_invalid=on_invalid, layer=layer,
+                  on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular)
     _print_curve(s, "unit analysis", f"MLP layer {s.layer} ({s.block_choice}), held-out whole-MLP repair "

@@ -25,7 +25,7 @@ from rnr_interp.engine.generate import generate
 from rnr_interp.grading import graded_answers
 from rnr_interp.interventions import Intervention, set_id
 from rnr_interp.metrics import DEPLOYED, chance_baselines, vote_table_bytes
-from rnr_interp.models import LoadedModel, machine_memory
+from rnr_interp.models import LoadedModel, PromptFormat, machine_memory
 from rnr_interp.records import DEFAULT_GRADING, stable_key
 from rnr_interp.tasks.base import Question, Task
 from rnr_interp.tasks.templates import render_each
@@ -58,6 +58,16 @@ def candidate_seed(seed: int, question_id: str, candidate: int) -> int:
     """A stable 63-bit seed per (run seed, question, candidate): the same candidate
     gets the same randomness whatever batch it lands in."""
     return stable_key(seed, question_id, candidate)
+
+
+def ask_as_the_task_says(lm: LoadedModel, task: Task) -> None:
+    """Set `lm`'s prompt format for a task that asks its prompt raw (`raw_prompt`: an
+    lm-eval task without `apply_chat_template`): the text as it is, no chat template,
+    with the special tokens the tokenizer itself adds (a BOS or none), as lm-eval's
+    Hugging Face model asks. Other tasks leave the model's own format."""
+    if getattr(task, "raw_prompt", False):
+        bos = lm.tokenizer.bos_token_id
+        lm.prompt_override = PromptFormat("", "", add_bos=bos is not None and lm.tokenizer("a").input_ids[:1] == [bos])
 
 
 def prompt_ids(lm: LoadedModel, task: Task, q: Question) -> list[int]:

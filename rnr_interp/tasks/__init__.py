@@ -73,6 +73,10 @@ def default_data_path(name: str) -> Path:
     raise FileNotFoundError(f"task {name!r}: default file {rel} not found (tried {tried}); pass --data PATH")
 
 
+#: the options an lm-eval task takes (`load_lm_eval`'s few-shot settings)
+LM_EVAL_OPTIONS = frozenset({"num_fewshot", "fewshot_split", "fewshot_seed", "apply_chat_template"})
+
+
 def load_task(name: str, data: str | Path | None = None, n: int | None = None, *, on_invalid: str = "refuse",
               task_config: str | Path | None = None, **kw: Any) -> Task:
     """Task `name` (see TASKS, or `lm-eval:NAME`), or the lm-eval task config file
@@ -89,11 +93,11 @@ def load_task(name: str, data: str | Path | None = None, n: int | None = None, *
 
 def _load_task(name: str, data: str | Path | None, n: int | None, task_config: str | Path | None, **kw: Any) -> Task:
     if task_config is not None or name.startswith(LM_EVAL_PREFIX):
-        if kw:
-            raise ValueError(f"lm-eval tasks take no {', '.join(kw)} option (the task config decides)")
+        if other := set(kw) - LM_EVAL_OPTIONS:
+            raise ValueError(f"lm-eval tasks take no {', '.join(sorted(other))} option (the task config decides)")
         if task_config is not None:
-            return load_lm_eval(config=task_config, data=data).head(n)
-        return load_lm_eval(name.removeprefix(LM_EVAL_PREFIX), data=data).head(n)
+            return load_lm_eval(config=task_config, data=data, **kw).head(n)
+        return load_lm_eval(name.removeprefix(LM_EVAL_PREFIX), data=data, **kw).head(n)
     if name in _SYNTHETIC:
         if data is not None:
             raise ValueError(f"task {name!r} is generated, it reads no data file (got {data})")

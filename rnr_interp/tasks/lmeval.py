@@ -7,24 +7,31 @@ of lm-eval's Jinja2 environment (StrictUndefined, so a template naming a field t
 lacks is an error, not an empty string) in a bounded sandbox (`templates`: a template
 reaches no Python object's internals, and a whole task renders in a child process with
 a memory and a CPU limit), with lm-eval's rules
-for a column name, a literal list or an index. Zero-shot: the YAML's `num_fewshot` is
-not applied (`description`, when set, is prepended as lm-eval does at zero shots).
+for a column name, a literal list or an index. Few-shot as lm-eval 0.4.13 does it
+(`fewshot_context`, `api.samplers`): `num_fewshot` examples from the few-shot split
+(`fewshot_split`, else `training_split`, else `validation_split`, else `test_split`),
+drawn by the YAML's `fewshot_config.sampler` (`default`: a `random.Random(seed)` shared
+by the questions in order, seed 1234 as lm-eval's `--seed` default; `first_n`), each
+rendered `doc_to_text` + `target_delimiter` + its answer, joined by `fewshot_delimiter`,
+after `description` and before the question. The number of shots is the caller's
+(`num_fewshot`, default 0), not the YAML's, which is recorded beside it.
 
 `!function` tags run Python code. They are resolved only when the module lies inside
 the installed lm-eval's own task folder (code that came with the package, as trusted as
 lm-eval itself); a tag pointing anywhere else (a user's `--task-config` folder, a data
 folder) is refused naming the file, and no code from there is imported.
 
-Two output types:
+Both are asked raw (the context text alone, lm-eval's default: `raw_prompt`) unless
+`apply_chat_template`, then through the model's chat template. Two output types:
 
-- ``multiple_choice`` -> `LmEvalMCTask`: generation asks the rendered `doc_to_text`
-  verbatim, then the options lettered ``A. ...`` (not when the choices are the letters
+- ``multiple_choice`` -> `LmEvalMCTask`: generation asks the rendered context
+  (description, examples, `doc_to_text`), then the options lettered ``A. ...`` (not when the choices are the letters
   themselves, as in mmlu, whose doc_to_text lists the options) and the multiple-choice
   instruction, graded by letter; recognition scores lm-eval's own requests
   (`loglikelihood_requests`: context, then `target_delimiter` + each choice, no chat
   template), read as lm-eval's ``acc`` (sum of log-probs) and ``acc_norm`` (divided by
   the choice's length in characters, as lm-eval 0.4.13 computes it).
-- ``generate_until`` -> `LmEvalGenerationTask`: the rendered `doc_to_text`, stopped at
+- ``generate_until`` -> `LmEvalGenerationTask`: the rendered context, stopped at
   `generation_kwargs.until`, `max_gen_toks` new tokens (lm-eval's default 256); each
   named filter of the YAML's `filter_list` (gsm8k: ``strict-match``,
   ``flexible-extract``) is an extraction (`extractions`), applied by lm-eval's own
@@ -46,8 +53,9 @@ import importlib.util
 import json
 import os
 import re
+from random import Random
 import string
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -68,6 +76,12 @@ OUTPUT_TYPES = ("multiple_choice", "generate_until")
 STRICT, FLEXIBLE = "strict-match", "flexible-extract"
 #: a rule that is neither a function nor a column name (`Renderer._direct`)
 _UNSET: Any = object()
+#: lm-eval 0.4.13's few-shot samplers (`api.samplers.SAMPLER_REGISTRY`, less its unfinished "balanced")
+SAMPLERS = ("default", "first_n")
+#: lm-eval's default few-shot seed (`evaluator.simple_evaluate(fewshot_random_seed=...)`, `--seed`'s fourth value)
+FEWSHOT_SEED = 1234
+#: the `fewshot_config` keys read here; a YAML with others (its own examples, other templates) is refused at num_fewshot > 0
+_FEWSHOT_KEYS = frozenset({"sampler", "split"})
 
 
 class LmEvalUnavailable(ValueError):
@@ -247,6 +261,19 @@ class LmEvalConfig:
     filter_list: tuple[dict[str, Any], ...]
     exact_match: dict[str, Any]
     gen_prefix: Any
+    #: the YAML's own `num_fewshot` (recorded; `num_fewshot` is the one applied)
+    yaml_num_fewshot: int = 0
+    num_fewshot: int = 0
+    training_split: str | None = None
+    fewshot_split: str | None = None
+    fewshot_sampler: str = "default"
+    fewshot_seed: int = FEWSHOT_SEED
+    fewshot_delimiter: str = "\n\n"
+    #: `fewshot_config` keys this reader does not apply (refused when shots are asked for)
+    fewshot_unsupported: tuple[str, ...] = ()
+    #: the generation prompt through the model's chat template (lm-eval's --apply_chat_template),
+    #: else the raw context text (lm-eval's default)
+    apply_chat_template: bool = False
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "LmEvalConfig":
@@ -289,6 +316,15 @@ class LmEvalConfig:
             raise bad("filter_list must be a list of {name, filter} entries")
         metrics = raw.get("metric_list") or []
         exact = next((m for m in metrics if isinstance(m, dict) and m.get("metric") == "exact_match"), {})
+        fewshot = raw.get("fewshot_config") or {}
+        if not isinstance(fewshot, dict):
+            raise bad("fewshot_config must be a mapping")
+        yaml_shots = raw.get("num_fewshot") or 0
+        if not isinstance(yaml_shots, int) or isinstance(yaml_shots, bool) or yaml_shots < 0:
+            raise bad(f"num_fewshot must be a whole number >= 0, got {yaml_shots!r}")
+        for key in ("fewshot_delimiter", "training_split", "fewshot_split"):
+            if raw.get(key) is not None and not isinstance(raw[key], str):
+                raise bad(f"{key} must be a string")
         return cls(
             path=p, task=task, output_type=output_type, doc_to_text=raw["doc_to_text"],
             doc_to_target=raw["doc_to_target"], doc_to_choice=raw.get("doc_to_choice"),
@@ -298,8 +334,43 @@ class LmEvalConfig:
             process_docs=raw.get("process_docs"), generation_kwargs={**gen, "until": until},
             filter_list=tuple(filters),
             exact_match={k: exact[k] for k in ("regexes_to_ignore", "ignore_case", "ignore_punctuation", "ignore_numbers") if k in exact},
-            gen_prefix=raw.get("gen_prefix"),
+            gen_prefix=raw.get("gen_prefix"), yaml_num_fewshot=yaml_shots,
+            training_split=raw.get("training_split"), fewshot_split=fewshot.get("split") or raw.get("fewshot_split"),
+            fewshot_sampler=str(fewshot.get("sampler", "default")),
+            fewshot_delimiter=raw.get("fewshot_delimiter", "\n\n"),
+            fewshot_unsupported=tuple(sorted(k for k, v in fewshot.items() if k not in _FEWSHOT_KEYS and v is not None)),
         )
+
+    def with_fewshot(self, num_fewshot: int, split: str | None = None, seed: int = FEWSHOT_SEED) -> "LmEvalConfig":
+        """This config asking `num_fewshot` examples from `split` (None: the YAML's
+        rule) drawn with `seed`; bad values are refused in one line."""
+        if not isinstance(num_fewshot, int) or isinstance(num_fewshot, bool) or num_fewshot < 0:
+            raise ValueError(f"num_fewshot must be a whole number >= 0, got {num_fewshot!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"the few-shot seed must be a whole number, got {seed!r}")
+        if split is not None and (not isinstance(split, str) or not split.strip()):
+            raise ValueError(f"fewshot_split must be a split name, got {split!r}")
+        if num_fewshot:
+            if self.fewshot_sampler not in SAMPLERS:
+                raise DataFormatError(self.path, None, f"fewshot_config.sampler {self.fewshot_sampler!r} is not supported "
+                                      f"(supported: {', '.join(SAMPLERS)})")
+            if self.fewshot_unsupported:
+                raise DataFormatError(self.path, None, f"fewshot_config.{self.fewshot_unsupported[0]} is not supported "
+                                      "(few-shot examples come from a split, rendered with the task's own templates)")
+        return replace(self, num_fewshot=num_fewshot, fewshot_seed=seed,
+                       fewshot_split=split if split is not None else self.fewshot_split)
+
+    @property
+    def fewshot_pool_split(self) -> str | None:
+        """The split few-shot examples come from (lm-eval's `fewshot_docs` rule)."""
+        return self.fewshot_split or self.training_split or self.validation_split or self.test_split
+
+    @property
+    def fewshot_excludes_question(self) -> bool:
+        """Whether a question is kept out of its own examples: lm-eval passes the
+        evaluated doc to the sampler only when `fewshot_split` equals `test_split`
+        (both unset counts as equal, as there)."""
+        return self.fewshot_split == self.test_split
 
     def stored(self) -> dict[str, Any]:
         """Every setting, as JSON (functions as {"!function": name}): what a run stores
@@ -316,11 +387,15 @@ class LmEvalConfig:
     @classmethod
     def from_stored(cls, stored: dict[str, Any]) -> "LmEvalConfig":
         """The config `stored()` gave; its templates are data here, never rendered."""
+        required = [f.name for f in fields(cls) if f.default is MISSING]
         try:
-            values = {f.name: stored[f.name] for f in fields(cls)}
+            values = {name: stored[name] for name in required}
         except (KeyError, TypeError) as e:
             raise ValueError(f"stored lm-eval settings lack {e}") from None
+        # a run stored before few-shot support keeps the zero-shot defaults
+        values.update({f.name: stored[f.name] for f in fields(cls) if f.default is not MISSING and f.name in stored})
         values["path"], values["filter_list"] = Path(values["path"]), tuple(values["filter_list"])
+        values["fewshot_unsupported"] = tuple(values.get("fewshot_unsupported", ()))
         return cls(**values)
 
     def describe(self) -> dict[str, Any]:
@@ -331,7 +406,12 @@ class LmEvalConfig:
         return {"yaml": str(self.path), "task": self.task, "output_type": self.output_type,
                 "doc_to_text": shown(self.doc_to_text), "doc_to_choice": shown(self.doc_to_choice),
                 "doc_to_target": shown(self.doc_to_target), "target_delimiter": self.target_delimiter,
-                "description": shown(self.description), "num_fewshot": 0,
+                "description": shown(self.description), "apply_chat_template": self.apply_chat_template,
+                "num_fewshot": self.num_fewshot,
+                "yaml_num_fewshot": self.yaml_num_fewshot,
+                **({"fewshot_split": self.fewshot_pool_split, "fewshot_sampler": self.fewshot_sampler,
+                    "fewshot_seed": self.fewshot_seed, "fewshot_delimiter": self.fewshot_delimiter}
+                   if self.num_fewshot else {}),
                 "until": self.generation_kwargs["until"], "filters": [f["name"] for f in self.filter_list]}
 
 
@@ -428,16 +508,70 @@ class Renderer:
                 return out
         return out
 
-    def context(self, doc: dict[str, Any]) -> str:
-        """lm-eval's zero-shot context without a chat template: description, then
-        doc_to_text (then `gen_prefix`, after the target delimiter when neither side
-        has whitespace at the join, as lm-eval's `build_qa_turn` does)."""
-        text = self.description(doc) + self.text(doc)
-        if self.cfg.gen_prefix:
-            prefix = doc[self.cfg.gen_prefix] if self.cfg.gen_prefix in self.features else self._template("gen_prefix", self.cfg.gen_prefix, doc)
-            join = self.cfg.target_delimiter if text and prefix and not (text[-1].isspace() or prefix[0].isspace()) else ""
-            text = text + join + prefix
+    def _gen_prefix(self, doc: dict[str, Any]) -> str:
+        if not self.cfg.gen_prefix:
+            return ""
+        return doc[self.cfg.gen_prefix] if self.cfg.gen_prefix in self.features else self._template("gen_prefix", self.cfg.gen_prefix, doc)
+
+    def shot(self, doc: dict[str, Any]) -> str:
+        """One few-shot example as lm-eval's `build_qa_turn` writes it without a chat
+        template: doc_to_text, the target delimiter, the answer (an index picks the
+        choice; `gen_prefix` before it), then `fewshot_delimiter`."""
+        question, target = self.text(doc), self.target(doc)
+        choices = self.choices(doc) if self.cfg.doc_to_choice is not None else None
+        if isinstance(target, int) and not isinstance(target, bool) and choices:
+            if not 0 <= target < len(choices):
+                raise RowError(f"target index {target} is outside the {len(choices)} choices")
+            answer = choices[target]
+        else:
+            answer = target[0] if isinstance(target, list) and target else target
+        if not isinstance(answer, str):
+            raise RowError(f"doc_to_target gives {target!r}, not an answer text")
+        prefix = self._gen_prefix(doc)
+        join = "" if prefix and not _needs_delimiter(question, prefix) else self.cfg.target_delimiter
+        if prefix:
+            answer = prefix + (" " if _needs_delimiter(prefix, answer) else "") + answer
+        return question + join + answer + self.cfg.fewshot_delimiter
+
+    def context(self, doc: dict[str, Any], shots: Sequence[dict[str, Any]] = ()) -> str:
+        """lm-eval's context without a chat template: description, the few-shot
+        examples `shots`, then doc_to_text (then `gen_prefix`, after the target
+        delimiter when neither side has whitespace at the join, as lm-eval's
+        `build_qa_turn` does)."""
+        text = self.description(doc) + "".join(self.shot(s) for s in shots) + self.text(doc)
+        if prefix := self._gen_prefix(doc):
+            text = text + (self.cfg.target_delimiter if _needs_delimiter(text, prefix) else "") + prefix
         return text
+
+
+def _needs_delimiter(left: str, right: str) -> bool:
+    """lm-eval's `requires_delimiter`: neither side has whitespace at the join."""
+    return bool(left) and bool(right) and not (left[-1].isspace() or right[0].isspace())
+
+
+class FewshotSampler:
+    """lm-eval 0.4.13's `ContextSampler` ("default") and `FirstNSampler` ("first_n")
+    over `pool`, for the questions in order: one `random.Random(seed)` serves them all,
+    so question i's examples depend on the draws before it, as in lm-eval."""
+
+    def __init__(self, pool: Sequence[dict[str, Any]], cfg: LmEvalConfig):
+        self.pool, self.cfg, self.rnd = list(pool), cfg, Random(cfg.fewshot_seed)
+        if len(self.pool) < cfg.num_fewshot + (1 if cfg.fewshot_excludes_question else 0):
+            raise DataFormatError(cfg.path, None, f"num_fewshot {cfg.num_fewshot}: the few-shot split "
+                                  f"{cfg.fewshot_pool_split!r} has only {len(self.pool)} rows")
+
+    def sample(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        n, exclude = self.cfg.num_fewshot, self.cfg.fewshot_excludes_question
+        if n == 0:
+            return []
+        if self.cfg.fewshot_sampler == "first_n":
+            return [x for x in self.pool if not (exclude and x == doc)][:n]
+        if not exclude:
+            return self.rnd.sample(self.pool, n)
+        shots = [x for x in self.rnd.sample(self.pool, n + 1) if x != doc][:n]
+        if len(shots) < n:  # duplicates of the question in the pool: lm-eval resamples without them
+            shots = self.rnd.sample([x for x in self.pool if x != doc], n)
+        return shots
 
 
 def gold_index(target: int | str | list[Any], choices: Sequence[str]) -> int:
@@ -517,19 +651,48 @@ def read_docs(cfg: LmEvalConfig, data: str | Path | None) -> tuple[Any, str, Cal
     raise DataFormatError(p, None, "lm-eval task data must be a save_to_disk folder, an .arrow, .jsonl, .json or .parquet file")
 
 
+def read_split(cfg: LmEvalConfig, data: str | Path | None, split: str | None) -> Any:
+    """The rows of split `split` (the few-shot examples' split), after the YAML's
+    `process_docs`: from `data` when it is a `DatasetDict.save_to_disk` folder holding
+    that split, else from the YAML's dataset by name (data None). A one-split source
+    (a file, a one-split folder) is refused: it cannot tell its examples from its questions."""
+    if split is None:
+        raise DataFormatError(cfg.path, None, "num_fewshot > 0 needs a split to draw examples from "
+                              "(the YAML names no fewshot_split, training_split, validation_split or test_split)")
+    if data is None:
+        return _processed(cfg, _hub_split(cfg, split, f"the few-shot split {split!r} of {cfg.dataset_path}"))
+    p = Path(data)
+    splits: Any = None
+    if p.is_dir():
+        try:
+            splits = _datasets().load_from_disk(str(p))
+        except Exception:  # noqa: BLE001 - read_docs has already named what is wrong with it
+            splits = None
+    if not isinstance(splits, _datasets().DatasetDict):
+        raise DataFormatError(p, None, f"num_fewshot {cfg.num_fewshot} draws its examples from split {split!r}, and this "
+                              "data is one split: pass a DatasetDict.save_to_disk folder holding it")
+    if split not in splits:
+        raise DataFormatError(p, None, f"no few-shot split {split!r} in the saved dataset; splits: {', '.join(splits)}")
+    return _processed(cfg, splits[split])
+
+
 def _hub_docs(cfg: LmEvalConfig) -> tuple[Any, str, Callable[[int], int]]:
     split = cfg.test_split or cfg.validation_split
     where = f"hf://{cfg.dataset_path}" + (f"/{cfg.dataset_name}" if cfg.dataset_name else "") + f"[{split}]"
     if not cfg.dataset_path or not split:
         raise DataFormatError(cfg.path, None, "no dataset_path and test_split/validation_split to load: pass --data PATH")
+    return _processed(cfg, _hub_split(cfg, split, where)), where, lambda i: i + 1
+
+
+def _hub_split(cfg: LmEvalConfig, split: str, what: str) -> Any:
+    """Split `split` of the YAML's dataset, loaded by name; `what` names it in the refusal."""
     try:
-        ds = _datasets().load_dataset(cfg.dataset_path, cfg.dataset_name, split=split)
+        return _datasets().load_dataset(cfg.dataset_path, cfg.dataset_name, split=split)
     except LmEvalUnavailable:
         raise
     except Exception as e:  # noqa: BLE001 - network, auth and missing-dataset errors all end here
-        raise DataFormatError(cfg.path, None, f"could not load {where} ({type(e).__name__}); "
+        raise DataFormatError(cfg.path, None, f"could not load {what} ({type(e).__name__}); "
                               "without a network, pass the data with --data PATH") from None
-    return _processed(cfg, ds), where, lambda i: i + 1
 
 
 def _processed(cfg: LmEvalConfig, rows: Any) -> Any:
@@ -556,7 +719,17 @@ def _features(docs: Any) -> list[str]:
 # -- the tasks ------------------------------------------------------------------
 
 
-class LmEvalMCTask(MultipleChoiceTask):
+class _PromptMode:
+    config: LmEvalConfig
+
+    @property
+    def raw_prompt(self) -> bool:
+        """Whether the model is asked the prompt text as it is, without its chat
+        template (lm-eval's default; `apply_chat_template` asks through it)."""
+        return not self.config.apply_chat_template
+
+
+class LmEvalMCTask(_PromptMode, MultipleChoiceTask):
     """An lm-eval multiple_choice task: asked with lettered options, graded by letter;
     recognised by lm-eval's own loglikelihood requests."""
 
@@ -576,7 +749,7 @@ class LmEvalMCTask(MultipleChoiceTask):
     def loglikelihood_requests(self, q: Question) -> list[tuple[str, str]]:
         """lm-eval's requests for q, one per option in order: (context, target
         delimiter + choice), exactly the `Instance.arguments` its ConfigurableTask builds
-        at zero shots without a chat template."""
+        (few-shot examples included) without a chat template."""
         return [(q.text, f"{self.config.target_delimiter}{c}") for c in q.choices or ()]
 
     def describe(self) -> dict[str, Any]:
@@ -586,7 +759,7 @@ class LmEvalMCTask(MultipleChoiceTask):
         return {**super().stored(), "lm_eval": self.config.stored()}
 
 
-class LmEvalGenerationTask(Task):
+class LmEvalGenerationTask(_PromptMode, Task):
     """An lm-eval generate_until task: the rendered doc_to_text, stopped at `until`,
     graded by exact match after the YAML's filters."""
 
@@ -694,16 +867,19 @@ def _question_id(doc: dict[str, Any], index: int) -> str:
     return str(index)  # lm-eval's doc_id
 
 
-def _questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int]) -> Iterator[Question]:
+def _questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int],
+               pool: Sequence[dict[str, Any]] = ()) -> Iterator[Question]:
     render = Renderer(cfg, _features(docs))
+    sampler = FewshotSampler(pool, cfg) if cfg.num_fewshot else None
     seen: set[str] = set()
     for i, doc in enumerate(docs):
         doc = dict(doc)
+        shots = sampler.sample(doc) if sampler else []  # drawn for every row, valid or not, as lm-eval does
         try:
             qid = _question_id(doc, i)
             if qid in seen:
                 raise RowError(f"duplicate id {qid!r}")
-            text = render.context(doc)
+            text = render.context(doc, shots)
             if not text.strip():
                 raise RowError("doc_to_text renders an empty prompt")
             target = render.target(doc)
@@ -726,12 +902,14 @@ def _questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int],
         yield q
 
 
-def _rendered_questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int]) -> list[Question]:
-    """The questions of every doc, rendered in a bounded child process
-    (`templates.bounded_call`); rows it skipped as invalid are kept here as well."""
+def _rendered_questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int],
+                        pool: Sequence[dict[str, Any]] = ()) -> list[Question]:
+    """The questions of every doc (with few-shot examples from `pool`), rendered in a
+    bounded child process (`templates.bounded_call`); rows it skipped as invalid are
+    kept here as well."""
     def work() -> tuple[list[Question], list[dict[str, Any]]]:
         before = len(invalid_rows() or ())
-        questions = list(_questions(cfg, docs, where, row_of))
+        questions = list(_questions(cfg, docs, where, row_of, pool))
         return questions, list(invalid_rows() or ())[before:]
 
     questions, skipped = bounded_call(work, f"rendering the templates of {cfg.path.name}")
@@ -757,15 +935,24 @@ def stored_lm_eval_task(described: dict[str, Any], stored: Any) -> Task:
     return task
 
 
-def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, data: str | Path | None = None) -> Task:
+def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, data: str | Path | None = None,
+                 num_fewshot: int = 0, fewshot_split: str | None = None, fewshot_seed: int = FEWSHOT_SEED,
+                 apply_chat_template: bool = False) -> Task:
     """The lm-eval task `task` (a name in the installed lm-eval) or the one a YAML file
-    `config` defines, over `data` (None: the YAML's dataset by name)."""
+    `config` defines, over `data` (None: the YAML's dataset by name), each question
+    after `num_fewshot` examples from `fewshot_split` (None: the YAML's rule) drawn with
+    `fewshot_seed`, as lm-eval builds them (`FewshotSampler`). The default is zero-shot
+    whatever the YAML's `num_fewshot` (recorded as `yaml_num_fewshot`). The task's
+    `raw_prompt` says how a model is to be asked: the raw text (lm-eval's default), or,
+    with `apply_chat_template`, the user turn of the model's chat template."""
     if (task is None) == (config is None):
         raise ValueError("give an lm-eval task name or a task config file, not both")
     path = find_task_yaml(task) if task is not None else Path(config)  # type: ignore[arg-type]
-    cfg = LmEvalConfig.from_yaml(path)
+    cfg = replace(LmEvalConfig.from_yaml(path).with_fewshot(num_fewshot, fewshot_split, fewshot_seed),
+                  apply_chat_template=bool(apply_chat_template))
     docs, where, row_of = read_docs(cfg, data)
-    questions = _rendered_questions(cfg, docs, where, row_of)
+    pool = [dict(d) for d in read_split(cfg, data, cfg.fewshot_pool_split)] if cfg.num_fewshot else []
+    questions = _rendered_questions(cfg, docs, where, row_of, pool)
     if not questions:
         raise DataFormatError(where, None, f"no valid questions for {cfg.task} (of {len(docs)} rows)")
     cls = LmEvalMCTask if cfg.output_type == "multiple_choice" else LmEvalGenerationTask
