@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
-    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
+    SaveLogprobsOpt, SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
     at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
     print_multiple_choice, run_folder,
 )
@@ -48,6 +48,7 @@ def audit(
     grading: GradingOpt = None,
     circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
                                            "cyclic shift of its options; right = right under every shift (m times the cost)")] = False,
+    save_logprobs: SaveLogprobsOpt = False,
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap, read against a chance null."""
@@ -72,7 +73,7 @@ def audit(
         lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
-                         grading=grading, circular=circular)
+                         grading=grading, circular=circular, save_logprobs=save_logprobs)
 
     print_audit_table(execute(body))
     run_folder(out)

@@ -50,6 +50,9 @@ GradingOpt = Annotated[Optional[str], typer.Option(
                       "the other is shown beside (docs/grading.md)")]
 AnswerTypeOpt = Annotated[Optional[str], typer.Option(
     "--answer-type", help="jsonl free-form answers: auto (number when every gold is one) | number | text")]
+SaveLogprobsOpt = Annotated[bool, typer.Option(
+    "--save-logprobs", help="the records also hold each candidate's token ids and per-token log-probs "
+                            "(token_ids, token_logprobs; docs/records.md)")]
 
 #: errors that mean bad input (a message for the user, not a traceback); the package's
 #: own errors subclass ValueError, and OSError covers unreadable or unwritable paths

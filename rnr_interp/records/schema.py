@@ -53,6 +53,23 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+#: per-token columns, after RECORD_SCHEMA's, in the parts of a run that asked for them
+#: (`--save-logprobs`: its config's `save_logprobs`); other runs' parts stay as they were
+TOKEN_FIELDS: tuple[pa.Field, ...] = (
+    # the generated token ids, without a closing stop token (`n_tokens` of them)
+    pa.field("token_ids", pa.list_(pa.int64()), nullable=True),
+    # each one's log-probability; `logprob` is their sum. Null in rows that generate nothing (verify)
+    pa.field("token_logprobs", pa.list_(pa.float64()), nullable=True),
+)
+TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in TOKEN_FIELDS)
+TOKEN_RECORD_SCHEMA = pa.schema([*RECORD_SCHEMA, *TOKEN_FIELDS])
+
+
+def record_schema(tokens: bool) -> pa.Schema:
+    """The schema of a run's parts: with the per-token columns or without."""
+    return TOKEN_RECORD_SCHEMA if tokens else RECORD_SCHEMA
+
+
 #: columns that parts written before them lack
 LATER_COLUMNS: tuple[str, ...] = ("correct_strict", "correct_flexible")
 
