@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 #: whole package
 LAYERS: list[tuple[str, list[str]]] = [
     ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
-                         "records.journal", "records.config", "records.lock", "records.rundir", "records", "tasks", "metrics",
+                         "records.journal", "records.config", "records.lock", "records.reference", "records.rundir", "records", "tasks", "metrics",
                          "grading", "sae", "interventions"]),
     ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.cohort",

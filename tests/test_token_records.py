@@ -2,6 +2,7 @@
 log-probs those of the model's own forward pass over prompt + tokens; off by default,
 leaving the records and run id as they were."""
 
+import json
 import math
 import os
 import subprocess
@@ -17,7 +18,8 @@ from rnr_interp.engine.generate import forward
 from rnr_interp.engine.sampling import Probe, prompt_ids
 from rnr_interp.models import load_model
 from rnr_interp.records import RECORD_COLUMNS, RunDir
-from rnr_interp.records.schema import TOKEN_COLUMNS
+from rnr_interp.records.reference import records_reference
+from rnr_interp.records.schema import MANIFEST, RECORDS_VERSION, RECORDS_VERSION_KEY, TOKEN_COLUMNS, RunFolderError
 from rnr_interp.tasks import load_task
 
 PROBE = Probe(k=2, temperature=1.0, seed=3)
@@ -99,3 +101,27 @@ def test_cli_save_logprobs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     records = RunDir(out).read_records()
     assert (records["token_ids"].map(len) == records["n_tokens"]).all()
+
+
+def test_a_new_run_records_its_records_version_and_a_newer_one_is_refused(lm, task, tmp_path):
+    run = audited(lm, task, tmp_path / "run")
+    assert run.manifest[RECORDS_VERSION_KEY] == RECORDS_VERSION
+    run.release()
+    manifest = json.loads((run.path / MANIFEST).read_text())
+    (run.path / MANIFEST).write_text(json.dumps({**manifest, RECORDS_VERSION_KEY: RECORDS_VERSION + 1}))
+    with pytest.raises(RunFolderError, match=f"records version {RECORDS_VERSION + 1}; this rnr_interp reads versions up to"):
+        RunDir(run.path)
+    proc = subprocess.run([sys.executable, "-m", "rnr_interp.cli", "report", str(run.path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "records version" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    del manifest[RECORDS_VERSION_KEY]  # a run from before the version was recorded still reads
+    (run.path / MANIFEST).write_text(json.dumps(manifest))
+    assert len(RunDir(run.path).read_records()) == len(task.questions) * (1 + PROBE.k)
+
+
+def test_the_records_reference_lists_the_token_columns():
+    doc = records_reference()
+    for name in TOKEN_COLUMNS:
+        assert f"| `{name}` |" in doc
+    assert f"`{RECORDS_VERSION_KEY}`" in doc

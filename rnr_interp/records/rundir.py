@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from rnr_interp.records.schema import (
     ARTEFACTS_DIR, DEFAULT_GRADING, GRADINGS, JOURNAL, LOCK, MANIFEST, RECORDS_DIR, RECORD_KEY,
-    RECORD_SCHEMA, RunFolderError, SUMMARY, TASK_FILE, TOKEN_COLUMNS, record_schema, short_repr,
+    RECORD_SCHEMA, RECORDS_VERSION, RECORDS_VERSION_KEY, RunFolderError, SUMMARY, TASK_FILE, TOKEN_COLUMNS, record_schema,
+    short_repr,
 )
 from rnr_interp.records.files import (
     fsync_dir, parquet_bytes, read_json_file, read_parquet, remove_temp_files, write_bytes_atomic, write_json_atomic,
@@ -146,6 +147,10 @@ class RunDir:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
                 or not isinstance(manifest.get("config_hash"), str):
             raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
+        version = manifest.get(RECORDS_VERSION_KEY, 0)
+        if not isinstance(version, int) or isinstance(version, bool) or version > RECORDS_VERSION:
+            raise RunFolderError(f"{path}: records version {short_repr(version, 20)}; this rnr_interp reads versions up "
+                                 f"to {RECORDS_VERSION} (upgrade it to read this run)")
         # A config edited after the run started (a K, a probe, a seed, the questions)
         # describes records made under another one. Where the data file lives may be
         # edited (PROVENANCE_KEYS): manifests that carry `comparable_hash` allow that.
@@ -232,6 +237,7 @@ class RunDir:
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "versions": package_versions(),
                 "environment": run_environment(),
+                RECORDS_VERSION_KEY: RECORDS_VERSION,
                 "record_columns": record_schema(bool(config.get("save_logprobs"))).names,
                 PARTS_SHA256: {},
             }

@@ -21,48 +21,50 @@ RECORDS_DIR = "records"
 ARTEFACTS_DIR = "artefacts"
 LOCK = ".lock"
 
-RECORD_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("model", pa.string(), nullable=False),
-        pa.field("task", pa.string(), nullable=False),
-        pa.field("question_id", pa.string(), nullable=False),
-        # a `ProbeLabel`: "deployed", "temperature", "ablate:mlp:3", "native:mcts", ...
-        pa.field("probe", pa.string(), nullable=False),
-        # index of the candidate within its probe for this question
-        pa.field("candidate", pa.int64(), nullable=False),
-        # JSON id of the intervention set or route; "" for none
-        pa.field("intervention", pa.string(), nullable=False),
-        pa.field("seed", pa.int64(), nullable=False),
-        pa.field("text", pa.string(), nullable=False),
-        # None when no answer parses out of the text
-        pa.field("extracted", pa.string(), nullable=True),
-        pa.field("gold", pa.string(), nullable=False),
-        # the grade the run's headline uses (its manifest's `grading`): one of the two below
-        pa.field("correct", pa.bool_(), nullable=False),
-        # sum of the generated tokens' log-probabilities
-        pa.field("logprob", pa.float64(), nullable=False),
-        pa.field("n_tokens", pa.int64(), nullable=False),
-        # "stop" | "length"
-        pa.field("finish", pa.string(), nullable=False),
-        # both grades (docs/grading.md); parts written before they were recorded lack
-        # them: `read_records` fills `correct_flexible` from `correct` (then the only
-        # rule) and leaves `correct_strict` null (`grading.regrade` reads it from the text)
-        pa.field("correct_strict", pa.bool_(), nullable=True),
-        pa.field("correct_flexible", pa.bool_(), nullable=True),
-    ]
+#: the version of the record layout: 1 before both grades were recorded (no
+#: correct_strict, correct_flexible; `read_records` reads such parts), 2 since
+RECORDS_VERSION = 2
+#: each record column: (name, Arrow type, nullable, what it holds); docs/records.md is
+#: generated from this table (`records.reference`)
+COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
+    ("run_id", pa.string(), False, "the run that wrote the row (its manifest's run id)"),
+    ("model", pa.string(), False, "the model spec"),
+    ("task", pa.string(), False, "the task's name"),
+    ("question_id", pa.string(), False, "the question's id in its task"),
+    ("probe", pa.string(), False, 'a `ProbeLabel`: "deployed", "temperature", "ablate:mlp:3", "native:mcts", ...'),
+    ("candidate", pa.int64(), False, "index of the candidate within its probe for this question"),
+    ("intervention", pa.string(), False, 'JSON id of the intervention set or route; "" for none'),
+    ("seed", pa.int64(), False, "the candidate's own seed"),
+    ("text", pa.string(), False, "the generated text"),
+    ("extracted", pa.string(), True, "the answer read from the text; null when none parses out of it"),
+    ("gold", pa.string(), False, "the gold answer"),
+    ("correct", pa.bool_(), False, "the grade the run's headline uses (its manifest's `grading`): one of the two below"),
+    ("logprob", pa.float64(), False, "sum of the generated tokens' log-probabilities"),
+    ("n_tokens", pa.int64(), False, "generated tokens"),
+    ("finish", pa.string(), False, '"stop" or "length" (cut by the token limit)'),
+    # parts written before both grades were recorded lack the two below: `read_records`
+    # fills `correct_flexible` from `correct` (then the only rule) and leaves
+    # `correct_strict` null (`grading.regrade` reads it from the text)
+    ("correct_strict", pa.bool_(), True, "the strict grade (docs/grading.md); null in parts of version 1"),
+    ("correct_flexible", pa.bool_(), True, "the flexible grade; `correct` in parts of version 1"),
 )
+RECORD_SCHEMA = pa.schema([pa.field(name, kind, nullable=nullable) for name, kind, nullable, _ in COLUMNS])
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
-#: per-token columns, after RECORD_SCHEMA's, in the parts of a run that asked for them
+#: per-token columns, after COLUMNS, in the parts of a run that asked for them
 #: (`--save-logprobs`: its config's `save_logprobs`); other runs' parts stay as they were
-TOKEN_FIELDS: tuple[pa.Field, ...] = (
-    # the generated token ids, without a closing stop token (`n_tokens` of them)
-    pa.field("token_ids", pa.list_(pa.int64()), nullable=True),
-    # each one's log-probability; `logprob` is their sum. Null in rows that generate nothing (verify)
-    pa.field("token_logprobs", pa.list_(pa.float64()), nullable=True),
+TOKEN_COLUMN_SPECS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
+    ("token_ids", pa.list_(pa.int64()), True,
+     "the generated token ids, without a closing stop token (`n_tokens` of them); null in rows that generate nothing"),
+    ("token_logprobs", pa.list_(pa.float64()), True,
+     "each generated token's log-probability (the measure of `logprob`, which is their sum)"),
 )
+TOKEN_FIELDS: tuple[pa.Field, ...] = tuple(pa.field(name, kind, nullable=nullable)
+                                           for name, kind, nullable, _ in TOKEN_COLUMN_SPECS)
 TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in TOKEN_FIELDS)
 TOKEN_RECORD_SCHEMA = pa.schema([*RECORD_SCHEMA, *TOKEN_FIELDS])
+#: the manifest entry holding the RECORDS_VERSION a run was written with (none: made
+#: before it was recorded, read as the parts say); a newer one than this code's is refused
+RECORDS_VERSION_KEY = "records_version"
 
 
 def record_schema(tokens: bool) -> pa.Schema:
