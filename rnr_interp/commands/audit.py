@@ -10,10 +10,10 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
+    AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
     SaveLogprobsOpt, SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
-    at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
-    print_multiple_choice, run_folder,
+    at_least, built, check_grading_option, check_log_to, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
+    log_finished, print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 
@@ -49,6 +49,7 @@ def audit(
     circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
                                            "cyclic shift of its options; right = right under every shift (m times the cost)")] = False,
     save_logprobs: SaveLogprobsOpt = False,
+    log_to: LogToOpt = None,
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap, read against a chance null."""
@@ -60,6 +61,7 @@ def audit(
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
     at_least("--batch-size", batch_size)
     check_grading_option(grading)
+    check_log_to(log_to)
     probe = built(Probe, {"k": "--k", "temperature": "--temperature", "top_p": "--top-p"},
                   k=k, temperature=temperature, top_p=top_p, seed=seed)
     # the deployed decoding's own checks, before anything is loaded (its length comes with the task)
@@ -77,6 +79,7 @@ def audit(
 
     print_audit_table(execute(body))
     run_folder(out)
+    log_finished(out, log_to)
 
 
 def audit_size(k: int, batch_size: int) -> Callable[..., tuple[Any, str]]:
