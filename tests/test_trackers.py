@@ -138,3 +138,24 @@ def test_cli_audit_logs_to_mlflow(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "logged to mlflow: file://" in proc.stdout
     assert len(list((tmp_path / "mlruns").glob("*/*/metrics/D"))) == 1
+
+
+@pytest.mark.parametrize("command", ["route", "repair", "steer", "units"])
+def test_every_run_command_refuses_a_bad_tracker_before_it_runs(command, tmp_path):
+    result = CliRunner().invoke(app, [command, "--model", "tiny-llama", "--task", "arithmetic_mc", "--n", "2",
+                                      "--log-to", "nope", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "error: --log-to: unknown tracker 'nope'" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_repair_logs_its_named_tables_to_mlflow(tmp_path):
+    pytest.importorskip("mlflow", reason="mlflow-skinny is not installed (the optional loggers extra)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri()}
+    proc = subprocess.run([sys.executable, "-m", "rnr_interp.cli", "repair", "--model", "tiny-llama", "--task", "arithmetic_mc",
+                           "--n", "6", "--panel", "3", "--layers", "0-1", "--max-new-tokens", "4", "--quiet",
+                           "--log-to", "mlflow", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    named = {p.stem for p in (tmp_path / "run" / "artefacts").glob("*.parquet")}
+    logged = {p.stem for p in (tmp_path / "mlruns").glob("*/*/artifacts/tables/*.json")}
+    assert named and logged == named | {"records"}

@@ -300,9 +300,11 @@ def route(
     task_config: TaskConfigOpt = None,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
+    log_to: LogToOpt = None,
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
+    check_log_to(log_to)
     from rnr_interp.analyses.routing.audit import RouteConfig, run_route_audit
 
     check_grading_option(grading)
@@ -320,6 +322,7 @@ def route(
 
     print_route_summary(execute(body))
     run_folder(out)
+    log_finished(out, log_to)
 
 
 def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:
