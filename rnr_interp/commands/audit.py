@@ -12,8 +12,8 @@ import typer
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
     SaveLogprobsOpt, SeedOpt, TaskConfigOpt, TaskOpt, TempOpt,
-    at_least, built, check_grading_option, check_log_to, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
-    log_finished, print_multiple_choice, run_folder,
+    at_least, built, check_grading_option, check_log_to, check_out, execute, fail, fmt_ci, load_inputs, log_finished,
+    out_folder, print_grading, print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 
