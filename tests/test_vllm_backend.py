@@ -65,6 +65,7 @@ def test_completions_follow_the_engine_conventions(front):
     stopped = SimpleNamespace(token_ids=ids + [eos], logprobs=[entry(t, -0.5) for t in ids] + [entry(eos, -9.0)], finish_reason="stop")
     g = to_generation(front, stopped, stop_strings=("\nQ:",))
     assert g.tokens == ids and g.text == "12" and g.finish == "stop" and g.logprob == pytest.approx(-0.5 * len(ids))
+    assert g.token_logprobs == [-0.5] * len(ids)  # --save-logprobs: one per kept token, the stop token's dropped
     cut = SimpleNamespace(token_ids=ids, logprobs=[entry(t, -1.0) for t in ids], finish_reason="length")
     g = to_generation(front, cut, stop_strings=())
     assert g.tokens == ids and g.text == "12\nQ: x" and g.finish == "length" and g.logprob == pytest.approx(-len(ids))

@@ -39,13 +39,13 @@ if TYPE_CHECKING:  # vLLM loads on first use
 
 
 def audit_config(lm: LoadedModel | VLLMModel, task: Task, probe: Probe, deployed: Decoding, interventions: Sequence[Intervention], batch_size: int,
-                 grading: str | None = None, circular: bool = False) -> dict[str, Any]:
+                 grading: str | None = None, circular: bool = False, save_logprobs: bool = False) -> dict[str, Any]:
     """Everything that decides the records: two runs are comparable only when these
     agree (the checkpoint audit checks them). `circular` is recorded only when on, so a
     run without it keeps the config (and id) it had before circular evaluation came."""
     # the prompt the questions were asked in (chat template or not): `compare` warns
     # when two runs differ here, and a shared-prompt run controls for it
-    return run_config(AUDIT, lm, task, grading=grading, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
+    return run_config(AUDIT, lm, task, grading=grading, save_logprobs=save_logprobs, prompt_format=lm.prompt_format.describe(), probe=asdict(probe),
                       deployed=asdict(deployed), interventions=dumps(interventions), batch_size=batch_size,
                       **({"circular": True} if circular else {}))
 
@@ -63,13 +63,16 @@ def run_audit(
     progress: bool = True,
     grading: str | None = None,
     circular: bool = False,
+    save_logprobs: bool = False,
 ) -> AuditSummary:
     """Sample (or resume) and score; returns the summary written to ``summary.json``.
     `grading`: the headline grading (None: the folder's own, strict for a new run);
-    `circular`: ask multiple-choice questions under every cyclic shift of their options."""
+    `circular`: ask multiple-choice questions under every cyclic shift of their options;
+    `save_logprobs`: the records hold each candidate's token ids and log-probs."""
     deployed = deployed or deployed_decoding(task)
     shifts = circular_shifts(task) if circular else [0]  # refuses a task without letter options first
-    run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size, grading, circular))
+    run = RunDir.create(out, audit_config(lm, task, probe, deployed, interventions, batch_size, grading, circular,
+                                              save_logprobs))
     for shift in shifts:
         # shift 0: the questions as loaded, under the plain labels; else rotated ones under rotated:SHIFT:...
         asked = task if shift == 0 else rotated_task(task, shift)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
-    SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
-    at_least, built, check_grading_option, check_out, execute, fail, fmt_ci, load_inputs, out_folder, print_grading,
-    print_multiple_choice, run_folder,
+    AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
+    SaveLogprobsOpt, SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt,
+    lm_eval_options, at_least, built, check_grading_option, check_log_to, check_out, execute, fail, fmt_ci, load_inputs,
+    log_finished, out_folder, print_grading, print_multiple_choice, run_folder,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 
@@ -55,6 +55,8 @@ def audit(
     grading: GradingOpt = None,
     circular: Annotated[bool, typer.Option("--circular", help="multiple choice: also ask every question under each "
                                            "cyclic shift of its options; right = right under every shift (m times the cost)")] = False,
+    save_logprobs: SaveLogprobsOpt = False,
+    log_to: LogToOpt = None,
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap, read against a chance null."""
@@ -66,6 +68,7 @@ def audit(
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
     at_least("--batch-size", batch_size)
     check_grading_option(grading)
+    check_log_to(log_to)
     probe = built(Probe, {"k": "--k", "temperature": "--temperature", "top_p": "--top-p"},
                   k=k, temperature=temperature, top_p=top_p, seed=seed)
     # the deployed decoding's own checks, before anything is loaded (its length comes with the task)
@@ -81,10 +84,11 @@ def audit(
             lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
         return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
-                         grading=grading, circular=circular)
+                         grading=grading, circular=circular, save_logprobs=save_logprobs)
 
     print_audit_table(execute(body))
     run_folder(out)
+    log_finished(out, log_to)
 
 
 def audit_size(k: int, batch_size: int) -> Callable[..., tuple[Any, str]]:
@@ -278,9 +282,11 @@ def route(
     apply_chat_template: ChatTemplateOpt = False,
     on_invalid: OnInvalidOpt = "refuse",
     grading: GradingOpt = None,
+    log_to: LogToOpt = None,
     quiet: QuietOpt = False,
 ):
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
+    check_log_to(log_to)
     from rnr_interp.analyses.routing.config import RouteConfig
     from rnr_interp.analyses.routing.run import run_route_audit
 
@@ -300,6 +306,7 @@ def route(
 
     print_route_summary(execute(body))
     run_folder(out)
+    log_finished(out, log_to)
 
 
 def route_size(cfg: Any, option: str) -> Callable[..., tuple[Any, str]]:

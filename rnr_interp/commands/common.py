@@ -58,6 +58,12 @@ GradingOpt = Annotated[Optional[str], typer.Option(
                       "the other is shown beside (docs/grading.md)")]
 AnswerTypeOpt = Annotated[Optional[str], typer.Option(
     "--answer-type", help="jsonl free-form answers: auto (number when every gold is one) | number | text")]
+SaveLogprobsOpt = Annotated[bool, typer.Option(
+    "--save-logprobs", help="the records also hold each candidate's token ids and per-token log-probs "
+                            "(token_ids, token_logprobs; docs/records.md)")]
+LogToOpt = Annotated[Optional[str], typer.Option(
+    "--log-to", help="when the run ends, log its config, summary and tables to wandb (an offline run under WANDB_DIR, "
+                     "else ./wandb) or mlflow (MLFLOW_TRACKING_URI, else the file store ./mlruns)")]
 
 #: errors that mean bad input (a message for the user, not a traceback); the package's
 #: own errors subclass ValueError, and OSError covers unreadable or unwritable paths
@@ -233,6 +239,25 @@ def fmt_ci(value: float, ci) -> str:
 
 def run_folder(out: Path) -> None:
     typer.echo(f"run folder: {out}")
+
+
+def check_log_to(log_to: Optional[str]) -> None:
+    """Refuse --log-to's tracker before anything runs: unknown, or its package missing."""
+    from rnr_interp.report.trackers import check_tracker
+
+    if log_to is not None:
+        execute(lambda: check_tracker(log_to), context="--log-to: ")
+
+
+def log_finished(out: Path, log_to: Optional[str]) -> None:
+    """Log the finished run in `out` to --log-to's tracker. The run stays as written
+    whatever the tracker raises, so any failure there is one line saying so."""
+    from rnr_interp.report.trackers import log_run
+
+    if log_to is not None:
+        where = execute(lambda: log_run(out, log_to), known=(Exception,),
+                        context=f"the run in {out} is complete; logging it to {log_to} failed: ")
+        typer.echo(f"logged to {log_to}: {where}")
 
 
 def print_multiple_choice(summary: AuditSummary | CohortSummary | CompareSummary) -> None:

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt, at_least,
+    BatchOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
     NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
-    check_out, execute, fail, load_inputs, print_multiple_choice, run_folder, say_skipped,
+    at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
+    say_skipped,
 )
 from rnr_interp.analyses.localise.cohort import PANEL_CAP
 from rnr_interp.analyses.localise.steering import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
@@ -226,12 +227,14 @@ def repair(
                                        "then attention and whole layer at the chosen layer only (a third of the cost); "
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
-    batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
+    log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
     apply_chat_template: ChatTemplateOpt = False,
 ):
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
+    check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.repair import controls_table, run_repair
 
@@ -262,6 +265,7 @@ def repair(
                    f"{_num(chosen['repair']['all']['rate'])} of {chosen['repair']['all']['n']}")
     print_multiple_choice(s)
     run_folder(out)
+    log_finished(out, log_to)
 
 
 def steer(
@@ -275,7 +279,8 @@ def steer(
                                             "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
-    batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
+    log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
     apply_chat_template: ChatTemplateOpt = False,
     vector: Annotated[Optional[Path], typer.Option("--vector", help="steer along this vector instead of v: a 1-D tensor "
@@ -286,6 +291,7 @@ def steer(
 ):
     """Steer the chosen block along v (from the selection parts, or --vector): rescue
     held-out failures, induce failures in the held-out panel."""
+    check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.interventions import COMPONENT_SITE
     from rnr_interp.analyses.localise.steering import run_steer
@@ -306,6 +312,7 @@ def steer(
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     print_multiple_choice(s)
     run_folder(out)
+    log_finished(out, log_to)
 
 
 def _vector_file(path: Path):
@@ -334,12 +341,14 @@ def units(
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False,
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
-    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
+    task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
+    log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
     apply_chat_template: ChatTemplateOpt = False,
 ):
     """Silence the top-k MLP units along v vs k random units (many draws): share of the
     block's held-out repair."""
+    check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.steering import run_units
 
@@ -354,3 +363,4 @@ def units(
                                     f"{_num(r['random_min'])}-{_num(r['random_max'])})", rows="spread")
     print_multiple_choice(s)
     run_folder(out)
+    log_finished(out, log_to)

@@ -7,7 +7,7 @@ built on this module; neither imports the other."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:  # kept out at run time: this module stays free of torch, so the CLI can read its defaults
@@ -45,6 +45,8 @@ class Generation:
     logprob: float
     #: "stop" (stop token or stop string) or "length"
     finish: str
+    #: each chosen token's log-prob (same measure as `logprob`, which is their sum)
+    token_logprobs: list[float] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:

@@ -387,7 +387,7 @@ def generate(
         rows = torch.arange(R, device=device)  # original row of each batch row
         live = torch.ones(R, dtype=torch.bool, device=device)  # batch rows still generating
         out_tokens: list[list[int]] = [[] for _ in range(R)]
-        out_logp = [0.0] * R
+        out_logp: list[list[float]] = [[] for _ in range(R)]
         finish = ["length"] * R
         for t in range(steps):
             tok, logp = _sample(last, temps[rows], top_ps[rows], u[rows, t])
@@ -399,7 +399,7 @@ def generate(
                     finish[r] = "stop"
                     continue
                 out_tokens[r].append(tk)
-                out_logp[r] += lp
+                out_logp[r].append(lp)
                 if stop_strings and _hits_stop_string(lm.tokenizer, out_tokens[r], stop_strings):
                     finish[r] = "stop"
                     done[i] = True
@@ -428,7 +428,8 @@ def generate(
             text = lm.tokenizer.decode(out_tokens[r], skip_special_tokens=True)
             if stop_strings:
                 text = cut_at_stop(text, stop_strings)
-            row.append(Generation(tokens=out_tokens[r], text=text, logprob=out_logp[r], finish=finish[r]))
+            row.append(Generation(tokens=out_tokens[r], text=text, logprob=sum(out_logp[r]), finish=finish[r],
+                                  token_logprobs=out_logp[r]))
         results.append(row)
     return results
 

@@ -74,14 +74,18 @@ def prompt_ids(lm: LoadedModel, task: Task, q: Question) -> list[int]:
     return lm.encode(lm.render(task.user_message(q)))
 
 
-def run_config(kind: str, lm: LoadedModel, task: Task, grading: str | None = None, **extra: Any) -> dict[str, Any]:
+def run_config(kind: str, lm: LoadedModel, task: Task, grading: str | None = None, save_logprobs: bool = False,
+               **extra: Any) -> dict[str, Any]:
     """What decides a run's records, common part: a run folder resumes only with the
     same config, and two runs are comparable only when model, task and question ids
     agree. Each analysis adds its own settings as `extra`. `grading` is the headline
     grading (records.GRADINGS); None: the folder's own when resuming, else the default
-    (`RunDir.create` settles it, and `RunDir.grading` says which)."""
+    (`RunDir.create` settles it, and `RunDir.grading` says which). `save_logprobs`: the
+    records hold each candidate's token ids and log-probs (records.TOKEN_COLUMNS); only
+    then is it in the config, so a run without them keeps the config (and run id) it had."""
     return {"kind": kind, "model": lm.spec, "model_facts": lm.facts(), "task": task.run_description(),
-            "question_ids_hash": task.ids_hash(), "grading": grading, **extra}
+            "question_ids_hash": task.ids_hash(), "grading": grading, **extra,
+            **({"save_logprobs": True} if save_logprobs else {})}
 
 
 def generator(lm: LoadedModel | VLLMModel, backend: str | None, interventions: Sequence[Intervention] = ()) -> Engine:
@@ -105,8 +109,9 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start:start + size]
 
 
-def candidate_row(task: Task, q: Question, g: Generation, /, grading: str, **fields) -> dict[str, Any]:
-    """One record of a generation, graded both ways; `correct` is the `grading` one (the run's)."""
+def candidate_row(task: Task, q: Question, g: Generation, /, grading: str, tokens: bool = False, **fields) -> dict[str, Any]:
+    """One record of a generation, graded both ways; `correct` is the `grading` one (the
+    run's); with `tokens`, its token ids and log-probs too (`RunDir.saves_tokens`)."""
     # `extracted` is None unless the generation holds a valid answer of the task's kind
     # for q: the records' unparsed rate (metrics.unparsed_rate) counts exactly these.
     grade = task.grade_candidate(g.text, q, g.finish)
@@ -122,6 +127,7 @@ def candidate_row(task: Task, q: Question, g: Generation, /, grading: str, **fie
         "logprob": float(g.logprob),
         "n_tokens": g.n_tokens,
         "finish": g.finish,
+        **({"token_ids": list(g.tokens), "token_logprobs": [float(x) for x in g.token_logprobs]} if tokens else {}),
     }
 
 
@@ -137,11 +143,13 @@ def sample_questions(
     backend: str | None = None,
     grading: str = DEFAULT_GRADING,
     deployed_label: str = DEPLOYED,
+    tokens: bool = False,
 ) -> list[dict[str, Any]]:
     """Records for one batch of questions: the deployed candidate and K probe samples each.
     `backend` ("tl" or "vllm") defaults to the one `lm` was loaded for; `grading` is
     the run's (`RunDir.grading`), the one its records' `correct` holds; `deployed_label`
-    labels the deployed rows (a rotated control's `rotated:SHIFT:deployed`)."""
+    labels the deployed rows (a rotated control's `rotated:SHIFT:deployed`); `tokens`: the
+    rows hold the token columns (`candidate_row`)."""
     engine = generator(lm, backend, interventions)
     max_new = deployed.max_new_tokens
     prompts = [prompt_ids(lm, task, q) for q in questions]
@@ -161,7 +169,8 @@ def sample_questions(
     for q, q_seeds, q_gens in zip(questions, seeds, gens):
         for j, g in enumerate(q_gens):
             probe_name, cand = (deployed_label, 0) if j == 0 else (probe.name, j - 1)
-            rows.append(candidate_row(task, q, g, grading, **common, probe=probe_name, candidate=cand, seed=q_seeds[j]))
+            rows.append(candidate_row(task, q, g, grading, tokens, **common, probe=probe_name, candidate=cand,
+                                      seed=q_seeds[j]))
     return rows
 
 
@@ -199,7 +208,7 @@ def sample_task(
             rows = sample_questions(lm, task, todo, probe=probe, deployed=deployed, interventions=interventions,
                                     run_id=run_id, backend=backend,
                                     grading=run.grading if run is not None else DEFAULT_GRADING,
-                                    deployed_label=deployed_label)
+                                    deployed_label=deployed_label, tokens=run is not None and run.saves_tokens)
             if run is not None:
                 run.write_question_batch(rows)
             produced.extend(rows)

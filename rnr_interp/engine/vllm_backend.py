@@ -241,4 +241,4 @@ def to_generation(vm: VLLMModel, completion: Any, stop_strings: Sequence[str]) -
     text = vm.tokenizer.decode(tokens, skip_special_tokens=True)
     if stop_strings:
         text = cut_at_stop(text, stop_strings)
-    return Generation(tokens=tokens, text=text, logprob=float(sum(logprobs)), finish=finish)
+    return Generation(tokens=tokens, text=text, logprob=float(sum(logprobs)), finish=finish, token_logprobs=logprobs)

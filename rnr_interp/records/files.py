@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnr_interp.records.schema import LATER_COLUMNS, RECORD_SCHEMA, RunFolderError
+from rnr_interp.records.schema import LATER_COLUMNS, RECORD_COLUMNS, RunFolderError
 
 # -- atomic files -----------------------------------------------------------------
 
@@ -160,10 +160,11 @@ def read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.T
         raise RunFolderError(f"{path}: missing") from None
     except (pa.ArrowException, OSError) as exc:
         raise RunFolderError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+    records = schema is not None and tuple(schema.names[:len(RECORD_COLUMNS)]) == RECORD_COLUMNS
     if schema is not None:
         for field in schema:
             i = found.get_field_index(field.name)
-            if i < 0 and schema is RECORD_SCHEMA and field.name in LATER_COLUMNS:
+            if i < 0 and records and field.name in LATER_COLUMNS:
                 continue
             if i < 0:
                 raise RunFolderError(f"{path}: not a records part of this format (no column {field.name!r})")
@@ -172,7 +173,7 @@ def read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.T
                     f"{path}: not a records part of this format (column {field.name!r} is {found.field(i).type}, "
                     f"expected {field.type})"
                 )
-    if schema is RECORD_SCHEMA:
+    if records:
         schema = pa.schema([f for f in schema if f.name not in LATER_COLUMNS or found.get_field_index(f.name) >= 0])
         if kw.get("columns") is not None:
             kw["columns"] = [c for c in kw["columns"] if c in schema.names]

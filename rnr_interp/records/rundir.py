@@ -17,8 +17,9 @@ import pandas as pd
 import pyarrow as pa
 
 from rnr_interp.records.schema import (
-    ARTEFACTS_DIR, DEFAULT_GRADING, GRADINGS, JOURNAL, LOCK, MANIFEST, RECORDS_DIR, RECORD_COLUMNS, RECORD_KEY,
-    RECORD_SCHEMA, RunFolderError, SUMMARY, TASK_FILE, short_repr,
+    ARTEFACTS_DIR, DEFAULT_GRADING, GRADINGS, JOURNAL, LOCK, MANIFEST, RECORDS_DIR, RECORD_KEY,
+    RECORD_SCHEMA, RECORDS_VERSION, RECORDS_VERSION_KEY, RunFolderError, SUMMARY, TASK_FILE, TOKEN_COLUMNS, record_schema,
+    short_repr,
 )
 from rnr_interp.records.files import (
     fsync_dir, parquet_bytes, read_json_file, read_parquet, remove_temp_files, write_bytes_atomic, write_json_atomic,
@@ -148,6 +149,10 @@ class RunDir:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
                 or not isinstance(manifest.get("config_hash"), str):
             raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
+        version = manifest.get(RECORDS_VERSION_KEY, 0)
+        if not isinstance(version, int) or isinstance(version, bool) or version > RECORDS_VERSION:
+            raise RunFolderError(f"{path}: records version {short_repr(version, 20)}; this rnr_interp reads versions up "
+                                 f"to {RECORDS_VERSION} (upgrade it to read this run)")
         # A config edited after the run started (a K, a probe, a seed, the questions)
         # describes records made under another one. Where the data file lives may be
         # edited (PROVENANCE_KEYS): manifests that carry `comparable_hash` allow that.
@@ -234,7 +239,8 @@ class RunDir:
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "versions": package_versions(),
                 "environment": run_environment(),
-                "record_columns": list(RECORD_COLUMNS),
+                RECORDS_VERSION_KEY: RECORDS_VERSION,
+                "record_columns": record_schema(bool(config.get("save_logprobs"))).names,
                 PARTS_SHA256: {},
             }
             if stored_task is not None:
@@ -336,6 +342,15 @@ class RunDir:
         return config_grading(self.config)
 
     @property
+    def saves_tokens(self) -> bool:
+        """Whether the run's parts hold the per-token columns (TOKEN_COLUMNS)."""
+        return bool(self.config.get("save_logprobs"))
+
+    @property
+    def record_schema(self) -> pa.Schema:
+        return record_schema(self.saves_tokens)
+
+    @property
     def run_id(self) -> str:
         """The records' `run_id`: the config hash, so a resumed run keeps its id."""
         return self.config_hash
@@ -378,7 +393,7 @@ class RunDir:
                 f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
                 f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
         self._check_part(part)
-        return read_parquet(part, RECORD_SCHEMA, **kw)
+        return read_parquet(part, self.record_schema, **kw)
 
     def _legacy_run_ids(self) -> tuple[str, ...]:
         """run_id values this run's own parts held before every writer stamped the run's
@@ -399,14 +414,18 @@ class RunDir:
 
         The rows must hold every row of each (question, probe) group they touch: a group
         already stored raises ValueError (a resumed run must skip `done_question_ids()`),
-        as do missing or unknown columns, values that do not fit RECORD_SCHEMA, and a
-        key (question_id, probe, candidate, intervention) repeated in the batch. Every
-        row is written with this run's `run_id`, whatever it held: that is what marks
-        a part as the run's own when it is read back.
+        as do missing or unknown columns, values that do not fit the run's
+        `record_schema`, and a key (question_id, probe, candidate, intervention)
+        repeated in the batch. Every row is written with this run's `run_id`, whatever
+        it held: that is what marks a part as the run's own when it is read back. In a
+        run that saves tokens, a row without TOKEN_COLUMNS (nothing generated) holds nulls there.
         """
         if not rows:
             return None
-        expected = set(RECORD_COLUMNS)
+        schema = self.record_schema
+        expected = set(schema.names)
+        if self.saves_tokens:
+            rows = [{**dict.fromkeys(TOKEN_COLUMNS), **row} for row in rows]
         for i, row in enumerate(rows):
             if row.keys() != expected:
                 missing, extra = sorted(expected - row.keys()), sorted(row.keys() - expected)
@@ -416,11 +435,11 @@ class RunDir:
                 )
         rows = [{**row, "run_id": self.run_id} for row in rows]
         try:
-            table = pa.Table.from_pylist(list(rows), schema=RECORD_SCHEMA)
+            table = pa.Table.from_pylist(list(rows), schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise ValueError(f"rows do not fit RECORD_SCHEMA: {err}") from err
+            raise ValueError(f"rows do not fit RECORD_SCHEMA{' + TOKEN_FIELDS' if self.saves_tokens else ''}: {err}") from err
         # Arrow does not enforce nullable=False on conversion.
-        nulls = [f.name for f in RECORD_SCHEMA if not f.nullable and table[f.name].null_count]
+        nulls = [f.name for f in schema if not f.nullable and table[f.name].null_count]
         if nulls:
             raise ValueError(f"None in non-nullable columns {nulls}")
         repeated = [key for key, n in Counter(tuple(r[c] for c in RECORD_KEY) for r in rows).items() if n > 1]
@@ -457,8 +476,8 @@ class RunDir:
         the first (earliest part) with a warning; they should not occur, but a crash
         during `compact` can leave them.
         """
-        tables = [_with_later_columns(self._read_part(p, filters=filters)) for p in self.parts()]
-        table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
+        tables = [_with_later_columns(self._read_part(p, filters=filters), self.record_schema) for p in self.parts()]
+        table = pa.concat_tables(tables) if tables else self.record_schema.empty_table()
         df = table.to_pandas()
         dup = df.duplicated(list(RECORD_KEY))
         if dup.any():
@@ -473,7 +492,7 @@ class RunDir:
         old = self.parts()
         if len(old) <= 1:
             return old[0] if old else None
-        table = pa.Table.from_pandas(self.read_records(), schema=RECORD_SCHEMA, preserve_index=False)
+        table = pa.Table.from_pandas(self.read_records(), schema=self.record_schema, preserve_index=False)
         merged = self._write_part(self._next_part_path(), table)
         for part in old:
             part.unlink()
@@ -493,7 +512,7 @@ class RunDir:
         records = self.read_records()
         snap = RunDir.create(target, self.config, resume=False)
         if len(records):
-            snap._write_part(snap._next_part_path(), pa.Table.from_pandas(records, schema=RECORD_SCHEMA, preserve_index=False))
+            snap._write_part(snap._next_part_path(), pa.Table.from_pandas(records, schema=snap.record_schema, preserve_index=False))
         snap._stored = None
         return snap
 
@@ -587,14 +606,14 @@ def _without_stored_file(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**manifest, "config": {**manifest["config"], "task": {k: v for k, v in task.items() if k != "stored_file"}}}
 
 
-def _with_later_columns(table: pa.Table) -> pa.Table:
-    """A part's table in RECORD_SCHEMA: a part written before LATER_COLUMNS gets
+def _with_later_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A part's table in `schema` (the run's): a part written before LATER_COLUMNS gets
     `correct_flexible` = its `correct` (the only rule then) and a null `correct_strict`."""
     if "correct_flexible" not in table.column_names:
         table = table.append_column(RECORD_SCHEMA.field("correct_flexible"), table["correct"])
     if "correct_strict" not in table.column_names:
         table = table.append_column(RECORD_SCHEMA.field("correct_strict"), pa.nulls(len(table), pa.bool_()))
-    return table.select(list(RECORD_COLUMNS))
+    return table.select(schema.names)
 
 
 def load_runs(path: str | os.PathLike[str]) -> list[RunDir]:

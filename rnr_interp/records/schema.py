@@ -50,6 +50,28 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
 )
 RECORD_SCHEMA = pa.schema([pa.field(name, kind, nullable=nullable) for name, kind, nullable, _ in COLUMNS])
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+#: per-token columns, after COLUMNS, in the parts of a run that asked for them
+#: (`--save-logprobs`: its config's `save_logprobs`); other runs' parts stay as they were
+TOKEN_COLUMN_SPECS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
+    ("token_ids", pa.list_(pa.int64()), True,
+     "the generated token ids, without a closing stop token (`n_tokens` of them); null in rows that generate nothing"),
+    ("token_logprobs", pa.list_(pa.float64()), True,
+     "each generated token's log-probability (the measure of `logprob`, which is their sum)"),
+)
+TOKEN_FIELDS: tuple[pa.Field, ...] = tuple(pa.field(name, kind, nullable=nullable)
+                                           for name, kind, nullable, _ in TOKEN_COLUMN_SPECS)
+TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in TOKEN_FIELDS)
+TOKEN_RECORD_SCHEMA = pa.schema([*RECORD_SCHEMA, *TOKEN_FIELDS])
+#: the manifest entry holding the RECORDS_VERSION a run was written with (none: made
+#: before it was recorded, read as the parts say); a newer one than this code's is refused
+RECORDS_VERSION_KEY = "records_version"
+
+
+def record_schema(tokens: bool) -> pa.Schema:
+    """The schema of a run's parts: with the per-token columns or without."""
+    return TOKEN_RECORD_SCHEMA if tokens else RECORD_SCHEMA
+
+
 #: columns that parts written before them lack
 LATER_COLUMNS: tuple[str, ...] = ("correct_strict", "correct_flexible")
 
