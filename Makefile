@@ -15,7 +15,7 @@ $(BIN)/rnr: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU wheel on disk; an unpinned resolve pulls CUDA.
 	$(BIN)/pip install -q torch==$(TORCH)
-	$(BIN)/pip install -q -e '.[test,scale]'
+	$(BIN)/pip install -q -e '.[test,scale,loggers]'
 	# lm-eval's own filter classes, to check the grading references' copies against
 	# (tests/grading_references.py); --no-deps: the filters need none of its forty packages.
 	# The small packages after it let its `lm_eval` command start and print its table
@@ -79,6 +79,8 @@ validate: setup
 	$(BIN)/rnr validate --model smollm2 --task arithmetic --profile quick --out runs/validate
 
 test: setup browser vllm
+	# the linter first (rules and line length: pyproject.toml's [tool.ruff])
+	$(BIN)/ruff check rnr_interp tests benchmarks experiments
 	$(BIN)/python -m pytest -q -rs tests
 	# The vLLM backend against the bridge engine, on CPU; a missing vllm fails here, not skips.
 	RNR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -rs tests/test_vllm_backend.py

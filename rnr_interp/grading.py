@@ -314,6 +314,7 @@ def null_line(null: dict[str, Any], k: int | None) -> str:
 
 __all__ = [
     "N_DERANGEMENTS", "UNFINISHED_WARN", "check_grading", "circular_null", "circular_scores", "circular_shifts", "derangement_null",
-    "derangements", "graded", "graded_answers", "letter_null", "null_line", "null_summary", "other_grading", "question_null", "regrade", "rotated_task", "shift_records",
+    "derangements", "graded", "graded_answers", "letter_null", "null_line", "null_summary", "other_grading", "question_null",
+    "regrade", "rotated_task", "shift_records",
     "unfinished_rate", "unfinished_warning",
 ]

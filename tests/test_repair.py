@@ -267,7 +267,7 @@ def test_sweep_rates_equal_separate_unbatched_runs(lm):
     split = Split(seed=3)
     table = silencing_sweep(lm, task, wrong, right, decoding=decoding, batch_size=64, split=split)
     assert len(table) == lm.n_layers * len(COMPONENTS)
-    (w_sel, w_out), (r_sel, r_out) = split(wrong), split(right)
+    (w_sel, w_out), (_, r_out) = split(wrong), split(right)
     changed = 0
     for row in table.itertuples():
         ok = {}

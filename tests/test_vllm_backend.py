@@ -149,7 +149,7 @@ def test_sampled_answer_distributions_agree_with_the_bridge_engine(sampled, task
     statistics and degrees of freedom of the questions add up (independent samples), and
     the pooled test must not reject at the 0.001 level."""
     stat, dof = 0.0, 0
-    for q, ours, theirs in zip(task.questions, sampled["tl"], sampled["vllm"]):
+    for ours, theirs in zip(sampled["tl"], sampled["vllm"]):
         answers = [[task.extract(g.text) or "<none>" for g in gens] for gens in (ours, theirs)]
         counts: dict[str, list[int]] = {}
         for engine, engine_answers in enumerate(answers):

@@ -264,7 +264,8 @@ def route(
     budget: Annotated[Optional[int], typer.Option("--budget", help="route evaluations per search and question (default: K)")] = None,
     out: OutOpt = Path("runs/route"),
     space: Annotated[list[str], typer.Option("--space", help="native | polar | skiponly (repeatable)")] = ["native"],
-    methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,random_matched,mcts,hill_climb,genetic")] = "random,random_matched,mcts,hill_climb,genetic",
+    methods: Annotated[str, typer.Option("--methods", help="comma-separated: random,random_matched,mcts,hill_climb,genetic")
+                       ] = "random,random_matched,mcts,hill_climb,genetic",
     proposals: Annotated[Optional[int], typer.Option("--proposals", help="routes each structured search proposes per round "
                                                      "(default: MCTS 1, hill climbing 8, genetic 8; 1: all sequential)")] = None,
     temperature: TempOpt = SAMPLING_TEMPERATURE,
@@ -273,7 +274,8 @@ def route(
     max_len: Annotated[Optional[int], typer.Option("--max-len", help="longest route (default: L + L//3)")] = None,
     seed: SeedOpt = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="questions per chunk: searched together and written "
-                                                "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward holds up to max(this, 64) rows on a CPU, 512 on a GPU")] = 16,
+                                                "together (a stopped chunk resumes from RUN/journal.jsonl); a batched forward "
+                                                "holds up to max(this, 64) rows on a CPU, 512 on a GPU")] = 16,
     answer_type: AnswerTypeOpt = None,
     task_config: TaskConfigOpt = None,
     num_fewshot: NumFewshotOpt = 0,
@@ -333,7 +335,9 @@ def route_summary(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=out_folder, help="the snapshot's run folder (default: RUN-<done>q beside RUN)")] = None,
     quiet: QuietOpt = False,
 ):
-    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run folder (--out), which gets a finished run's summary and tables over those questions. Reads records (no model), and the task's file where it is here, for the chance nulls."""
+    """Summarise a route run over the chunks written so far, while it goes on: its records are copied into a new run
+    folder (--out), which gets a finished run's summary and tables over those questions. Reads records (no model), and
+    the task's file where it is here, for the chance nulls."""
     from rnr_interp.records import RunDir
     from rnr_interp.analyses.routing.config import route_config_of
     from rnr_interp.analyses.routing.summary import summarize_so_far
@@ -437,7 +441,8 @@ def temperature_sweep(
     typer.echo(f"T\tD\tO_K\tO_K - majority [95% CI]\tO_K - D [95% CI]\tO_K {other}" + ("\tO_K null\tgap above null [95% CI]" if null else "")
                + "\tunfinished")
     for r in table.to_dict("records"):
-        typer.echo(f"{r['temperature']:g}\t{r['D']:.3f}\t{r['O_K']:.3f}\t{fmt_ci(r['oracle_minus_majority'], (r['oracle_minus_majority_lo'], r['oracle_minus_majority_hi']))}"
+        gap = fmt_ci(r['oracle_minus_majority'], (r['oracle_minus_majority_lo'], r['oracle_minus_majority_hi']))
+        typer.echo(f"{r['temperature']:g}\t{r['D']:.3f}\t{r['O_K']:.3f}\t{gap}"
                    f"\t{fmt_ci(r['oracle_minus_greedy'], (r['oracle_minus_greedy_lo'], r['oracle_minus_greedy_hi']))}"
                    f"\t{r.get(f'O_K_{other}', float('nan')):.3f}"
                    + (f"\t{r['O_K_null']:.3f}\t{fmt_ci(r['gap_above_null'], (r['gap_above_null_lo'], r['gap_above_null_hi']))}" if null else "")
@@ -449,7 +454,8 @@ def route_cells(
     folder: Annotated[Path, typer.Argument(help="a folder of route runs (models x tasks x spaces)")],
     out: Annotated[Optional[Path], typer.Option("--out", parser=out_folder, help="where to write the tables (default: FOLDER/route_cells)")] = None,
 ):
-    """The cross-cell table in the paper's units: model-task cells, per-space comparisons where random (and random_matched) >= each search, medians, selector gap recovery."""
+    """The cross-cell table in the paper's units: model-task cells, per-space comparisons where random (and
+    random_matched) >= each search, medians, selector gap recovery."""
     from rnr_interp.analyses.routing.cells import write_route_cells
 
     if not folder.is_dir():

@@ -19,7 +19,8 @@ def compare(
     base_run: Annotated[Path, typer.Argument(help="audit run folder of the base model")],
     trained_run: Annotated[Path, typer.Argument(help="audit run folder of the trained checkpoint")],
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="compare run folder")] = Path("runs/compare"),
-    bins: Annotated[Optional[str], typer.Option("--bins", help="propensity bin edges on the base hit rate c/n; bins (lo, hi], the first closed (default: the paper's 0,0.1,0.35,1: top bin > 0.35)")] = None,
+    bins: Annotated[Optional[str], typer.Option("--bins", help="propensity bin edges on the base hit rate c/n; bins (lo, hi], the first "
+                                                "closed (default: the paper's 0,0.1,0.35,1: top bin > 0.35)")] = None,
     budget_control: Annotated[bool, typer.Option(
         "--budget-control", help="re-probe every question with both runs' models at K and factor x K, fresh seeds")] = False,
     factor: Annotated[int, typer.Option("--factor", help="budget multiplier of the control")] = 2,
@@ -112,7 +113,7 @@ def print_comparison(s: CompareSummary) -> None:
                    f"the reachable set in the audits are reached by the trained model at K={bc['k_control']}")
         src = bc.get("gained_source") or {}
         if src.get("n_gained"):
-            typer.echo(f"  gained answers base-reachable by K (fresh base samples, 95% Wilson): " + "  ".join(
+            typer.echo("  gained answers base-reachable by K (fresh base samples, 95% Wilson): " + "  ".join(
                 f"K={c['k']} {c['base_reachable']}/{c['n_gained']} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" for c in src["curve"]))
             if src.get("null"):
                 typer.echo(f"  the same share by chance ({src['null']}): " + "  ".join(

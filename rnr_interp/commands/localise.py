@@ -35,7 +35,8 @@ CircularOpt = Annotated[bool, typer.Option(
     "--circular", help="letter-robust failure sets: generation is right only when right under every cyclic shift of "
     "the options (recognition stays the option-likelihood readout); every row is asked under every shift, so the "
     "run costs as many times more as the options")]
-RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel, split and chosen block (same decoding required)")]
+RepairRunOpt = Annotated[Optional[Path], typer.Option("--repair-run", help="repair run folder: its failure set, panel, split and "
+                                                     "chosen block (same decoding required)")]
 
 _KS = ",".join(map(str, DEFAULT_KS))
 
@@ -152,7 +153,8 @@ def _rate(r: dict) -> str:
 
 def failures(
     model: Annotated[list[str], typer.Option("--model", "-m", help="model spec (repeatable: one cell per model x task)")] = ["smollm2"],
-    task: Annotated[list[str], typer.Option("--task", "-t", help="task (repeatable): multiple choice, or free-form with distractors (arithmetic: near misses)")] = ["arc_easy"],
+    task: Annotated[list[str], typer.Option("--task", "-t", help="task (repeatable): multiple choice, or free-form with "
+                                            "distractors (arithmetic: near misses)")] = ["arc_easy"],
     data: DataOpt = None, n: NOpt = 24,
     out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP,
     margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,

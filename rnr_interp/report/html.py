@@ -166,7 +166,8 @@ def _question_row(qid: str, score: pd.Series, rows: pd.DataFrame, probe: str, qu
         if q.choices:
             question += "<ol type=A>" + "".join(f"<li>{escape_html(_clip(c, 120))}</li>" for c in q.choices) + "</ol>"
     mark = lambda ok: '<span class="ok">✓</span>' if ok else '<span class="bad">✗</span>'  # noqa: E731
-    answer = f"{mark(deployed['correct'])} {escape_html(_extracted(deployed['extracted']))}<details><summary>text</summary><pre>{escape_html(_clip(deployed['text']))}</pre></details>"
+    answer = (f"{mark(deployed['correct'])} {escape_html(_extracted(deployed['extracted']))}"
+              f"<details><summary>text</summary><pre>{escape_html(_clip(deployed['text']))}</pre></details>")
     shown = "".join(
         f"<p>{mark(r.correct)} #{r.candidate} → {escape_html(_extracted(r.extracted))}</p><pre>{escape_html(_clip(r.text))}</pre>"
         for r in picks.itertuples()

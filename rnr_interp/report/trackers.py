@@ -45,7 +45,7 @@ def log_run(path: str | os.PathLike[str], tracker: str) -> str:
     check_tracker(tracker)
     run = RunDir(path)
     config = {"run_id": run.run_id, **run.config}
-    summary = run.read_summary() if (run.path / "summary.json").is_file() else {}
+    summary = run.read_summary().to_json() if run.has_summary() else {}
     tables = dict(run_tables(run))
     return (_log_wandb if tracker == "wandb" else _log_mlflow)(run.path.name, config, summary, tables)
 

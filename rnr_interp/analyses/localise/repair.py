@@ -40,7 +40,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary, localisation_config, multiple_choice_readings, outcome_counts, run_permutation_control,
+    PANEL_CAP, ROTATION, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary, localisation_config,
+    multiple_choice_readings, outcome_counts, run_permutation_control,
     run_rows,
 )
 from rnr_interp.engine.rows import Row

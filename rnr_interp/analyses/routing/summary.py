@@ -12,7 +12,10 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
-from rnr_interp.metrics import bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix, wilson_interval
+from rnr_interp.metrics import (
+    bootstrap_ci, oracle_curve_after_first, paired_diff_ci, question_scores, selection_summary, unparsed_rate, vote_matrix,
+    wilson_interval,
+)
 from rnr_interp.models import LoadedModel
 from rnr_interp.grading import graded, graded_answers, other_grading, question_null, null_summary, regrade, unfinished_rate, unfinished_warning
 from rnr_interp.records import DEPLOYED, ROUTE, ProbeLabel, RouteSummary, RunDir, RunFolderError
