@@ -501,7 +501,7 @@ def test_smollm2_arc_easy_end_to_end(smollm2, shared_data, tmp_path):
                    batch_size=64, progress=False)
     table = RunDir(tmp_path / "repair").read_table("repair")
     assert len(table) == smollm2.n_layers * 3
-    print(json.dumps({k: v for k, v in s.items() if k != "table"}, indent=1))
+    print(json.dumps({k: v for k, v in s.to_json().items() if k != "table"}, indent=1, default=str))
     if s.n_failure == 0:
         assert s.failure_empty_reason
         assert table["repair_rate"].isna().all()

@@ -654,12 +654,12 @@ def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_p
     target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
     summary = summarize_routes(run, cfg, task=task, target=target)
 
-    cell = next(c for c in summary.cells.values() if c["space"] == "native")
+    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
     assert cell["oracle_at_k"]["random"] == 0.0
     assert cell["null"]["random"]["O_K"] == 1.0
     assert cell["null"]["random"]["O_K_minus_null"] == -1.0
     assert cell["null"]["random"]["O_K_minus_null_ci"][1] < 0
-    for c in summary.cells.values():
+    for c in summary["cells"].values():
         assert set(c["null"]) == set(c["oracle_at_k"])
         for m, null in c["null"].items():
             label = f"{c['space']}:{m}"
@@ -714,7 +714,7 @@ def test_a_zero_oracle_is_never_above_chance(routed_run, tmp_path):
     run.read_records = lambda: planted
     target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
     summary = summarize_routes(run, cfg, task=task, target=target)
-    cell = next(c for c in summary.cells.values() if c["space"] == "native")
+    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
     assert cell["oracle_at_k"]["mcts"] == 0.0 and cell["null"]["mcts"]["above_chance"] is False
     table = target.read_table("route_cells").set_index(["space", "method"])
     assert not table.loc[("native", "mcts"), "above_chance"]
