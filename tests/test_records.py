@@ -244,6 +244,25 @@ def test_load_runs(tmp_path: Path) -> None:
     assert [r.path for r in load_runs(tmp_path / "sweep" / "a")] == [tmp_path / "sweep" / "a"]
 
 
+def test_runs_are_told_apart_by_their_kind(tmp_path: Path) -> None:
+    """`load_runs` keeps the kinds asked for; the registry's `finished_runs` those with a
+    summary, and refuses a kind no analysis has; `require_kind` names the folder's own."""
+    from rnr_interp.records import RunFolderError
+    from rnr_interp.report.kinds import finished_runs
+
+    for name, kind in (("a", "audit"), ("b", "route"), ("c", "audit")):
+        RunDir.create(tmp_path / "sweep" / name, dict(CONFIG, name=name, kind=kind))
+    assert [r.path.name for r in load_runs(tmp_path / "sweep", "audit")] == ["a", "c"]
+    assert [r.path.name for r in load_runs(tmp_path / "sweep", "audit", "route")] == ["a", "b", "c"]
+    (tmp_path / "sweep" / "c" / "summary.json").write_text("{}")  # finished (its content is not read here)
+    assert [r.path.name for r in finished_runs(tmp_path / "sweep", "audit")] == ["c"]
+    assert finished_runs(tmp_path / "absent", "audit") == []
+    with pytest.raises(ValueError, match="no registered analysis of kind 'audits'"):
+        finished_runs(tmp_path / "sweep", "audits")
+    with pytest.raises(RunFolderError, match=r"sweep/a is not a route run \(its kind: 'audit'\): rerun it"):
+        RunDir(tmp_path / "sweep" / "a").require_kind("route", "rerun it")
+
+
 def test_duplicate_parts_are_dropped_with_a_warning(tmp_path: Path, monkeypatch) -> None:
     # What a crash inside compact() leaves: the merged part and the old parts all in place.
     run = RunDir.create(tmp_path / "run", CONFIG)

@@ -274,7 +274,7 @@ def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path
 @pytest.mark.parametrize("kind, own_best, message", [
     ("repair", {"mlp": None}, "swept attn only at its chosen MLP layer (--sweep mlp)"),
     ("repair", {"mlp": None, "attn": None}, "found no attn block that repairs"),
-    ("steer", None, "is not a repair run (its config kind is 'steer')"),
+    ("steer", None, "is not a repair run (its kind: 'steer')"),
     ("repair", None, "has no chosen blocks in its summary"),
 ])
 def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best, message):

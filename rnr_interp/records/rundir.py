@@ -337,6 +337,16 @@ class RunDir:
         return self.manifest["config_hash"]
 
     @property
+    def kind(self) -> str | None:
+        """The analysis kind its config names (`records.summaries`), None for none."""
+        return self.config.get("kind")
+
+    def require_kind(self, kind: str, remedy: str = "") -> None:
+        """RunFolderError naming the folder's own kind (and `remedy`) unless it is a `kind` run."""
+        if self.kind != kind:
+            raise RunFolderError(f"{self.path} is not a {kind} run (its kind: {self.kind!r})" + (f": {remedy}" if remedy else ""))
+
+    @property
     def grading(self) -> str:
         """The grading the run's headline and its records' `correct` use."""
         return config_grading(self.config)
@@ -398,7 +408,7 @@ class RunDir:
     def _legacy_run_ids(self) -> tuple[str, ...]:
         """run_id values this run's own parts held before every writer stamped the run's
         id: a checkpoint comparison's budget controls were written as "budget_control"."""
-        return ("budget_control",) if self.config.get("kind") == COMPARE else ()
+        return ("budget_control",) if self.kind == COMPARE else ()
 
     def stored_groups(self) -> set[tuple[str, str]]:
         """The (question_id, probe) groups already written (cached after the first read)."""
@@ -540,7 +550,7 @@ class RunDir:
         path = self.path / SUMMARY
         if not path.is_file():
             raise FileNotFoundError(f"{self.path} has no {SUMMARY} yet (run not finished?)")
-        return parse_summary(read_json_file(path), self.config.get("kind"), str(path))
+        return parse_summary(read_json_file(path), self.kind, str(path))
 
     def has_summary(self) -> bool:
         """Whether the run has finished: its summary is written."""
@@ -616,15 +626,14 @@ def _with_later_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table.select(schema.names)
 
 
-def load_runs(path: str | os.PathLike[str]) -> list[RunDir]:
+def load_runs(path: str | os.PathLike[str], *kinds: str) -> list[RunDir]:
     """The runs under `path` (a sweep folder, searched recursively, sorted by path), or
-    `[RunDir(path)]` when `path` is itself a run."""
+    `[RunDir(path)]` when `path` is itself a run; only those of `kinds` when given."""
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder")
     if (root / MANIFEST).is_file():
-        return [RunDir(root)]
-    runs: list[RunDir] = []
-    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-        runs.extend(load_runs(sub))
-    return runs
+        runs = [RunDir(root)]
+    else:
+        runs = [run for sub in sorted(p for p in root.iterdir() if p.is_dir()) for run in load_runs(sub)]
+    return [run for run in runs if run.kind in kinds] if kinds else runs

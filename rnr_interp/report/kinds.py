@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from rnr_interp.records import (
     AUDIT, COMPARE, FAILURES, REPAIR, ROUTE, ROUTE_CELLS, SCREEN, STEER, TEMPERATURE_SWEEP, UNITS, AuditSummary,
     CompareSummary, FailuresSummary, RepairSummary, RouteCellsSummary, RouteSummary, RunDir, ScreenSummary,
-    SteerSummary, Summary, SummaryError, TemperatureSweepSummary, UnitsSummary, VALIDATE, ValidateSummary, register_summary, summary_type,
+    SteerSummary, Summary, SummaryError, TemperatureSweepSummary, UnitsSummary, VALIDATE, ValidateSummary, load_runs, register_summary,
+    summary_type,
 )
 from rnr_interp.report import sections
 from rnr_interp.report.registry import (
@@ -177,21 +179,27 @@ def analysis_of(kind: Any) -> Analysis:
     return ANALYSES[kind]
 
 
+def finished_runs(folder: Path, *kinds: str) -> list[RunDir]:
+    """The finished runs (summary written) under `folder` of the registered `kinds`
+    (any kind when none is named); none when the folder is absent."""
+    if unknown := [kind for kind in kinds if kind not in ANALYSES]:
+        raise ValueError(f"no registered analysis of kind {unknown[0]!r}; the kinds: {', '.join(ANALYSES)}")
+    return [run for run in load_runs(folder, *kinds) if run.has_summary()] if folder.is_dir() else []
+
+
 def figure_sets(run: RunDir) -> tuple[FigureSet, ...]:
     """The figure sets of the run's kind; every set for a folder of no registered kind
     (each draws only when the run holds its tables)."""
-    kind = run.config.get("kind")
-    return ANALYSES[kind].figures if kind in ANALYSES else REGISTRY
+    return ANALYSES[run.kind].figures if run.kind in ANALYSES else REGISTRY
 
 
 def regradable(run: RunDir) -> Analysis:
     """The run's analysis, when its summary can be rewritten from its records; else
     ValueError naming the kinds that can."""
-    kind = run.config.get("kind")
-    if kind not in ANALYSES or ANALYSES[kind].summarize is None:
+    if run.kind not in ANALYSES or ANALYSES[run.kind].summarize is None:
         can = " and ".join(k for k, a in ANALYSES.items() if a.summarize is not None)
-        raise ValueError(f"regrade rewrites {can} runs; {run.path} is a {kind!r} run")
-    return ANALYSES[kind]
+        raise ValueError(f"regrade rewrites {can} runs; {run.path} is a {run.kind!r} run")
+    return ANALYSES[run.kind]
 
 
 def regrade(run: RunDir, *, task: Task | None, grading: str | None = None, target: RunDir | None = None) -> Summary:

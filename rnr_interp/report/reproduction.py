@@ -36,7 +36,7 @@ from rnr_interp.report.figures import (
 )
 from rnr_interp.report.html import INDEX_NAME, Page, document, write_page, write_report
 from rnr_interp.report.sections import escape_html, table_html
-from rnr_interp.report.kinds import figure_sets
+from rnr_interp.report.kinds import figure_sets, finished_runs
 from rnr_interp.report.registry import present_tables
 from rnr_interp.report.reproduction_figures import task_curves_figure
 from rnr_interp.report.text import interval
@@ -44,12 +44,6 @@ from rnr_interp.report.text import interval
 #: the run folders a part writes beside its cells: the routing part's cross-cell
 #: aggregate and the localisation part's cell-level screen
 ROUTE_CELLS, SCREEN = "route_cells", "screen"
-
-
-def _finished(folder: Path, kind: str | None = None) -> list[RunDir]:
-    if not folder.is_dir():
-        return []
-    return [r for r in load_runs(folder) if r.has_summary() and (kind is None or r.config.get("kind") == kind)]
 
 
 def _finished_at(path: Path) -> RunDir | None:
@@ -122,7 +116,7 @@ def _parts_section(page: Page, parts: dict[str, dict[str, Any]], links: dict[str
 
 def _audit_section(page: Page, folder: Path, label: str) -> None:
     curves = []
-    for run in _finished(folder, AUDIT):
+    for run in finished_runs(folder, AUDIT):
         s = run.read_summary()
         pk = s.pass_at_k or {}
         if pk.get("k"):
@@ -142,7 +136,7 @@ def _registered(run: RunDir, label: str, prefix: str = "") -> Figures:
 
 
 def _routing_section(page: Page, folder: Path, label: str) -> None:
-    runs = _finished(folder, ROUTE)
+    runs = finished_runs(folder, ROUTE)
     tables = [[t for r in runs if (t := read_table(r, name)) is not None and len(t)] for name in ROUTING_TABLES]
     figs = routing_figures_of(*(pd.concat(ts, ignore_index=True) if ts else None for ts in tables), None,
                               f"{label} · {len(runs)} routing runs")
@@ -156,7 +150,7 @@ def _routing_section(page: Page, folder: Path, label: str) -> None:
 
 
 def _temperature_section(page: Page, folder: Path, label: str) -> None:
-    figs = [f for run in _finished(folder, TEMPERATURE_SWEEP) for f in _registered(run, f"{label} · {run.path.name}")]
+    figs = [f for run in finished_runs(folder, TEMPERATURE_SWEEP) for f in _registered(run, f"{label} · {run.path.name}")]
     if figs:
         page.section("3 · Selection gap vs temperature", figures=figs)
 
@@ -165,16 +159,15 @@ def _localisation_section(page: Page, folder: Path, label: str) -> None:
     figs: Figures = []
     if screen := _finished_at(folder / SCREEN):
         figs += _registered(screen, label)
-    for run in _finished(folder):
-        if run.config.get("kind") in LOCALISATION_SWEEPS:
-            cell = run.path.parent.name
-            figs += _registered(run, f"{label} · {cell}", prefix=f"{cell}_")
+    for run in finished_runs(folder, *LOCALISATION_SWEEPS):
+        cell = run.path.parent.name
+        figs += _registered(run, f"{label} · {cell}", prefix=f"{cell}_")
     if figs:
         page.section("4 · Failure screen, repair with same-layer controls, steering, units", figures=figs)
 
 
 def _checkpoint_section(page: Page, folder: Path) -> None:
-    runs = _finished(folder, COMPARE)
+    runs = finished_runs(folder, COMPARE)
     if not runs:
         return
     pairs = [(r.path.name.removeprefix("compare_"), r) for r in runs]

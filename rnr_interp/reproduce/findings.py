@@ -33,8 +33,9 @@ from rnr_interp.metrics import (
     DAMAGE_EFFECT, INDUCTION_EFFECT, MIN_POWER, REPAIR_EFFECT, RESCUE_EFFECT, PaperEffect, wilson_interval, wilson_power,
 )
 from rnr_interp.records import (
-    AUDIT, COMPARE, MANIFEST, REPAIR, AuditSummary, CompareSummary, RepairSummary, RunDir, SteerSummary, load_runs,
+    AUDIT, COMPARE, MANIFEST, REPAIR, AuditSummary, CompareSummary, RepairSummary, RunDir, SteerSummary,
 )
+from rnr_interp.report.kinds import finished_runs
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
@@ -90,13 +91,6 @@ def _untestable(claim: str, paper: str, why: str, scope: str = "all cells") -> F
     return Finding(claim, paper, scope, "", None, None, None, NOT_TESTABLE, why)
 
 
-def _runs(folder: Path, kind: str) -> list[RunDir]:
-    """Finished runs of one kind under `folder` (a summary written)."""
-    if not folder.is_dir():
-        return []
-    return [run for run in load_runs(folder) if run.has_summary() and run.config.get("kind") == kind]
-
-
 # -- The realization audit, read against chance ----------------------------------------
 
 
@@ -109,7 +103,7 @@ def audit_findings(part: Path) -> list[Finding]:
     headline of a new run), judged on its interval; the flexible grade and, for multiple
     choice asked circularly, the circular numbers shown beside."""
     out = []
-    for run in _runs(part, AUDIT):
+    for run in finished_runs(part, AUDIT):
         s: AuditSummary = run.read_summary()
         null = s.null
         scope = f"{s.task}: {s.model}, {s.n_questions} q, K={s.k}, graded {s.headline}"
@@ -271,7 +265,7 @@ def combine(verdicts: Sequence[str]) -> str:
 
 
 def localisation_findings(part: Path) -> list[Finding]:
-    repairs = _runs(part, REPAIR)
+    repairs = finished_runs(part, REPAIR)
     if not repairs:
         screened = (part / SCREEN / MANIFEST).is_file() and RunDir(part / SCREEN).has_summary()
         why = ("no cell passed the failure screen" if screened else "the failure screen did not finish")
@@ -399,7 +393,7 @@ SFT_WIDEN_PAPER = "OLMo thinking-SFT / instruct raise both D and O"
 
 
 def checkpoint_findings(part: Path) -> list[Finding]:
-    found = {run.path.name.removeprefix("compare_"): run.read_summary() for run in _runs(part, COMPARE)}
+    found = {run.path.name.removeprefix("compare_"): run.read_summary() for run in finished_runs(part, COMPARE)}
     out = []
     grpo = found.get("grpo")
     if grpo is None:

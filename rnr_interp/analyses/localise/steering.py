@@ -311,9 +311,7 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
         source = RunDir(repair_run)
-        if source.config.get("kind") != REPAIR:
-            raise ValueError(f"{repair_run} is not a repair run (its config kind is {source.config.get('kind')!r}): "
-                             "pass the folder `rnr repair` wrote, or --layer")
+        source.require_kind(REPAIR, "pass the folder `rnr repair` wrote, or --layer")
         summary = source.read_summary()
         if summary.own_best is None:
             raise ValueError(f"repair run {repair_run} has no chosen blocks in its summary (written by an older "

@@ -58,8 +58,7 @@ SCOPES = ("clean", "all")
 
 def route_runs(folder: str | Path) -> list[RunDir]:
     """The finished route runs under `folder` (those holding a `route_cells` table)."""
-    runs = [r for r in load_runs(folder) if r.config.get("kind") == ROUTE]
-    return [r for r in runs if (r.artefacts_dir / "route_cells.parquet").is_file()]
+    return [r for r in load_runs(folder, ROUTE) if (r.artefacts_dir / "route_cells.parquet").is_file()]
 
 
 def distinct_runs(runs: list[RunDir]) -> pd.DataFrame:

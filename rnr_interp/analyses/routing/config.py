@@ -148,8 +148,7 @@ def route_spaces(cfg: RouteConfig, n_layers: int) -> dict[str, RouteSpace]:
 
 def route_config_of(run: RunDir) -> RouteConfig:
     """The RouteConfig a route run folder was started with."""
-    if run.config.get("kind") != ROUTE:
-        raise RunFolderError(f"{run.path} is not a route run (its kind: {run.config.get('kind')!r})")
+    run.require_kind(ROUTE)
     stored = run.config.get("route") or {}
     try:
         return RouteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
