@@ -10,7 +10,7 @@ import pytest
 
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.models import load_model
-from rnr_interp.records import RunDir, comparable
+from rnr_interp.records import RouteSummary, RunDir, comparable
 from rnr_interp.analyses.routing.config import BLIND_SEARCHES, SEARCH_SELECTORS, STRUCTURED, RouteConfig, matched_control
 from rnr_interp.analyses.routing.evaluator import RouteEvaluator, Search, blind_reward, run_searches
 from rnr_interp.analyses.routing.run import run_route_audit
@@ -654,12 +654,13 @@ def test_each_route_method_is_read_against_its_own_chance_null(routed_run, tmp_p
     target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
     summary = summarize_routes(run, cfg, task=task, target=target)
 
-    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
+    assert isinstance(summary, RouteSummary) and summary.null is not None  # the typed summary, as written
+    cell = next(c for c in summary.cells.values() if c["space"] == "native")
     assert cell["oracle_at_k"]["random"] == 0.0
     assert cell["null"]["random"]["O_K"] == 1.0
     assert cell["null"]["random"]["O_K_minus_null"] == -1.0
     assert cell["null"]["random"]["O_K_minus_null_ci"][1] < 0
-    for c in summary["cells"].values():
+    for c in summary.cells.values():
         assert set(c["null"]) == set(c["oracle_at_k"])
         for m, null in c["null"].items():
             label = f"{c['space']}:{m}"
@@ -714,7 +715,7 @@ def test_a_zero_oracle_is_never_above_chance(routed_run, tmp_path):
     run.read_records = lambda: planted
     target = RunDir(shutil.copytree(run.path, tmp_path / "target"))
     summary = summarize_routes(run, cfg, task=task, target=target)
-    cell = next(c for c in summary["cells"].values() if c["space"] == "native")
+    cell = next(c for c in summary.cells.values() if c["space"] == "native")
     assert cell["oracle_at_k"]["mcts"] == 0.0 and cell["null"]["mcts"]["above_chance"] is False
     table = target.read_table("route_cells").set_index(["space", "method"])
     assert not table.loc[("native", "mcts"), "above_chance"]

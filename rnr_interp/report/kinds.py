@@ -120,8 +120,7 @@ def summarize_route(run: RunDir, *, task: Task | None = None, grading: str | Non
 
         facts = run.config.get("model_facts") or {}
         lm = load_model(run.config["model"], dtype=facts.get("dtype"))
-    values = summarize_routes(run, route_config_of(run), grading=grading, target=target, task=task, lm=lm)
-    return RouteSummary.of(values, f"{run.path} route summary")
+    return summarize_routes(run, route_config_of(run), grading=grading, target=target, task=task, lm=lm)
 
 
 def _analyses(*entries: Analysis) -> dict[str, Analysis]:

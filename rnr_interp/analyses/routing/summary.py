@@ -47,11 +47,10 @@ def summarize_so_far(run: RunDir, out: str | Path) -> RouteSummary:
     except (OSError, ValueError, RunFolderError) as exc:
         task, why = None, f"chance nulls: the run's task cannot be reloaded here ({exc})"
     summary = summarize_routes(snap, cfg, task=task)
-    if why is not None:
-        summary.setdefault("missing", []).append(why)
-    summary["snapshot"] = {"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
-                           "questions_total": (run.config.get("task") or {}).get("n_questions")}
-    return snap.write_summary(summary)
+    missing = [*(summary.missing or ()), why] if why is not None else summary.missing
+    return snap.write_summary(summary.but(
+        missing=missing, snapshot={"of": str(run.path.resolve()), "questions_done": len(snap.done_question_ids()),
+                                   "questions_total": (run.config.get("task") or {}).get("n_questions")}))
 
 
 def _candidates(records: pd.DataFrame, probe: str, qids: Sequence[str]) -> list[pd.DataFrame]:
@@ -102,25 +101,25 @@ def _verify_tables(records: pd.DataFrame) -> dict[str, dict[str, dict[str, float
 
 
 def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, target: RunDir | None = None,
-                     task: Task | None = None, lm: LoadedModel | None = None) -> dict[str, Any]:
+                     task: Task | None = None, lm: LoadedModel | None = None) -> RouteSummary:
     """Per cell: oracle curves with intervals, the deployable votes along them, oracle@K
     and mean edit distance per method, random - structured and random_matched -
     structured at K (Newcombe paired, and two-way: `two_way_ci`), and each selector's
     accuracy, selection gap and gap recovery (paired), all under `grading` (default:
     the run's), with the deployed accuracy, oracles@K and selector accuracies under the
-    other grading beside (`summary[other]`), the chance null of the temperature probe
+    other grading beside (`summary.strict` or `.flexible`), the chance null of the temperature probe
     and of each route oracle, where the gains are (`layers`), and each probe's
     unfinished rate. Tables (under `grading`): route_curves, route_cells,
     route_distances, selectors, route_layers, route_questions, written to `target`
     (default: the run).
 
-    The summary's keys: `route_summary`.
+    The summary's fields: `route_summary`.
 
     Reads the records only. Records of runs made before both grades were recorded get
     their strict grade from their texts when `task` is given (`grading.regrade`), and
     before self-verification scores were stored, from `lm` when it is given (`rnr
     regrade` passes both); without them those parts are left out and named in
-    `summary["missing"]`."""
+    `summary.missing`."""
     grading = grading or run.grading
     records = run.read_records()
     if task is not None:
@@ -170,12 +169,15 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
     unfinished = {p: unfinished_rate(records, p) for p in dict.fromkeys(records["probe"]) if not str(p).startswith("verify:")}
     for name, table in tables.items():
         (target or run).write_table(name, table)
-    return route_summary(headline_part, grading, beside, null, layers_summary(tables["route_layers"]), unfinished, missing)
+    return route_summary(headline_part, grading, beside, null, layers_summary(tables["route_layers"]), unfinished, missing,
+                         where=f"{run.path} route summary")
 
 
 def route_summary(headline: dict[str, Any], grading: str, beside: dict[str, Any] | None, null: dict[str, Any] | None,
-                  layers: dict[str, Any], unfinished: dict[str, float], missing: list[str]) -> dict[str, Any]:
-    """The route summary (summary.json of a route run): its every key, in one place.
+                  layers: dict[str, Any], unfinished: dict[str, float], missing: list[str], *,
+                  where: str = "route summary") -> RouteSummary:
+    """The route summary (summary.json of a route run), checked against `RouteSummary`
+    (`where` names it in a refusal): its every field, in one place.
 
     From `_graded_routes` under the headline grading (`headline`): kind, model, task, k
     (temperature samples), budget (route evaluations per method), n_questions, deployed
@@ -207,11 +209,11 @@ def route_summary(headline: dict[str, Any], grading: str, beside: dict[str, Any]
     summary["warnings"] = [w for p, r in unfinished.items() if (w := unfinished_warning(r, p))]
     if missing:
         summary["missing"] = missing
-    return summary
+    return RouteSummary.of(summary, where)
 
 
 def layers_summary(table: pd.DataFrame, ranked: int = 5) -> dict[str, Any]:
-    """`summary["layers"]`, from the `route_layers` table (`layers.route_layers`): per
+    """`RouteSummary.layers`, from the `route_layers` table (`layers.route_layers`): per
     space, `top` -> {layer, action ("skip" | "repeat"), gain, gain_ci, null_gain,
     above_chance} (the largest gain; ties to the lower layer, skip first), and `ranked`,
     the `ranked` largest gains in the same form. Without the task's golds null_gain is
