@@ -7,6 +7,8 @@
   (every question answered right, up to `PANEL_CAP`), from recognition and the deployed
   baseline (`build_cohort`), each split by `Split` into a selection part (chooses the
   block, v, the units) and a held-out part (scores them).
+- `CohortRun` (`open_cohort`): the cohort with the model, task, run folder and
+  decoding its rows are asked with, built once per run and handed down whole.
 - `rates`: repair rate on the failure set and damage rate on the panel of one probe.
 - `run_permutation_control`: the chosen intervention re-scored on the held-out failures
   with every question's options rotated (`tasks.rotate_options`), so a "repair" that
@@ -450,6 +452,53 @@ def cohort_summary(cohort: Cohort, recognition: pd.DataFrame | None = None) -> d
     if recognition is not None and len(recognition):
         out["recognition_accuracy"] = recognition.groupby("readout")["gold_first"].mean().astype(float).to_dict()
     return out
+
+
+@dataclass(frozen=True)
+class CohortRun:
+    """One localisation run's cohort with everything its rows are asked with, built once
+    per run (`open_cohort`; steering and units may read it back from a repair run) and
+    handed down whole, so the sweep, the steering, the units and the controls are never
+    handed the task, the model or the decoding apart from the cohort they belong to."""
+
+    lm: LoadedModel
+    task: Task
+    run: RunDir
+    cohort: Cohort
+    decoding: Decoding
+    batch_size: int = 32
+    progress: bool = False
+    #: the run whose records hold the cohort's deployed answers, when it was read back
+    #: from another (a repair run's); None: this run's own
+    deployed_from: RunDir | None = None
+
+    def summary(self, kind: str, recognition: pd.DataFrame | None = None, **fields: Any) -> dict[str, Any]:
+        """What every localisation summary opens with: kind, model, task, `fields`, the cohort."""
+        return {"kind": kind, "model": self.lm.spec, "task": self.task.name, **fields,
+                **cohort_summary(self.cohort, recognition)}
+
+    def readings(self, probes: Sequence[str] = ()) -> dict[str, Any]:
+        """`multiple_choice_readings` of the run's records, the deployed rows from where
+        the cohort was read (`deployed_from`)."""
+        records = self.run.read_records()
+        if self.deployed_from is not None:
+            deployed = self.deployed_from.read_records(filters=[("probe", "=", DEPLOYED)])
+            mine = records[records["probe"] != DEPLOYED]
+            records = deployed if mine.empty else pd.concat([deployed, mine], ignore_index=True)
+        return multiple_choice_readings(self.task, records, self.cohort.failure, probes, grading=self.run.grading)
+
+    def permutation_control(self, probes: dict[str, tuple[Intervention, ...]]) -> dict[str, Any]:
+        """`run_permutation_control` of `probes` on the held-out failures."""
+        return run_permutation_control(self.lm, self.task, self.cohort.parts("failure")[1], probes, self.run,
+                                       decoding=self.decoding, batch_size=self.batch_size, progress=self.progress)
+
+
+def open_cohort(lm: LoadedModel, task: Task, run: RunDir, *, decoding: Decoding, batch_size: int = 32,
+                progress: bool = False, **settings: Any) -> CohortRun:
+    """The run's cohort (`build_cohort` with `settings`: readout, panel, split,
+    circular) and what its rows are asked with."""
+    cohort = build_cohort(lm, task, run, decoding=decoding, batch_size=batch_size, progress=progress, **settings)
+    return CohortRun(lm, task, run, cohort, decoding, batch_size, progress)
 
 
 # -- rates and configs ----------------------------------------------------------------

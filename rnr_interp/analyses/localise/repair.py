@@ -40,9 +40,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Split, build_cohort, check_permutation_control, circular_rows, cohort_summary, localisation_config,
-    multiple_choice_readings, outcome_counts, run_permutation_control,
-    run_rows,
+    PANEL_CAP, ROTATION, CohortRun, Split, check_permutation_control, circular_rows, localisation_config, open_cohort,
+    outcome_counts, run_rows,
 )
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
@@ -104,6 +103,13 @@ def silencing_sweep(
                             "damage_rate_heldout_lo": damage["ci"][0], "damage_rate_heldout_hi": damage["ci"][1]})
         table.append(row)
     return pd.DataFrame(table)
+
+
+def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str]) -> pd.DataFrame:
+    """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are."""
+    return silencing_sweep(c.lm, c.task, c.cohort.failure, c.cohort.panel, decoding=c.decoding, layers=layers,
+                           components=components, split=c.cohort.split, run=c.run, batch_size=c.batch_size,
+                           progress=c.progress, circular=c.cohort.circular)
 
 
 def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[str, Any] | None]:
@@ -209,13 +215,10 @@ def run_failures(lm: LoadedModel, task: Task, out: str | Path, *, readout: str =
     decoding = decoding or deployed_decoding(task)
     run = RunDir.create(out, localisation_config(FAILURES, lm, task, decoding, readout, panel, batch_size,
                                                  circular=circular))
-    cohort = build_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding,
-                          batch_size=batch_size, progress=progress, circular=circular)
-    recognition = run.read_table("recognition")
-    summary = {"kind": FAILURES, "model": lm.spec, "task": task.name, "readout": readout,
-               **cohort_summary(cohort, recognition), "screen": cell_screen(run, readout, criterion),
-               **multiple_choice_readings(task, run.read_records(), cohort.failure, grading=run.grading)}
-    return run.write_summary(summary)
+    c = open_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding, batch_size=batch_size,
+                    progress=progress, circular=circular)
+    return run.write_summary({**c.summary(FAILURES, run.read_table("recognition"), readout=readout,
+                                          screen=cell_screen(run, readout, criterion)), **c.readings()})
 
 
 def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = FailureCriterion()) -> dict[str, Any]:
@@ -314,18 +317,16 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     run = RunDir.create(out, localisation_config(REPAIR, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, layers=layers, components=list(components),
                                                  sweep=sweep, **control))
-    cohort = build_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding,
-                          batch_size=batch_size, progress=progress, circular=circular)
-    common = dict(decoding=decoding, split=split, run=run, batch_size=batch_size, progress=progress, circular=circular)
+    c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
+                    progress=progress, circular=circular)
     if sweep == "all":
-        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=components, **common)
+        table = sweep_cohort(c, layers, components)
     else:
-        table = silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=layers, components=(sweep,), **common)
+        table = sweep_cohort(c, layers, (sweep,))
         chosen = best_blocks(table, on="selection").get(sweep)
         if chosen is not None:
-            others = [c for c in components if c != sweep]
-            table = pd.concat([table, silencing_sweep(lm, task, cohort.failure, cohort.panel, layers=[chosen["layer"]],
-                                                      components=others, **common)], ignore_index=True)
+            others = [component for component in components if component != sweep]
+            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others)], ignore_index=True)
     run.write_table("repair", table)
     localisation = localisation_summary(table)
     controls = controls_table(localisation)
@@ -333,23 +334,20 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     # each component's own best block (chosen on the selection part): how its answers moved (issue 17)
     best = best_blocks(table, on="selection")
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
-    summary = {"kind": REPAIR, "model": lm.spec, "task": task.name, "readout": readout, "sweep": sweep,
-               **cohort_summary(cohort, run.read_table("recognition")), "screen": cell_screen(run, readout),
+    summary = {**c.summary(REPAIR, run.read_table("recognition"), readout=readout, sweep=sweep,
+                           screen=cell_screen(run, readout)),
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
-               "table": table.to_dict(orient="records"),
-               **multiple_choice_readings(task, run.read_records(), cohort.failure, best_probes, grading=run.grading)}
+               "table": table.to_dict(orient="records"), **c.readings(best_probes)}
     if permutation_control:
-        summary["permutation_control"] = chosen_block_rotated(lm, task, cohort.parts("failure")[1], summary["chosen"], run,
-                                                              decoding=decoding, batch_size=batch_size, progress=progress)
+        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"])
     return run.write_summary(summary)
 
 
-def chosen_block_rotated(lm: LoadedModel, task: Task, heldout: Sequence[Question], chosen: dict[str, Any] | None,
-                         run: RunDir, **kw: Any) -> dict[str, Any]:
+def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None) -> dict[str, Any]:
     """The permutation control of the chosen MLP block on the held-out failures; says
     why there is none when no block was chosen or nothing is held out."""
-    if chosen is None or not heldout:
+    if chosen is None or not c.cohort.parts("failure")[1]:
         why = "no MLP block repaired any selection-part failure" if chosen is None else "no failure is held out"
         return {"skipped": why}
     probe = ablation_probe("mlp", chosen["layer"])
-    return {"block": probe, **run_permutation_control(lm, task, heldout, {probe: (Ablate("mlp", chosen["layer"]),)}, run, **kw)}
+    return {"block": probe, **c.permutation_control({probe: (Ablate("mlp", chosen["layer"]),)})}

@@ -53,9 +53,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Cohort, Split, build_cohort, check_localisation_options, check_permutation_control, circular_rows,
-    cohort_summary,
-    localisation_config, multiple_choice_readings, outcome_counts, rates, run_permutation_control, run_rows,
+    PANEL_CAP, ROTATION, Cohort, CohortRun, Split, check_localisation_options, check_permutation_control, circular_rows,
+    localisation_config, open_cohort, outcome_counts, rates, run_rows,
 )
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
@@ -63,7 +62,7 @@ from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.interventions import (
     SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook, split_hook_name,
 )
-from rnr_interp.metrics import DEPLOYED, INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
+from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import REPAIR, STEER, UNITS, ProbeLabel, RunDir, SteerSummary, UnitsSummary
 from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, silencing_sweep
@@ -337,12 +336,14 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                                 f"(selectivity {best['selectivity']:.3f})")
 
 
-def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, **kw: Any) -> Cohort:
+def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, *, decoding: Decoding,
+                 batch_size: int, progress: bool, **settings: Any) -> CohortRun:
     """This run's cohort, or the one stored in `repair_run` (same questions, model,
-    prompt, decoding, readout, panel cap and split; read back, nothing recomputed) so
-    steering and units act on exactly the sets the sweep used."""
+    prompt, decoding, readout, panel cap and split; read back, nothing recomputed, its
+    deployed answers read from there) so steering and units act on exactly the sets the
+    sweep used."""
     if repair_run is None:
-        return build_cohort(lm, task, run, **kw)
+        return open_cohort(lm, task, run, decoding=decoding, batch_size=batch_size, progress=progress, **settings)
     src = RunDir(repair_run)
     for key in ("model", "question_ids_hash", "deployed", "readout", "panel", "split", "circular"):
         if src.config.get(key) != run.config.get(key):
@@ -353,24 +354,12 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedMod
     cohort = Cohort(failure=[by_id[i] for i in f_ids["question_ids"]], panel=[by_id[i] for i in p_ids["question_ids"]],
                     failure_criterion=f_ids["criterion"], panel_criterion=p_ids["criterion"],
                     n_questions=done.n_questions, n_recognised=done.n_recognised,
-                    n_deployed_correct=round(done.deployed_accuracy * done.n_questions), split=kw["split"],
+                    n_deployed_correct=round(done.deployed_accuracy * done.n_questions), split=settings["split"],
                     circular=bool(f_ids.get("circular")), n_letter_locked=int(f_ids.get("n_letter_locked") or 0),
                     letter_bias=f_ids.get("letter_bias"))
     run.write_json("failure_set", cohort.failure_json())
     run.write_json("healthy_panel", cohort.panel_json())
-    return cohort
-
-
-def _records_for_readings(run: RunDir, repair_run: Path | None) -> pd.DataFrame:
-    """This run's records for `cohort.multiple_choice_readings`; with `repair_run` the
-    cohort (and its deployed answers) is read back, not recomputed, so the deployed rows
-    come from the repair run."""
-    records = run.read_records()
-    if repair_run is None:
-        return records
-    deployed = RunDir(repair_run).read_records(filters=[("probe", "=", DEPLOYED)])
-    mine = records[records["probe"] != DEPLOYED]
-    return deployed if mine.empty else pd.concat([deployed, mine], ignore_index=True)
+    return CohortRun(lm, task, run, cohort, decoding, batch_size, progress, deployed_from=src)
 
 
 def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, columns: list[str]) -> dict[str, Any] | None:
@@ -418,10 +407,9 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                                  circular=circular, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, **control))
-    cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
-                          batch_size=batch_size, progress=progress, circular=circular)
-    summary = {"kind": STEER, "model": lm.spec, "task": task.name, **cohort_summary(cohort),
-               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
+    c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
+                     batch_size=batch_size, progress=progress, circular=circular)
+    cohort, summary = c.cohort, {**c.summary(STEER), **c.readings()}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
     (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
@@ -449,12 +437,11 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                     "scored_on": "held-out parts (v and the RMS norm from the selection parts)",
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
-    summary.update(multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, rescues, grading=run.grading))
+    summary.update(c.readings(rescues))
     if permutation_control:
         # every non-zero alpha: the sweep reports them all and chooses none
         steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a, site),) for a in alphas if a != 0}
-        summary["permutation_control"] = run_permutation_control(lm, task, f_out, steered, run, decoding=decoding,
-                                                                 batch_size=batch_size, progress=progress)
+        summary["permutation_control"] = c.permutation_control(steered)
     return run.write_summary(summary)
 
 
@@ -476,10 +463,9 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                                  circular=circular, layer=layer,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  ks=[int(k) for k in ks], seed=seed, draws=draws, **control))
-    cohort = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
-                          batch_size=batch_size, progress=progress, circular=circular)
-    summary = {"kind": UNITS, "model": lm.spec, "task": task.name, **cohort_summary(cohort),
-               **multiple_choice_readings(task, _records_for_readings(run, repair_run), cohort.failure, grading=run.grading)}
+    c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
+                     batch_size=batch_size, progress=progress, circular=circular)
+    cohort, summary = c.cohort, {**c.summary(UNITS), **c.readings()}
     if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
         return skipped
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
@@ -501,6 +487,5 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         top = table[table["selection"] == "top"]
         sets = {ablation_probe("mlp", chosen): (Ablate("mlp", chosen),),
                 **{str(ProbeLabel.units("top", int(k))): (AblateUnits(chosen, top_units(scores, int(k))),) for k in top["k"]}}
-        summary["permutation_control"] = run_permutation_control(lm, task, f_out, sets, run, decoding=decoding,
-                                                                 batch_size=batch_size, progress=progress)
+        summary["permutation_control"] = c.permutation_control(sets)
     return run.write_summary(summary)
