@@ -3,7 +3,7 @@ unablated pass over the same questions, on the demo model.
 
 The sweep is `repair.silencing_sweep` (30 x 3 = 90 ablation rows per question on
 SmolLM2, one batch row each, greedy, the multiple-choice length); the unablated pass is
-the same questions' deployed generation through the same code (`cohort.run_rows` with
+the same questions' deployed generation through the same code (`engine.rows.run_rows` with
 no intervention). The sweep runs as `run_rows` does by default: on a CPU each row
 replays the blocks before its silenced one from its question's unablated prefill, on a
 GPU it does not (`generate.replay_pays`). It runs also with the other choice, to show
@@ -37,7 +37,7 @@ from rnr_interp.engine.generate import replay_pays
 from rnr_interp.interventions import Ablate
 from rnr_interp.metrics import DEPLOYED
 from rnr_interp.models import load_model
-from rnr_interp.analyses.localise.cohort import run_rows
+from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.analyses.localise.repair import COMPONENTS, ablation_probe, silencing_sweep
 from rnr_interp.engine.sampling import deployed_decoding, prompt_ids

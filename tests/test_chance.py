@@ -130,7 +130,7 @@ def test_multiple_choice_readings_recount_answer_moves() -> None:
     the shift itself, counted from the records as stored."""
     import pandas as pd
 
-    from rnr_interp.analyses.localise.cohort import multiple_choice_readings
+    from rnr_interp.analyses.localise.readings import multiple_choice_readings
     from rnr_interp.tasks import load_task
 
     task = load_task("arithmetic_mc", n=6)
@@ -151,7 +151,7 @@ def test_answer_moves_count_only_the_questions_a_probe_was_asked() -> None:
     and are neither changed nor unchanged (they were once counted as changed to none)."""
     import pandas as pd
 
-    from rnr_interp.analyses.localise.cohort import multiple_choice_readings
+    from rnr_interp.analyses.localise.readings import multiple_choice_readings
     from rnr_interp.tasks import load_task
 
     task = load_task("arithmetic_mc", n=6)

@@ -13,9 +13,9 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from rnr_interp.analyses.localise.cohort import (
-    Row, Split, answer_from_records, circular_outcomes, circular_rows, letter_bias, shifted,
-)
+from rnr_interp.analyses.localise.circular import answer_from_records, circular_outcomes, circular_rows, letter_bias, shifted
+from rnr_interp.analyses.localise.cohort import Split
+from rnr_interp.engine.rows import Row
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.engine.generate import generate
 from rnr_interp.metrics import REPAIR_EFFECT, wilson_power
@@ -289,7 +289,7 @@ def test_recognition_without_a_chat_template_scores_exactly_the_option_after_a_s
 
 
 def test_outcome_counts_under_circular_need_every_shift():
-    from rnr_interp.analyses.localise.cohort import outcome_counts
+    from rnr_interp.analyses.localise.readings import outcome_counts
 
     qs = load_task("arithmetic_mc", n=2).questions
     rows = circular_rows([Row(q, (), "ablate:mlp:0") for q in qs])

@@ -7,7 +7,7 @@ was before the analysis layers were restructured (commit 15fe5fa; recomputed wit
 config, which gains keys when a run records more about itself (prompt format, split);
 the records' values must not move. The repair run is decoded with the 8 new tokens that
 were then the multiple-choice default (every command now uses the task's own length), and
-without the prefix reuse of `cohort.run_rows` (replayed blocks come from another batch's
+without the prefix reuse of `engine.rows.run_rows` (replayed blocks come from another batch's
 prefill, which moves log-probs in their last float32 bits; bounded below like the fused
 attention's). A change here means old and new records would disagree.
 
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rnr_interp.analyses.localise import cohort
+from rnr_interp.engine import rows as engine_rows
 
 from rnr_interp.models import fast_attention
 from rnr_interp.analyses.audit import run_audit
@@ -110,7 +110,7 @@ def audit_records(lm, folder) -> RunDir:
 
 
 def repair_records(lm, folder, reuse_prefix: bool = False) -> RunDir:
-    run_rows = functools.partial(cohort.run_rows, reuse_prefix=reuse_prefix)
+    run_rows = functools.partial(engine_rows.run_rows, reuse_prefix=reuse_prefix)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(repair, "run_rows", run_rows)
         return _repair_records(lm, folder)

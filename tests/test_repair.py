@@ -17,7 +17,10 @@ from rnr_interp.models import build_tiny, load_model
 from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.analyses.localise.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
 from rnr_interp.records import RunDir
-from rnr_interp.analyses.localise.cohort import PANEL_CAP, Split, run_rows, permutation_summary, rotated_probe, select_cohort
+from rnr_interp.analyses.localise.circular import rotated_probe
+from rnr_interp.analyses.localise.cohort import PANEL_CAP, Split, select_cohort
+from rnr_interp.analyses.localise.readings import permutation_summary
+from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.commands.localise import failures as failures_command
 from rnr_interp.commands.localise import repair as repair_command

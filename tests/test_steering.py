@@ -239,7 +239,7 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
 
 
 def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path, lm):
-    from rnr_interp.analyses.localise.cohort import rotated_probe
+    from rnr_interp.analyses.localise.circular import rotated_probe
     from rnr_interp.analyses.localise.steering import run_steer
     from rnr_interp.tasks import rotate_options
     from tests.test_repair import letter_hash_task

@@ -253,7 +253,7 @@ class ScreenSummary(Summary):
 class CohortSummary(Summary):
     """What every localisation summary opens with (`localise.cohort.cohort_summary`):
     the cohort's sizes, criteria, split and recognition, and the multiple-choice
-    readings (`cohort.multiple_choice_readings`)."""
+    readings (`readings.multiple_choice_readings`)."""
 
     model: str
     task: str

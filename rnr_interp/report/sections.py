@@ -155,7 +155,7 @@ def chance_html(chance: dict[str, Any], label: str = "") -> str:
 
 
 def permutation_html(control: dict[str, Any]) -> str:
-    """The letter-permutation control (`cohort.permutation_summary`): a table of each
+    """The letter-permutation control (`readings.permutation_summary`): a table of each
     intervention's repair rate unrotated and rotated and where its repairs went under
     rotation, with the rotation and its reading stated."""
     if "skipped" in control:

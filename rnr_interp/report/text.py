@@ -42,7 +42,7 @@ def answer_change_line(label: str, changes: dict[str, Any]) -> str:
 
 
 def permutation_lines(control: dict[str, Any]) -> list[str]:
-    """A summary's `permutation_control` (`cohort.permutation_summary`) as the lines the
+    """A summary's `permutation_control` (`readings.permutation_summary`) as the lines the
     CLI prints and the report shows: what was rotated, the rotated baseline, per
     intervention its rotated repair rate beside the unrotated one and where its
     repairs went under rotation, and how to read that."""

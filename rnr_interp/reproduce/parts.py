@@ -104,7 +104,7 @@ def temperature_part(ctx: Context, folder: Path) -> None:
 
 
 def localisation_part(ctx: Context, folder: Path) -> None:
-    from rnr_interp.analyses.localise.cohort import permutation_applies
+    from rnr_interp.analyses.localise.circular import permutation_applies
     from rnr_interp.analyses.localise.recognition import FailureCriterion
     from rnr_interp.records import RunDir
     from rnr_interp.analyses.localise.repair import run_failures, run_repair, write_screen

@@ -17,8 +17,8 @@ answer right, and what does silencing it break?
 - Screen: the run's recognition score against chance and against its generation score
   under a stated `recognition.FailureCriterion` (one point of the paper's Figure 4a).
 - Permutation control (opt-in): the chosen block re-scored on the held-out failures
-  with each question's options rotated by one (`cohort.run_permutation_control`).
-- Circular (opt-in, `cohort.circular_outcomes`): the cohort and every sweep row asked
+  with each question's options rotated by one (`readings.run_permutation_control`).
+- Circular (opt-in, `circular.circular_outcomes`): the cohort and every sweep row asked
   under every cyclic shift of the options; right, and a repair, only under all of them.
 - Power: each chosen block's held-out rates carry the probability of detecting the
   paper's effect at their n (`metrics.wilson_power`), beside the selection-part and
@@ -39,10 +39,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, CohortRun, Split, check_permutation_control, circular_rows, localisation_config, open_cohort,
-    outcome_counts, run_rows,
-)
+from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
+from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
+from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts
+from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.interventions import COMPONENT_SITE, Ablate
@@ -273,7 +273,7 @@ def screen_table(runs: Sequence[RunDir], criterion: FailureCriterion = FailureCr
 
 
 def _letter_warning(run: RunDir) -> str | None:
-    """The cell's letter-bias warning (`cohort.letter_bias`), from its failure set."""
+    """The cell's letter-bias warning (`circular.letter_bias`), from its failure set."""
     try:
         return (run.read_json("failure_set").get("letter_bias") or {}).get("message")
     except FileNotFoundError:
@@ -303,7 +303,7 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     same-layer attention and whole-layer controls, and each component's own best, all
     scored on the held-out part. `sweep` is one of `SWEEPS`. `permutation_control`
     re-scores the chosen block on the held-out failures with options rotated
-    (`cohort.run_permutation_control`; twice that part's rows again, so off by default).
+    (`readings.run_permutation_control`; twice that part's rows again, so off by default).
     `circular`: the cohort and every sweep row read under every cyclic shift of the
     options (as many rows again as the options, per row)."""
     if sweep not in SWEEPS:

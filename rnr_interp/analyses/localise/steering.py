@@ -32,7 +32,7 @@ are the control, reported with their spread (`units_spread`).
 
 Permutation control (opt-in): the rescue at every non-zero alpha, and the whole block
 and top-k unit sets, re-scored on the held-out failures with each question's options
-rotated by one (`cohort.run_permutation_control`). With a circular cohort every row is
+rotated by one (`readings.run_permutation_control`). With a circular cohort every row is
 asked under every cyclic shift of its options, and a flip counts only when it holds
 under all of them.
 
@@ -52,10 +52,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import (
-    PANEL_CAP, ROTATION, Cohort, CohortRun, Split, check_localisation_options, check_permutation_control, circular_rows,
-    localisation_config, open_cohort, outcome_counts, rates, run_rows,
+    PANEL_CAP, Cohort, CohortRun, Split, check_localisation_options, localisation_config, open_cohort,
 )
+from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts, rates
+from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
@@ -387,7 +389,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
     grid defaults to that unit's `DEFAULT_ALPHAS_BY_UNIT`). `permutation_control`
     re-scores the rescue at every non-zero alpha on the held-out failures with options
-    rotated (`cohort.run_permutation_control`; as many rows again as the rescue, so off
+    rotated (`readings.run_permutation_control`; as many rows again as the rescue, so off
     by default). `circular`: the cohort and every row under every cyclic shift."""
     if alpha_unit not in ALPHA_UNITS:
         raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
@@ -453,7 +455,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     """Top-k units by directional contribution (scored on the selection part) vs
     `draws` sets of k random units, silenced on the held-out failures (kind "units").
     `permutation_control` re-scores the whole block and every top-k set on the held-out
-    failures with options rotated (`cohort.run_permutation_control`). `circular`: the
+    failures with options rotated (`readings.run_permutation_control`). `circular`: the
     cohort and every row under every cyclic shift."""
     if permutation_control:
         check_permutation_control(task)
