@@ -26,16 +26,12 @@ if TYPE_CHECKING:
     from rnr_interp.records import Summary
     from rnr_interp.tasks.base import Task
 
-#: the table that holds a kind's rows where its run writes no records of its own: a
-#: comparison (one row per question), steering on a repair run's cohort (one per row asked)
-ROWS_TABLE = {"compare": "transitions", "steer": "steering"}
-
-
 @dataclass(frozen=True)
 class Result:
     """What an analysis returns: its typed summary (what `summary.json` holds, as its
     kind's class in `records.summaries`: `res.summary.O_K`), its records
-    (one row per candidate; where the run writes none, its per-row table: `ROWS_TABLE`),
+    (one row per candidate; where the run writes none, its kind's per-row table:
+    `report.kinds.Analysis.rows_table`),
     its named tables, and the run folder when one was kept (`out=`), else None."""
 
     kind: str
@@ -52,14 +48,14 @@ class Result:
 def read_result(folder: Path, summary: Summary, kept: bool) -> Result:
     """A finished run folder read into memory."""
     from rnr_interp.records import RunDir
+    from rnr_interp.report.kinds import analysis_of
 
     run = RunDir(folder)
     tables = {path.stem: run.read_table(path.stem) for path in sorted(run.artefacts_dir.glob("*.parquet"))}
-    kind = summary.kind
-    records = run.read_records()
-    if records.empty and ROWS_TABLE.get(kind) in tables:
-        records = tables[ROWS_TABLE[kind]]
-    return Result(kind, summary, records, tables, folder if kept else None)
+    records, rows = run.read_records(), analysis_of(summary.kind).rows_table
+    if records.empty and rows in tables:
+        records = tables[rows]
+    return Result(summary.kind, summary, records, tables, folder if kept else None)
 
 
 @contextmanager

@@ -69,6 +69,9 @@ class Analysis(Protocol):
     #: the summary from records alone (`Summarize`), or None when the kind has none
     summarize: Summarize | None
     figures: tuple[FigureSet, ...]
+    #: the table that holds its rows where its run writes no records of its own (the
+    #: notebook's `Result.records`), or None
+    rows_table: str | None
 
     def section(self, summary: Any) -> str:
         """The body of the run page's Summary section ("" for none)."""
@@ -86,6 +89,7 @@ class Registered:
     section: Callable[[Any], str]
     figures: tuple[FigureSet, ...] = ()
     summarize: Summarize | None = None
+    rows_table: str | None = None
 
     def __post_init__(self) -> None:
         if self.summary.KIND != self.kind:
@@ -149,11 +153,12 @@ ANALYSES: dict[str, Analysis] = _analyses(
     Registered(REPAIR, RepairSummary, Lazy("rnr_interp.analyses.localise.cohort", "Split"),
                Lazy("rnr_interp.analyses.localise.repair", "run_repair"), sections.cohort_html, (LOCALISATION_FIGURES,)),
     Registered(STEER, SteerSummary, Lazy("rnr_interp.analyses.localise.cohort", "Split"),
-               Lazy("rnr_interp.analyses.localise.steering", "run_steer"), sections.cohort_html, (LOCALISATION_FIGURES,)),
+               Lazy("rnr_interp.analyses.localise.steering", "run_steer"), sections.cohort_html, (LOCALISATION_FIGURES,),
+               rows_table="steering"),  # on a repair run's cohort: one row per intervention asked
     Registered(UNITS, UnitsSummary, Lazy("rnr_interp.analyses.localise.cohort", "Split"),
                Lazy("rnr_interp.analyses.localise.steering", "run_units"), sections.cohort_html, (LOCALISATION_FIGURES,)),
     Registered(COMPARE, CompareSummary, None, Lazy("rnr_interp.analyses.checkpoints", "compare_runs"),
-               sections.compare_html, (COMPARE_FIGURES,)),
+               sections.compare_html, (COMPARE_FIGURES,), rows_table="transitions"),  # one row per question
     Registered(VALIDATE, ValidateSummary, Lazy("rnr_interp.analyses.validate", "Profile"),
                Lazy("rnr_interp.analyses.validate", "run_validate"), sections.no_html, (VALIDATE_FIGURES,)),
 )
