@@ -22,6 +22,7 @@ from rnr_interp.models import LoadedModel
 from rnr_interp.records import DEFAULT_GRADING, DEPLOYED, RunDir
 from rnr_interp.tasks.base import Question, Task, rotate_options
 
+
 def probe_values(records: pd.DataFrame, probe: str, column: str) -> dict[str, Any]:
     """question id -> `column` of one probe's records."""
     mine = records[records["probe"] == probe]
@@ -47,6 +48,7 @@ def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Qu
     fixed, n_f = outcome_counts(records, failure, probe, circular)
     right, n_p = outcome_counts(records, panel, probe, circular)
     return (fixed / n_f if n_f else float("nan")), ((n_p - right) / n_p if n_p else float("nan"))
+
 
 def multiple_choice_readings(task: Task, records: pd.DataFrame, failure: Sequence[Question],
                              probes: Sequence[str] = (), grading: str = DEFAULT_GRADING) -> dict[str, Any]:
