@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 LAYERS: list[tuple[str, list[str]]] = [
     ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
                          "records.journal", "records.config", "records.lock", "records.summaries", "records.reference",
-                         "records.rundir", "records", "tasks", "metrics", "grading", "sae", "interventions"]),
+                         "records.outdir", "records.rundir", "records", "tasks", "metrics", "grading", "sae", "interventions"]),
     ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.circular",
                   "analyses.localise.readings", "analyses.localise.cohort",

@@ -49,4 +49,5 @@ from rnr_interp.records.summaries import (
     RepairSummary, RouteCellsSummary, RouteSummary, ScreenSummary, SteerSummary, Summary, SummaryError,
     TemperatureSweepSummary, UnitsSummary, VALIDATE, ValidateSummary, parse_summary, register_summary, summary_type,
 )
-from rnr_interp.records.rundir import RunDir, WRITTEN, check_out_folder, file_sha256, load_runs
+from rnr_interp.records.outdir import WRITTEN, check_out_folder
+from rnr_interp.records.rundir import RunDir, file_sha256, load_runs
