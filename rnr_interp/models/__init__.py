@@ -16,11 +16,11 @@ from rnr_interp.models.loaded import USER_SLOT, LoadedModel, PromptFormat, Promp
 from rnr_interp.models.safety import CODE_MAP_FILES, refuse_remote_code
 from rnr_interp.models.specs import SPEC_KINDS, load_model
 from rnr_interp.models.tiny import MAX_TINY_LAYERS, TINY, TINY_ARCHITECTURES, build_tiny, char_tokenizer, tiny_config
-from rnr_interp.models.wrap import ALIGNMENT, align_weights, stop_token_ids_of, wrap
+from rnr_interp.models.wrap import ALIGNMENT, align_weights, stop_token_ids_of, tokenizer_adds_bos, wrap
 
 __all__ = [
     "ALIGNMENT", "BUILTIN", "CODE_MAP_FILES", "DTYPES", "MAX_TINY_LAYERS", "SMOLLM2_GGUF", "SMOLLM2_WHEEL", "SPEC_KINDS", "TINY",
     "TINY_ARCHITECTURES", "USER_SLOT", "LoadedModel", "ModelSpecError", "PromptFormat", "PromptTooLongError",
     "align_weights", "build_tiny", "cache_dir", "char_tokenizer", "load_model", "machine_memory", "refuse_remote_code",
-    "resolve_device", "resolve_dtype", "smollm2_dir", "smollm2_gguf", "stop_token_ids_of", "tiny_config", "wrap",
+    "resolve_device", "resolve_dtype", "smollm2_dir", "smollm2_gguf", "stop_token_ids_of", "tiny_config", "tokenizer_adds_bos", "wrap",
 ]
