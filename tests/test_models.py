@@ -313,3 +313,21 @@ def test_objects_that_are_not_models_are_refused_in_one_line():
         load_model({"not": "a model"})
     with pytest.raises(ModelSpecError, match="tokenizer= and name= go with a model object"):
         load_model("tiny-llama:1", tokenizer=tok)
+
+
+def test_bos_is_read_from_what_the_tokenizer_does(tmp_path):
+    # a tokenizer converted from a GGUF (Gemma 3's) adds BOS in its post-processor while
+    # add_bos_token says False; prompts must still start with BOS
+    from tokenizers.processors import TemplateProcessing
+
+    from rnr_interp.models import char_tokenizer, tokenizer_adds_bos
+
+    model, _ = build_tiny("tiny-llama", n_layers=2)
+    tok = char_tokenizer(chat=False)
+    assert not tokenizer_adds_bos(tok) and tok("ab").input_ids == tok("ab", add_special_tokens=False).input_ids
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", tok.bos_token_id)])
+    assert not getattr(tok, "add_bos_token", False) and tokenizer_adds_bos(tok)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.encode(lm.render("ab")) == [tok.bos_token_id, *tok("ab", add_special_tokens=False).input_ids]
