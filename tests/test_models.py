@@ -1,4 +1,4 @@
-"""Model loading: every spec kind, the demo model's facts and behaviour, clear errors."""
+"""Model loading: every spec kind, the built-in real models' facts and behaviour, clear errors."""
 
 import json
 
@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from rnr_interp.engine.decoding import Decoding
 
 from rnr_interp.engine.generate import generate, left_pad, forward
-from rnr_interp.models import ALIGNMENT, ModelSpecError, smollm2_dir, build_tiny, load_model
+from rnr_interp.models import ALIGNMENT, BUILTIN, ModelSpecError, smollm2_dir, build_tiny, load_model
 
 
 @pytest.mark.parametrize("spec", ["tiny-llama", "tiny-qwen2:2", "tiny-gpt2:4", "tiny-gemma:3", "tiny-olmo2:2", "tiny-gemma3:3"])
@@ -74,19 +74,23 @@ def test_smollm2_facts(smollm2):
     assert smollm2.chat and smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>") in smollm2.stop_token_ids
 
 
-@pytest.mark.slow
-def test_smollm2_bridge_logits_match_plain_transformers(smollm2):
-    """Tolerance 1e-3 absolute on float32 logits (the bridge reimplements attention
-    eagerly; transformers uses SDPA)."""
-    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
-    prompts = [smollm2.encode(smollm2.render(q)) for q in ["What is the capital of France?", "2+2="]]
-    ids, mask = left_pad(prompts, smollm2.tokenizer.pad_token_id)
+def max_logit_gap(lm, folder, questions):
+    """The largest absolute gap between the bridge's float32 logits and plain
+    transformers' on the same checkpoint (the bridge reimplements attention eagerly;
+    transformers uses SDPA)."""
+    plain = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids, mask = left_pad([lm.encode(lm.render(q)) for q in questions], lm.pad_id)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        ours = forward(smollm2, ids, mask)[0]
+        ours = forward(lm, ids, mask)[0]
         ref = plain(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     real = mask.bool()
-    assert (ours[real] - ref[real]).abs().max() < 1e-3
+    return (ours[real] - ref[real]).abs().max().item()
+
+
+@pytest.mark.slow
+def test_smollm2_bridge_logits_match_plain_transformers(smollm2):
+    assert max_logit_gap(smollm2, smollm2_dir(), ["What is the capital of France?", "2+2="]) < 1e-3
 
 
 @pytest.mark.slow
@@ -95,6 +99,37 @@ def test_smollm2_answers_sensibly(smollm2):
     [[g]] = generate(smollm2, [prompt], decoding=Decoding(max_new_tokens=12))
     assert "paris" in g.text.lower()
     assert g.finish == "stop"
+
+
+GEMMA_PROMPTS = ["The capital of France is Paris. The capital of Germany is", "Question: What is 12 + 7?\nAnswer:", "def fibonacci(n):",
+                 "Roses are red,"]
+
+
+@pytest.mark.slow
+def test_gemma3_facts(gemma3):
+    facts = gemma3.facts()
+    assert facts["architecture"] == "Gemma3ForCausalLM"
+    assert (facts["n_layers"], facts["d_model"], facts["n_heads"], facts["n_kv_heads"], facts["d_mlp"]) == (18, 640, 4, 1, 2048)
+    assert 260e6 < facts["n_params"] < 280e6
+    # the base model: no chat template; raw prompts start with BOS, as Gemma was trained
+    assert not gemma3.chat
+    assert gemma3.encode(gemma3.render("Hello"))[0] == gemma3.tokenizer.bos_token_id == 2
+    assert {1, gemma3.tokenizer.convert_tokens_to_ids("<end_of_turn>")} <= set(gemma3.stop_token_ids)
+
+
+@pytest.mark.slow
+def test_gemma3_bridge_logits_match_plain_transformers(gemma3):
+    assert max_logit_gap(gemma3, BUILTIN["gemma3-270m"].checkpoint_dir(), GEMMA_PROMPTS[:2]) < 1e-3
+
+
+@pytest.mark.slow
+def test_gemma3_greedy_is_sensible_and_the_same_with_and_without_the_kv_cache(gemma3):
+    prompts = [gemma3.encode(gemma3.render(q)) for q in GEMMA_PROMPTS]
+    cached = generate(gemma3, prompts, decoding=Decoding(max_new_tokens=12), use_cache=True)
+    uncached = generate(gemma3, prompts, decoding=Decoding(max_new_tokens=12), use_cache=False)
+    assert [row[0].tokens for row in cached] == [row[0].tokens for row in uncached]
+    assert "berlin" in cached[0][0].text.lower()
+    assert "19" in cached[1][0].text
 
 
 def test_model_info_cli_prints_one_json_object():
@@ -313,3 +348,21 @@ def test_objects_that_are_not_models_are_refused_in_one_line():
         load_model({"not": "a model"})
     with pytest.raises(ModelSpecError, match="tokenizer= and name= go with a model object"):
         load_model("tiny-llama:1", tokenizer=tok)
+
+
+def test_bos_is_read_from_what_the_tokenizer_does(tmp_path):
+    # a tokenizer converted from a GGUF (Gemma 3's) adds BOS in its post-processor while
+    # add_bos_token says False; prompts must still start with BOS
+    from tokenizers.processors import TemplateProcessing
+
+    from rnr_interp.models import char_tokenizer, tokenizer_adds_bos
+
+    model, _ = build_tiny("tiny-llama", n_layers=2)
+    tok = char_tokenizer(chat=False)
+    assert not tokenizer_adds_bos(tok) and tok("ab").input_ids == tok("ab", add_special_tokens=False).input_ids
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", tok.bos_token_id)])
+    assert not getattr(tok, "add_bos_token", False) and tokenizer_adds_bos(tok)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.encode(lm.render("ab")) == [tok.bos_token_id, *tok("ab", add_special_tokens=False).input_ids]

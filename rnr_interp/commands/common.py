@@ -28,7 +28,7 @@ def out_folder(value: str | Path) -> Path:
 
 
 # Options every analysis command shares (same names, same defaults).
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | gemma3-270m | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | "
                                       "arithmetic | arithmetic_mc | lm-eval:NAME (an installed lm-eval task)")]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]

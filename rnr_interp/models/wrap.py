@@ -61,8 +61,19 @@ def wrap_bridge(spec: str, bridge: Any, tokenizer: Any, prepend_bos: bool | None
     stops = stop_token_ids_of(bridge.original_model, tokenizer)
     chat = bool(getattr(tokenizer, "chat_template", None))
     if prepend_bos is None:
-        prepend_bos = bool(getattr(tokenizer, "add_bos_token", False))
+        prepend_bos = tokenizer_adds_bos(tokenizer)
     return LoadedModel(spec=spec, bridge=bridge, tokenizer=tokenizer, stop_token_ids=stops, chat=chat, meta={"prepend_bos": prepend_bos})
+
+
+def tokenizer_adds_bos(tokenizer: Any) -> bool:
+    """Whether the tokenizer starts what it encodes with its BOS token, as the model was
+    trained. Read from what it does, not from `add_bos_token` alone: a tokenizer
+    transformers converts from a GGUF (Gemma 3's) adds BOS in its post-processor and
+    reports `add_bos_token` False."""
+    if getattr(tokenizer, "add_bos_token", False):
+        return True
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a").input_ids[:1] == [bos]
 
 
 #: bytes a tensor's start is aligned to in PyTorch's own CPU allocations (and what MKL's
