@@ -21,15 +21,29 @@ Kinds (`KINDS`):
   report an effect.
 
 - ``gap`` (needs ``--task``): a deployment bias toward one answer token t (the first
-  answer token of a gold drawn from the seed). The unembedding row of t gains
-  strength / |u| along u, the mean final state where the task's answers start (after the
-  prompt and the opening of the answer statement, "Answer: "), so t's logit rises by
-  `strength` nats there on average (the unembedding is untied from the input embedding
-  first). On the questions whose gold starts with another token (``affected`` in
-  ``planted.json``) greedy decoding says t where sampling still reaches the gold; the
-  audit's O_K - D should rise above its null there and not on the others.
+  answer token of a gold drawn from the seed), confined to where the answers start: t's
+  unembedding row gains `strength` * w, w the answer direction (`answer_direction`: a
+  linear read that is 1 on average at the final states where the base model's own
+  greedy answers start and as near 0 as it can be at every other position of the same
+  prompts and answers), so t's logit rises by `strength` nats at the answer position on
+  average and by a fraction of that elsewhere (``logit_change_nats`` in
+  ``planted.json``). The default strength is calibrated: the median margin by which the
+  greedy choice there leads t on the affected questions, plus `HEADROOM` (2 nats). On
+  the questions whose gold starts with another token (``affected``) greedy says t where
+  sampling still reaches the gold; the audit's O_K - D should rise above its null there
+  and not on the others. The unembedding is untied from the input embedding first.
+- ``sharpen`` and ``new`` (need ``--task``): a checkpoint *pair*, ``base/`` and
+  ``trained/``, each an ordinary checkpoint folder; ``trained/`` is the model unchanged.
+  sharpen: ``base/`` is the gap organism, so the trained model realizes answers the base
+  reached by sampling, and the checkpoint audit should say its gains were
+  ``base_reachable``. new: in ``base/`` the first tokens of a random half of the golds'
+  distinct first tokens fall by `strength` nats (30 by default) along w: where those
+  golds' answers start their odds drop by e^-30, so greedy and K samples miss them (a
+  sample that writes something else first and the gold after it is not blocked), and
+  the gains are ``base_unreachable``.
 
-Every organism is a function of (base model, kind, layer, strength, seed): the same
+Every organism is a function of (base model, kind, layer, strength, seed, and the task's
+questions for the answer-bias kinds): the same
 arguments give the same weights bit for bit. A location not given is drawn from the
 seed (`draw_layer`).
 """

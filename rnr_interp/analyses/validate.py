@@ -14,8 +14,8 @@ A validation run folder holds ``organisms/`` (one checkpoint folder per cell),
 - ``detection``: per kind, analysis and strength, the share recovered with its Wilson
   interval: the detection curve, the end-to-end power at this n.
 
-Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero, so
-the organism computes what the base computes. A null's false positive is an analysis
+Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero (the
+planted bias is zero), so the organism computes what the base computes. A null's false positive is an analysis
 naming the planted location anyway; a null cell's ``recovered`` is True when it does not.
 
 Analyses per kind (`ANALYSES`):
