@@ -301,3 +301,16 @@ def test_the_answer_bias_analyses_name_what_was_planted():
 def test_validate_refuses_an_unknown_kind(tmp_path):
     done = CliRunner().invoke(app, ["validate", "--model", BASE, "--kinds", "layer,bogus", "--out", str(tmp_path / "v")])
     assert done.exit_code == 2 and "--kinds must be a comma-separated list of" in done.output and not (tmp_path / "v").exists()
+
+
+def test_the_answer_starts_where_the_task_reads_it():
+    from rnr_interp.analyses.plant import answer_start
+    from rnr_interp.tasks import load_task
+
+    arithmetic = load_task("arithmetic", n=1)
+    q = arithmetic.questions[0]
+    assert answer_start(arithmetic, q, "Answer: 42") == 8
+    assert answer_start(arithmetic, q, "40 + 2 = 42\nAnswer: 42") == 9  # the first place it is written
+    assert answer_start(arithmetic, q, "I cannot say.") is None
+    initial = Initial([q])
+    assert answer_start(initial, q, "hh") == 0  # the answer is the first character, not the last "h"

@@ -245,10 +245,21 @@ def deployed_openings(model: nn.Module, tokenizer: Any, task: Task, chat: bool, 
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=task.max_new_tokens, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        answer = task.read_answer(text, q)
-        at = text.rfind(answer) if answer else -1
-        openings.append(text[:at] if at >= 0 else answer_opening(task))
+        at = answer_start(task, q, text)
+        openings.append(answer_opening(task) if at is None else text[:at])
     return openings
+
+
+def answer_start(task: Task, question: Question, text: str) -> int | None:
+    """Where in `text` the answer the task reads from it begins: the first place the
+    answer is written from which the rest of the text still reads as that answer (in
+    "42 = 40 + 2. Answer: 42" the first 42; in "Answer: 4,2", read as 4, the 4). None
+    when the text holds no answer the task reads, or does not write it as read."""
+    answer = task.read_answer(text, question)
+    if not answer:
+        return None
+    starts = [i for i in range(len(text)) if text.startswith(answer, i)]
+    return next((i for i in starts if task.read_answer(text[i:], question) == answer), starts[-1] if starts else None)
 
 
 @dataclass
