@@ -91,6 +91,8 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "layer", "--model", BASE, "--layer", "9"], "--layer must be in 0..3"),
     (["plant", "null", "--model", BASE, "--strength", "1"], "takes neither --layer nor --strength"),
     (["plant", "layer", "--model", "/nowhere/model"], "plant takes smollm2"),
+    (["plant", "sharpen", "--model", BASE], "give --task"),
+    (["plant", "gap", "--model", BASE, "--n", "3"], "--n takes the first N questions of --task"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
     done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])

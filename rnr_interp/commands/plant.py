@@ -41,6 +41,8 @@ def plant(
     from rnr_interp.tasks import load_task
 
     at_least("--n", n)
+    if n is not None and task is None:
+        fail("--n takes the first N questions of --task: give --task")
 
     def body():
         questions = load_task(task, n=n) if task is not None and n is not None else task
