@@ -294,7 +294,9 @@ def test_the_answer_bias_analyses_name_what_was_planted():
     assert recovery_row(gap, "audit", "affected")["recovered"]
     assert not recovery_row(gap, "audit", "affected|unaffected")["recovered"]  # not confined to the affected questions
     null = planted("gap", 0.0, {"effect": False})
-    assert recovery_row(null, "audit", None)["recovered"] and not recovery_row(null, "audit", "unaffected")["recovered"]
+    assert recovery_row(null, "audit", None)["recovered"] and not recovery_row(null, "audit", "affected")["recovered"]
+    # a gap on every question is the base model's own: not the planted location
+    assert recovery_row(null, "audit", "affected|unaffected")["recovered"]
     assert dominant_source({"base_reachable": 3, "base_unreachable": 1}) == "base_reachable"
     assert dominant_source({"base_reachable": 0, "base_unreachable": 2}) == "base_unreachable"
     assert dominant_source({"base_reachable": 0, "base_unreachable": 0}) == dominant_source({"base_reachable": 1, "base_unreachable": 1}) == ""

@@ -15,8 +15,9 @@ A validation run folder holds ``organisms/`` (one checkpoint folder per cell),
   interval: the detection curve, the end-to-end power at this n.
 
 Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero (the
-planted bias is zero), so the organism computes what the base computes. A null's false positive is an analysis
-naming the planted location anyway; a null cell's ``recovered`` is True when it does not.
+planted bias is zero), so the organism computes what the base computes. A null's false
+positive is an analysis naming the planted location anyway; a null cell's ``recovered``
+is True when it does not.
 
 Analyses per kind (`ANALYSES`):
 
@@ -32,7 +33,10 @@ Analyses per kind (`ANALYSES`):
   above, then `rnr compare`; found = the dominant source of the gained answers
   (``gained_from``: "base_reachable" or "base_unreachable", "" with no gains or a tie).
 
-A null of these kinds has nothing to name: any verdict at strength 0 is a false positive.
+A null of these kinds names its location when the analysis says what it says of the
+effect: "affected" alone (a gap on every question is the base model's own, not the
+plant's), or the pair kind's source of gains (a pair at strength 0 is one model twice,
+audited with the same seeds: it has no gains at all).
 Profile strengths are multiples of each kind's default (layer: 1; gap and sharpen: the
 calibrated bias; new: 30 nats), and the tables carry the profile's strength.
 
@@ -53,7 +57,7 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.plant import PLANTED_FILE, Planted, plant, read_planted
+from rnr_interp.analyses.plant import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
 from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.grading import graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
@@ -100,10 +104,10 @@ def route_layer_found(layers: Mapping[str, Any] | None, space: str = "skiponly")
     return int(top["layer"])
 
 
-def planted_names(planted: Planted, analysis: str) -> list[str]:
-    """What `analysis` should name on `planted` (empty for a null): layers for repair
-    and route, the question group for the audit, the source of gains for compare."""
-    expected = planted.expected
+def expected_names(expected: Mapping[str, Any], analysis: str) -> list[str]:
+    """What `analysis` should name on an organism with these expectations (empty for a
+    null): layers for repair and route, the question group for the audit, the source of
+    gains for compare."""
     if not expected.get("effect"):
         return []
     if analysis.startswith("repair"):
@@ -117,14 +121,14 @@ def planted_names(planted: Planted, analysis: str) -> list[str]:
 
 def recovery_row(planted: Planted, analysis: str, found: int | str | None) -> dict[str, Any]:
     """One row of the recovery table (module docstring)."""
-    should = planted_names(planted, analysis)
+    should = expected_names(planted.expected, analysis)
     found = "" if found is None else str(found)
     if should:
         recovered = found in should
     elif "layer" in planted.location:  # a layer null: naming its drawn layer is the false positive
         recovered = found != str(planted.location["layer"])
-    else:  # the other nulls: any verdict is
-        recovered = found == ""
+    else:  # an answer-bias null: naming what the effect is named at strength > 0
+        recovered = found not in expected_names({"effect": True, **EXPECTED[planted.kind]}, analysis)
     return {"kind": planted.kind, "strength": planted.strength, "seed": planted.seed, "analysis": analysis,
             "planted": "|".join(should), "found": found, "recovered": bool(recovered)}
 
