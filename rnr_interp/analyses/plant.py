@@ -283,6 +283,9 @@ class AnswerSites:
 
 @torch.no_grad()
 def answer_sites(model: nn.Module, tokenizer: Any, task: Task) -> AnswerSites:
+    """The answer sites of `task`'s questions in the plain HF `model`: its greedy
+    generations locate each answer start (`deployed_openings`), and one forward pass over
+    prompt, opening and gold answer gives the final states there and everywhere else."""
     # as a checkpoint folder loads: its tokenizer says whether a raw prompt starts with BOS
     chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
     openings = deployed_openings(model, tokenizer, task, chat, bos)
