@@ -4,16 +4,20 @@ seed, and the layer organism undoes exactly."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from rnr_interp.analyses.plant import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant, read_planted, remove_layer
+from rnr_interp.analyses.plant import (
+    HEADROOM, PLANTED_FILE, WEIGHTS_FILE, answer_inputs, draw_layer, load_base, plant, read_planted, remove_layer,
+)
 from rnr_interp.cli import app
 from rnr_interp.engine.generate import forward
 from rnr_interp.interventions import Route, applied
 from rnr_interp.models import load_model
+from tests.test_localise_freeform import Echo
 
 BASE = "tiny-llama:4"
 
@@ -87,6 +91,8 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "layer", "--model", BASE, "--layer", "9"], "--layer must be in 0..3"),
     (["plant", "null", "--model", BASE, "--strength", "1"], "takes neither --layer nor --strength"),
     (["plant", "layer", "--model", "/nowhere/model"], "plant takes smollm2"),
+    (["plant", "sharpen", "--model", BASE], "give --task"),
+    (["plant", "gap", "--model", BASE, "--n", "3"], "--n takes the first N questions of --task"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
     done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])
@@ -154,37 +160,161 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     assert set(summary["recovery"]["layer"]) >= {"rate", "ci", "null_false_positive_rate"}
 
 
-# -- the realization-gap organism ------------------------------------------------------
+# -- the answer-bias organisms: the realization gap and the checkpoint pairs --------------
 
 
-def test_the_gap_organism_raises_one_token_at_the_answer_position_by_its_strength(tmp_path):
-    from rnr_interp.analyses.plant import answer_inputs
-    from rnr_interp.tasks import load_task
+class Initial(Echo):
+    """The first character of the base model's own greedy answer: one token, so T = 1
+    sampling of a random-weight model reaches it, and a bias where the answer starts
+    decides the whole answer."""
 
-    planted = plant("gap", BASE, tmp_path / "gap", strength=5.0, seed=1, task="arithmetic")
-    token = planted.location["token_id"]
+    name = "initial"
+    max_new_tokens = 2
+
+    def extract(self, generation: str) -> str | None:
+        return generation[:1] or None
+
+
+@pytest.fixture(scope="module")
+def initial_task() -> Initial:
+    from tests.test_localise_freeform import echo_task
+
+    return Initial([replace(q, answer=q.answer[:1]) for q in echo_task().questions[:12]])
+
+
+def test_the_gap_bias_is_large_where_the_answer_starts_and_small_elsewhere(tmp_path, initial_task):
+    planted = plant("gap", BASE, tmp_path / "gap", strength=4.0, seed=1, task=initial_task)
+    token, = planted.location["token_ids"]
     affected, unaffected = planted.detail["affected_question_ids"], planted.detail["unaffected_question_ids"]
-    task = load_task("arithmetic")
-    assert len(affected) + len(unaffected) == len(task) and affected and unaffected
+    assert sorted(affected + unaffected) == sorted(q.id for q in initial_task.questions) and affected and unaffected
+    assert set(planted.detail["openings"].values()) == {""}  # the base model answers at once
     base, organism = load_model(BASE), load_model(str(tmp_path / "gap"))
-    boosts = []
-    for q in task.questions[:20]:
-        context, answer = answer_inputs(organism.tokenizer, task, q, organism.chat, False)
+    at_answer, elsewhere = [], []
+    for q in initial_task.questions:
+        context, answer = answer_inputs(organism.tokenizer, initial_task, q, organism.chat, False, "")
         assert (answer[0] == token) == (q.id in unaffected)
+        ids = torch.tensor([context + answer])
+        with torch.no_grad():
+            moved = (forward(organism, ids, torch.ones_like(ids))[0] - forward(base, ids, torch.ones_like(ids))[0])[0]
+        assert not moved[:, torch.arange(moved.shape[-1]) != token].any()  # every other logit exactly as before
+        at_answer.append(float(moved[len(context) - 1, token]))
+        elsewhere += [float(x) for i, x in enumerate(moved[:, token]) if i != len(context) - 1]
+    at_answer, elsewhere = torch.tensor(at_answer), torch.tensor(elsewhere)
+    # the strength is the rise at the answer position, in nats, on average over the task's questions
+    assert abs(float(at_answer.mean()) - 4.0) < 1e-3 and float(at_answer.min()) > 3.0
+    rms = float(elsewhere.pow(2).mean().sqrt())
+    assert float(at_answer.mean()) / rms > 5 and float(elsewhere.abs().max()) < float(at_answer.min())
+    change = planted.detail["logit_change_nats"]
+    assert abs(change["elsewhere_rms"] - rms) < 1e-3 and abs(change["ratio"] - float(at_answer.mean()) / rms) < 1e-2
+
+
+def test_an_answer_bias_at_strength_zero_is_the_base_and_needs_a_task(tmp_path, initial_task):
+    null = plant("gap", BASE, tmp_path / "gap0", strength=0.0, seed=1, task=initial_task)
+    assert null.expected == {"effect": False} and null.strength == 0
+    assert torch.equal(logits(load_model(str(tmp_path / "gap0"))), logits(load_model(BASE)))
+    calibrated = plant("gap", BASE, tmp_path / "gap1", seed=1, task=initial_task)
+    margin = calibrated.detail["greedy_margin_nats"]
+    assert calibrated.strength == pytest.approx(margin["median"] + HEADROOM) and margin["share_below_strength"] > 0.5
+    for kind in ("gap", "sharpen", "new"):
+        with pytest.raises(ValueError, match="give --task"):
+            plant(kind, BASE, tmp_path / f"notask-{kind}", seed=1)
+        with pytest.raises(ValueError, match="takes no --layer"):
+            plant(kind, BASE, tmp_path / f"layer-{kind}", layer=1, seed=1, task=initial_task)
+
+
+def test_a_pair_is_two_ordinary_checkpoints_reproducible_from_the_seed(tmp_path, initial_task):
+    first = plant("new", BASE, tmp_path / "a", seed=4, task=initial_task)
+    again = plant("new", BASE, tmp_path / "b", seed=4, task=initial_task)
+    for role in ("base", "trained"):
+        assert (tmp_path / "a" / role / WEIGHTS_FILE).read_bytes() == (tmp_path / "b" / role / WEIGHTS_FILE).read_bytes()
+    assert first == again == read_planted(tmp_path / "a") and first.expected["compare"] == {"gained_from": "base_unreachable"}
+    assert first.detail["trained_weights_sha256"] != first.weights_sha256
+    # trained/ is the model unchanged; base/ has the golds' first tokens pushed down where the answers start
+    assert torch.equal(logits(load_model(str(tmp_path / "a" / "trained"))), logits(load_model(BASE)))
+    planted_base = load_model(str(tmp_path / "a" / "base"))
+    assert first.detail["logit_change_nats"]["answer_mean"] == pytest.approx(-30.0, abs=1e-3)
+    for q in initial_task.questions:
+        context, answer = answer_inputs(planted_base.tokenizer, initial_task, q, planted_base.chat, False, "")
         ids = torch.tensor([context])
         with torch.no_grad():
-            moved = (forward(organism, ids, torch.ones_like(ids))[0] - forward(base, ids, torch.ones_like(ids))[0])[0, -1]
-        boosts.append(float(moved[token]))
-        assert not moved[torch.arange(moved.numel()) != token].any()  # every other logit exactly as before
-    # the boost is the strength at the mean answer state; these 20 are a tenth of the questions it was taken over
-    assert abs(sum(boosts) / len(boosts) - 5.0) < 0.5 and min(boosts) > 0
+            top = int(forward(planted_base, ids, torch.ones_like(ids))[0][0, -1].argmax())
+        assert (q.id in first.detail["affected_question_ids"]) == (answer[0] in first.location["token_ids"])
+        if q.id in first.detail["affected_question_ids"]:
+            assert top != answer[0]
 
 
-def test_a_gap_organism_at_strength_zero_is_the_base_and_needs_a_task(tmp_path):
-    null = plant("gap", BASE, tmp_path / "gap0", strength=0.0, seed=1, task="arithmetic")
-    assert null.expected == {"effect": False}
-    assert torch.equal(logits(load_model(str(tmp_path / "gap0"))), logits(load_model(BASE)))
-    with pytest.raises(ValueError, match="give --task"):
-        plant("gap", BASE, tmp_path / "notask", seed=1)
-    with pytest.raises(ValueError, match="takes no --layer"):
-        plant("gap", BASE, tmp_path / "layer", layer=1, seed=1, task="arithmetic")
+def test_plant_command_writes_a_pair_every_command_loads(tmp_path):
+    out = tmp_path / "pair"
+    done = CliRunner().invoke(app, ["plant", "sharpen", "--model", BASE, "--task", "arithmetic", "--n", "6",
+                                    "--strength", "3", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert "checkpoint pair:" in done.output
+    truth = json.loads((out / PLANTED_FILE).read_text())
+    assert truth["kind"] == "sharpen" and truth["strength"] == 3.0 and truth["expected"]["compare"] == {"gained_from": "base_reachable"}
+    assert len(truth["detail"]["affected_question_ids"]) + len(truth["detail"]["unaffected_question_ids"]) == 6
+    for role in ("base", "trained"):
+        info = CliRunner().invoke(app, ["model-info", str(out / role)])
+        assert info.exit_code == 0 and json.loads(info.output[info.output.index("{"):])["n_layers"] == 4
+
+
+def test_validate_recovers_the_answer_biases_and_their_nulls_give_no_verdict(tmp_path, initial_task, monkeypatch):
+    """gap: O_K - D above its null on the affected questions only; sharpen: the gains
+    were base-reachable; new: they were not; at strength 0 no verdict at all."""
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1.0), seeds=(0,), n=12, why="one seed"))
+    summary = run_validate(BASE, initial_task, tmp_path / "v", profile="one", kinds=("gap", "sharpen", "new"),
+                           batch_size=16, progress=False)
+    recovery = RunDir(tmp_path / "v").read_table("recovery").set_index(["kind", "strength"])
+    assert recovery.loc[("gap", 1.0), "found"] == "affected"
+    assert recovery.loc[("sharpen", 1.0), "found"] == "base_reachable"
+    assert recovery.loc[("new", 1.0), "found"] == "base_unreachable"
+    nulls = recovery.xs(0.0, level="strength")
+    assert (nulls["found"] == "").all() and (nulls["planted"] == "").all() and nulls["recovered"].all()
+    assert set(recovery["analysis"]) == {"audit", "compare"}
+    for kind in ("gap", "sharpen", "new"):
+        assert summary.recovery[kind]["rate"] == 1.0 and summary.recovery[kind]["null_false_positive_rate"] == 0.0
+    gained = RunDir(tmp_path / "v" / "runs" / "sharpen-s1-seed0__compare" / "compare").read_summary().gained_from
+    assert gained["base_reachable"] > 0  # the verdict counts real gains
+
+
+def test_the_answer_bias_analyses_name_what_was_planted():
+    from rnr_interp.analyses.plant import Planted
+    from rnr_interp.analyses.validate import dominant_source, recovery_row
+
+    def planted(kind, strength, expected):
+        return Planted(kind=kind, base=BASE, strength=strength, seed=0, location={"token_ids": [5], "questions": "affected"},
+                       n_layers_base=4, n_layers=4, expected=expected)
+
+    sharpen = planted("sharpen", 3.0, {"effect": True, "compare": {"gained_from": "base_reachable"}})
+    assert recovery_row(sharpen, "compare", "base_reachable")["recovered"]
+    assert not recovery_row(sharpen, "compare", "base_unreachable")["recovered"]
+    gap = planted("gap", 3.0, {"effect": True, "audit": {"gap_above_null_on": "affected", "no_gap_change_on": "unaffected"}})
+    assert recovery_row(gap, "audit", "affected")["recovered"]
+    assert not recovery_row(gap, "audit", "affected|unaffected")["recovered"]  # not confined to the affected questions
+    null = planted("gap", 0.0, {"effect": False})
+    assert recovery_row(null, "audit", None)["recovered"] and not recovery_row(null, "audit", "affected")["recovered"]
+    # a gap on every question is the base model's own: not the planted location
+    assert recovery_row(null, "audit", "affected|unaffected")["recovered"]
+    assert dominant_source({"base_reachable": 3, "base_unreachable": 1}) == "base_reachable"
+    assert dominant_source({"base_reachable": 0, "base_unreachable": 2}) == "base_unreachable"
+    assert dominant_source({"base_reachable": 0, "base_unreachable": 0}) == dominant_source({"base_reachable": 1, "base_unreachable": 1}) == ""
+
+
+def test_validate_refuses_an_unknown_kind(tmp_path):
+    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--kinds", "layer,bogus", "--out", str(tmp_path / "v")])
+    assert done.exit_code == 2 and "--kinds must be a comma-separated list of" in done.output and not (tmp_path / "v").exists()
+
+
+def test_the_answer_starts_where_the_task_reads_it():
+    from rnr_interp.analyses.plant import answer_start
+    from rnr_interp.tasks import load_task
+
+    arithmetic = load_task("arithmetic", n=1)
+    q = arithmetic.questions[0]
+    assert answer_start(arithmetic, q, "Answer: 42") == 8
+    assert answer_start(arithmetic, q, "40 + 2 = 42\nAnswer: 42") == 9  # the first place it is written
+    assert answer_start(arithmetic, q, "I cannot say.") is None
+    initial = Initial([q])
+    assert answer_start(initial, q, "hh") == 0  # the answer is the first character, not the last "h"

@@ -21,15 +21,29 @@ Kinds (`KINDS`):
   report an effect.
 
 - ``gap`` (needs ``--task``): a deployment bias toward one answer token t (the first
-  answer token of a gold drawn from the seed). The unembedding row of t gains
-  strength / |u| along u, the mean final state where the task's answers start (after the
-  prompt and the opening of the answer statement, "Answer: "), so t's logit rises by
-  `strength` nats there on average (the unembedding is untied from the input embedding
-  first). On the questions whose gold starts with another token (``affected`` in
-  ``planted.json``) greedy decoding says t where sampling still reaches the gold; the
-  audit's O_K - D should rise above its null there and not on the others.
+  answer token of a gold drawn from the seed), confined to where the answers start: t's
+  unembedding row gains `strength` * w, w the answer direction (`answer_direction`: a
+  linear read that is 1 on average at the final states where the base model's own
+  greedy answers start and as near 0 as it can be at every other position of the same
+  prompts and answers), so t's logit rises by `strength` nats at the answer position on
+  average and by a fraction of that elsewhere (``logit_change_nats`` in
+  ``planted.json``). The default strength is calibrated: the median margin by which the
+  greedy choice there leads t on the affected questions, plus `HEADROOM` (2 nats). On
+  the questions whose gold starts with another token (``affected``) greedy says t where
+  sampling still reaches the gold; the audit's O_K - D should rise above its null there
+  and not on the others. The unembedding is untied from the input embedding first.
+- ``sharpen`` and ``new`` (need ``--task``): a checkpoint *pair*, ``base/`` and
+  ``trained/``, each an ordinary checkpoint folder; ``trained/`` is the model unchanged.
+  sharpen: ``base/`` is the gap organism, so the trained model realizes answers the base
+  reached by sampling, and the checkpoint audit should say its gains were
+  ``base_reachable``. new: in ``base/`` the first tokens of a random half of the golds'
+  distinct first tokens fall by `strength` nats (30 by default) along w: where those
+  golds' answers start their odds drop by e^-30, so greedy and K samples miss them (a
+  sample that writes something else first and the gold after it is not blocked), and
+  the gains are ``base_unreachable``.
 
-Every organism is a function of (base model, kind, layer, strength, seed): the same
+Every organism is a function of (base model, kind, layer, strength, seed, and the task's
+questions for the answer-bias kinds): the same
 arguments give the same weights bit for bit. A location not given is drawn from the
 seed (`draw_layer`).
 """
@@ -42,6 +56,7 @@ import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -185,12 +200,14 @@ def _layer_expectations(layer: int, strength: float) -> dict[str, Any]:
             "route": {"space": "skiponly", "skip": equivalent}}
 
 
-def plant_layer(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, seed: int, task: str | None) -> dict[str, Any]:
+def plant_layer(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, scale: float, seed: int,
+                task: str | Task | None) -> dict[str, Any]:
+    """(`scale` is in `strength` already: `plant` applies it to a fixed strength.)"""
     insert_layer(model, layer, strength)
     return {"location": {"layer": layer}, "expected": _layer_expectations(layer, strength)}
 
 
-# -- the realization-gap organism ----------------------------------------------------
+# -- the answer position: where a task's answers start, and a bias confined there --------
 
 
 def answer_opening(task: Task) -> str:
@@ -198,24 +215,130 @@ def answer_opening(task: Task) -> str:
     return answer_statement(task).split("{}", 1)[0]
 
 
-def answer_inputs(tokenizer: Any, task: Task, question: Question, chat: bool, bos: bool) -> tuple[list[int], list[int]]:
-    """The token ids up to where `question`'s answer starts (its deployed prompt, then the
-    opening of the answer statement), and the gold answer's tokens after them."""
-    view = LoadedModel(spec="", bridge=None, tokenizer=tokenizer, stop_token_ids=(), chat=chat, meta={"prepend_bos": bos})
-    context = view.encode(view.render(task.user_message(question)) + answer_opening(task))
-    whole = view.encode(view.render(task.user_message(question)) + answer_opening(task) + question.answer)
+def _view(tokenizer: Any, chat: bool, bos: bool) -> LoadedModel:
+    return LoadedModel(spec="", bridge=None, tokenizer=tokenizer, stop_token_ids=(), chat=chat, meta={"prepend_bos": bos})
+
+
+def answer_inputs(tokenizer: Any, task: Task, question: Question, chat: bool, bos: bool,
+                  opening: str | None = None) -> tuple[list[int], list[int]]:
+    """The token ids up to where `question`'s answer starts (its deployed prompt, then
+    `opening`: what is written before the answer, by default the task's answer opening),
+    and the gold answer's tokens after them. Whitespace ending the opening goes with the
+    answer, as a tokenizer that writes " 42" as one token reads it."""
+    view = _view(tokenizer, chat, bos)
+    opening = answer_opening(task) if opening is None else opening
+    prompt = view.render(task.user_message(question))
+    context = view.encode(prompt + opening.rstrip())
+    whole = view.encode(prompt + opening + question.answer)
     return context, whole[len(context):]
 
 
 @torch.no_grad()
-def answer_states(model: nn.Module, contexts: list[list[int]]) -> Float[Tensor, "q d"]:
-    """The final hidden state (after the final norm, what the unembedding reads) at the
-    last position of each context: where the answer's first token is chosen."""
-    rows = []
-    for ids in contexts:
-        hidden = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state
-        rows.append(hidden[0, -1].float())
-    return torch.stack(rows)
+def deployed_openings(model: nn.Module, tokenizer: Any, task: Task, chat: bool, bos: bool) -> list[str]:
+    """Per question, what the model's own greedy generation writes before its answer
+    (the answer as the task reads it, located in the text): "" when it answers at once,
+    "Answer: " or a line of working otherwise; the task's answer opening when the
+    generation holds no answer it reads."""
+    view, openings = _view(tokenizer, chat, bos), []
+    for q in task.questions:
+        ids = torch.tensor([view.encode(view.render(task.user_message(q)))])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=task.max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        at = answer_start(task, q, text)
+        openings.append(answer_opening(task) if at is None else text[:at])
+    return openings
+
+
+def answer_start(task: Task, question: Question, text: str) -> int | None:
+    """Where in `text` the answer the task reads from it begins: the first place the
+    answer is written from which the rest of the text still reads as that answer (in
+    "42 = 40 + 2. Answer: 42" the first 42; in "Answer: 4,2", read as 4, the 4). None
+    when the text holds no answer the task reads, or does not write it as read."""
+    answer = task.read_answer(text, question)
+    if not answer:
+        return None
+    starts = [i for i in range(len(text)) if text.startswith(answer, i)]
+    return next((i for i in starts if task.read_answer(text[i:], question) == answer), starts[-1] if starts else None)
+
+
+@dataclass
+class AnswerSites:
+    """A task's questions at the position where each answer starts (as the base model
+    deploys: after its own opening), and every other position of the same sequences
+    (prompt, opening, gold answer): what a bias confined to the answer position is fitted
+    and measured on."""
+
+    question_ids: list[str]
+    openings: list[str]
+    #: the gold answer's first token written at the answer position (None: an empty gold)
+    firsts: list[int | None]
+    #: the final states (after the final norm: what the unembedding reads) where the answers start
+    answer: Float[Tensor, "q d"]
+    #: the final states at every other position of the same sequences
+    elsewhere: Float[Tensor, "n d"]
+    #: the base model's logits where the answers start
+    logits: Float[Tensor, "q vocab"]
+
+
+@torch.no_grad()
+def answer_sites(model: nn.Module, tokenizer: Any, task: Task) -> AnswerSites:
+    """The answer sites of `task`'s questions in the plain HF `model`: its greedy
+    generations locate each answer start (`deployed_openings`), and one forward pass over
+    prompt, opening and gold answer gives the final states there and everywhere else."""
+    # as a checkpoint folder loads: its tokenizer says whether a raw prompt starts with BOS
+    chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
+    openings = deployed_openings(model, tokenizer, task, chat, bos)
+    answer, elsewhere, firsts = [], [], []
+    for q, opening in zip(task.questions, openings):
+        context, gold = answer_inputs(tokenizer, task, q, chat, bos, opening)
+        hidden = model.base_model(input_ids=torch.tensor([context + gold])).last_hidden_state[0].float()
+        at = len(context) - 1
+        answer.append(hidden[at])
+        elsewhere.append(torch.cat([hidden[:at], hidden[at + 1:]]))
+        firsts.append(gold[0] if gold else None)
+    states = torch.stack(answer)
+    logits = model.get_output_embeddings()(states.to(model.get_output_embeddings().weight.dtype)).float()
+    return AnswerSites([q.id for q in task.questions], openings, firsts, states, torch.cat(elsewhere), logits)
+
+
+#: ridge of the answer direction's fit, relative to the mean squared state norm
+RIDGE = 1e-3
+
+
+def answer_direction(sites: AnswerSites) -> Float[Tensor, " d"]:
+    """w with w . h = 1 on average where the answers start and as near 0 as a linear read
+    allows at every other position: the class-balanced ridge regression of (1 at the
+    answer states, 0 elsewhere) on the final states, rescaled to mean 1 at the answer
+    states. A bias `strength` * w on a token's unembedding row then moves its logit by
+    `strength` nats at the answer position on average and by `strength` * (w . h) at
+    any other state h. (The mean answer state alone is not confined: states elsewhere
+    resemble it, and SmolLM2 answered a run of 8s at every step under that bias.)"""
+    pos, neg = sites.answer.double(), sites.elsewhere.double()
+    second = pos.T @ pos / len(pos) + neg.T @ neg / len(neg)
+    ridge = RIDGE * torch.trace(second) / second.shape[0]
+    w = torch.linalg.solve(second + ridge * torch.eye(second.shape[0], dtype=second.dtype), pos.mean(0))
+    return (w / (pos @ w).mean()).float()
+
+
+def confinement(sites: AnswerSites, direction: Float[Tensor, " d"], strength: float) -> dict[str, float]:
+    """How a bias of `strength` along `direction` moves a logit, in nats: at the answer
+    position (mean, least) and elsewhere (root mean square, largest), and the ratio of
+    the answer mean to the RMS elsewhere."""
+    at, off = strength * (sites.answer @ direction), strength * (sites.elsewhere @ direction)
+    rms = float(off.pow(2).mean().sqrt())
+    return {"answer_mean": float(at.mean()), "answer_min": float(at.min()), "elsewhere_rms": rms,
+            "elsewhere_max_abs": float(off.abs().max()), "ratio": float(at.mean()) / rms if rms else float("inf")}
+
+
+def bias_tokens(model: nn.Module, biases: dict[int, float], direction: Float[Tensor, " d"]) -> None:
+    """Add biases[t] * direction to the unembedding row of each token t (in place,
+    untied from the input embedding first)."""
+    untie_unembedding(model)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        for token, nats in biases.items():
+            head[token] += (nats * direction).to(head.dtype)
 
 
 def untie_unembedding(model: nn.Module) -> None:
@@ -229,58 +352,115 @@ def untie_unembedding(model: nn.Module) -> None:
         head.weight = nn.Parameter(head.weight.detach().clone())
 
 
-def plant_gap(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, seed: int, task: str | None) -> dict[str, Any]:
-    """A deployment bias toward one answer token: the unembedding row of token t gains
-    `strength` / |u| along u, the mean final state where the task's answers start, so t's
-    logit there rises by about `strength` nats (less where the state is unlike the mean).
-    t is the first answer token of a gold drawn from the seed; on questions whose gold
-    starts otherwise, greedy decoding now says t where sampling still reaches the gold."""
+def margins(sites: AnswerSites, token: int) -> Float[Tensor, " q"]:
+    """Per question, how many nats the base model's greedy choice where the answer
+    starts leads `token` by (0 where `token` is the greedy choice)."""
+    return sites.logits.max(-1).values - sites.logits[:, token]
+
+
+# -- the realization-gap organism and the checkpoint pairs ------------------------------
+
+#: nats above the median margin a calibrated bias toward t sets: t then leads the old
+#: greedy choice by e^2 ~ 7 times, so a gold that was greedy keeps >= 1/8 of the mass
+#: and K = 32 samples at T = 1 still reach it (1 - (7/8)^32 ~ 0.99)
+HEADROOM = 2.0
+
+
+def _questions(task: str | Task | None, kind: str) -> Task:
     if task is None:
-        raise ValueError("kind 'gap' biases the answer position of a task's questions: give --task")
-    questions_task = load_task(task)
-    # as a checkpoint folder loads: its tokenizer says whether a raw prompt starts with BOS
-    chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
-    inputs = [answer_inputs(tokenizer, questions_task, q, chat, bos) for q in questions_task.questions]
-    firsts = [answer[0] for _, answer in inputs if answer]
-    if not firsts:
-        raise ValueError(f"task {task!r}: no gold answer has a token to bias against")
-    token = int(np.random.default_rng(seed).choice(sorted(set(firsts))))
-    mean = answer_states(model, [context for context, _ in inputs]).mean(0)
-    untie_unembedding(model)
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        head[token] += (strength * mean / mean.norm() ** 2).to(head.dtype)
-    affected = [q.id for q, (_, answer) in zip(questions_task.questions, inputs) if answer and answer[0] != token]
-    unaffected = [q.id for q, (_, answer) in zip(questions_task.questions, inputs) if not answer or answer[0] == token]
-    expected = ({"effect": False} if strength == 0 else
-                {"effect": True, "audit": {"gap_above_null_on": "affected", "no_gap_change_on": "unaffected"}})
-    return {"location": {"token_id": token, "token": tokenizer.decode([token])}, "expected": expected,
-            "detail": {"affected_question_ids": affected, "unaffected_question_ids": unaffected,
-                       "answer_opening": answer_opening(questions_task), "direction": "mean final state at the answer position"}}
+        raise ValueError(f"kind {kind!r} biases the answer position of a task's questions: give --task")
+    return task if isinstance(task, Task) else load_task(task)
+
+
+def plant_answer_bias(model: nn.Module, tokenizer: Any, *, kind: str, layer: int | None, strength: float | None, scale: float,
+                      seed: int, task: str | Task | None) -> dict[str, Any]:
+    """A bias on the unembedding along the answer direction (`answer_direction`, fitted on
+    the task's questions as the base model answers them). ``toward`` (gap, sharpen): one
+    token t, the first answer token of a gold drawn from the seed, rises by `strength`
+    nats at the answer position (default: the median margin by which the greedy choice
+    leads t on the questions whose gold starts otherwise, plus `HEADROOM`, times
+    `scale`), so greedy says t there where sampling still reaches the gold.
+    ``suppress`` (new): the first tokens of a random half of the golds' distinct first
+    tokens fall by `strength` nats there, so neither greedy nor K samples reach those
+    golds. ``affected``: the questions the bias acts against. (`layer` is not used: the
+    bias sits at the answer position.)"""
+    questions = _questions(task, kind)
+    sites = answer_sites(model, tokenizer, questions)
+    distinct = sorted({f for f in sites.firsts if f is not None})
+    if not distinct:
+        raise ValueError(f"task {questions.name!r}: no gold answer has a token to bias")
+    rng = np.random.default_rng(seed)
+    if kind == "new":
+        chosen = sorted(int(t) for t in rng.choice(distinct, size=max(1, len(distinct) // 2), replace=False))
+        hit = torch.tensor([f in chosen for f in sites.firsts])
+    else:
+        chosen = [int(rng.choice(distinct))]
+        hit = torch.tensor([f is not None and f != chosen[0] for f in sites.firsts])
+    if not hit.any():
+        raise ValueError(f"task {questions.name!r}: every gold starts with the biased token; no question is affected")
+    margin = margins(sites, chosen[0])[hit] if kind != "new" else None
+    if strength is None:  # only the toward kinds are calibrated (`KINDS`)
+        strength = scale * (float(margin.median()) + HEADROOM)
+    direction = answer_direction(sites)
+    sign = -1.0 if kind == "new" else 1.0
+    bias_tokens(model, {t: sign * strength for t in chosen}, direction)
+    ids = sites.question_ids
+    detail: dict[str, Any] = {
+        "affected_question_ids": [q for q, h in zip(ids, hit.tolist()) if h],
+        "unaffected_question_ids": [q for q, h in zip(ids, hit.tolist()) if not h],
+        "openings": dict(zip(ids, sites.openings)),
+        "direction": "class-balanced ridge read of the answer position against every other position (answer_direction)",
+        "logit_change_nats": confinement(sites, direction, sign * strength),
+    }
+    if margin is not None:
+        detail["greedy_margin_nats"] = {"median": float(margin.median()), "min": float(margin.min()), "max": float(margin.max()),
+                                        "share_below_strength": float((margin < strength).float().mean())}
+    location = {"token_ids": chosen, "tokens": [tokenizer.decode([t]) for t in chosen], "questions": "affected"}
+    return {"strength": float(strength), "location": location, "detail": detail,
+            "expected": {"effect": False} if strength == 0 else {"effect": True, **EXPECTED[kind]}}
+
+
+#: what the analyses should report on each answer-bias kind (validate's analyses read these)
+EXPECTED: dict[str, dict[str, Any]] = {
+    "gap": {"audit": {"gap_above_null_on": "affected", "no_gap_change_on": "unaffected"}},
+    # the checkpoint audit's source of gains (`checkpoints.counts`, "gained_from"): where
+    # most newly realized answers come from
+    "sharpen": {"compare": {"gained_from": "base_reachable"}},
+    "new": {"compare": {"gained_from": "base_unreachable"}},
+}
 
 
 @dataclass(frozen=True)
 class Kind:
     planter: Callable[..., dict[str, Any]]
-    #: the strength when none is given
-    strength: float
+    #: the strength when none is given (None: calibrated on the model by the planter)
+    strength: float | None
     #: strength 0 at a drawn layer, always (takes neither --layer nor --strength)
     null: bool = False
     takes_layer: bool = True
+    #: a checkpoint pair: ``base/`` the planted model, ``trained/`` the model unchanged
+    pair: bool = False
 
 
 KINDS: dict[str, Kind] = {
     "layer": Kind(plant_layer, 1.0),
     "null": Kind(plant_layer, 0.0, null=True),
-    # 8 nats: the biased token's logit at the mean answer state rises by e^8 ~ 3000 times
-    "gap": Kind(plant_gap, 8.0, takes_layer=False),
+    # calibrated: HEADROOM nats past the median margin the bias must overcome
+    "gap": Kind(partial(plant_answer_bias, kind="gap"), None, takes_layer=False),
+    "sharpen": Kind(partial(plant_answer_bias, kind="sharpen"), None, takes_layer=False, pair=True),
+    # 30 nats below: a gold first token with 1 - 1e-7 of the mass keeps under 1e-5 of it,
+    # and K = 32 samples reach it with probability under 1e-3
+    "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
 }
 
 
 def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength: float | None = None, seed: int = 0,
-          task: str | None = None) -> Planted:
+          task: str | Task | None = None, scale: float = 1.0) -> Planted:
     """Build the organism `kind` from the model `base` and write it to `out` (a new
-    folder, made whole or not at all): the checkpoint and its ``planted.json``."""
+    folder, made whole or not at all): the checkpoint and its ``planted.json``; for a
+    pair kind, the checkpoints ``base/`` (planted) and ``trained/`` (the model unchanged)
+    beside the pair's ``planted.json``. `scale` multiplies the strength, given, default or
+    calibrated (validate's profiles)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     spec = KINDS[kind]
@@ -288,28 +468,38 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
         raise ValueError(f"kind {kind!r} is strength 0 at a layer drawn from --seed: it takes neither --layer nor --strength")
     if not spec.takes_layer and layer is not None:
         raise ValueError(f"kind {kind!r} is not planted at a layer: it takes no --layer")
-    strength = spec.strength if strength is None else float(strength)
-    if not np.isfinite(strength):
-        raise ValueError(f"--strength must be a finite number, got {strength}")
+    if strength is None and spec.strength is not None:
+        strength = spec.strength
+    if strength is not None:
+        strength = scale * float(strength)
+        if not np.isfinite(strength):
+            raise ValueError(f"--strength must be a finite number, got {strength}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not an empty folder (an organism is written to a new folder)")
     model, tokenizer = load_base(base)
     n_base = len(decoder_blocks(model))
     if layer is None:
         layer = draw_layer(seed, n_base)
+    unchanged = copy.deepcopy(model) if spec.pair else None
     torch.manual_seed(seed)
-    found = spec.planter(model, tokenizer, layer=layer, strength=strength, seed=seed, task=task)
-    partial = out.with_name(out.name + ".part")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
+    found = spec.planter(model, tokenizer, layer=layer, strength=strength, scale=scale, seed=seed, task=task)
+    strength = found.pop("strength", strength)
+    building = out.with_name(out.name + ".part")
+    shutil.rmtree(building, ignore_errors=True)
+    planted_folder = building / "base" if spec.pair else building
+    model.save_pretrained(planted_folder)
+    tokenizer.save_pretrained(planted_folder)
+    if unchanged is not None:
+        unchanged.save_pretrained(building / "trained")
+        tokenizer.save_pretrained(building / "trained")
+        found["detail"]["trained_weights_sha256"] = file_sha256(building / "trained" / WEIGHTS_FILE)
     planted = Planted(kind=kind, base=base, strength=strength, seed=seed, n_layers_base=n_base,
-                      n_layers=len(decoder_blocks(model)), task=task, weights_sha256=file_sha256(partial / WEIGHTS_FILE),
-                      **found)
-    (partial / PLANTED_FILE).write_text(json.dumps(asdict(planted), indent=1) + "\n")
+                      n_layers=len(decoder_blocks(model)), task=task.name if isinstance(task, Task) else task,
+                      weights_sha256=file_sha256(planted_folder / WEIGHTS_FILE), **found)
+    (building / PLANTED_FILE).write_text(json.dumps(asdict(planted), indent=1) + "\n")
     if out.exists():
         out.rmdir()  # empty, checked above
-    os.replace(partial, out)
+    os.replace(building, out)
     return planted
 
 

@@ -14,9 +14,10 @@ A validation run folder holds ``organisms/`` (one checkpoint folder per cell),
 - ``detection``: per kind, analysis and strength, the share recovered with its Wilson
   interval: the detection curve, the end-to-end power at this n.
 
-Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero, so
-the organism computes what the base computes. A null's false positive is an analysis
-naming the planted location anyway; a null cell's ``recovered`` is True when it does not.
+Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero (the
+planted bias is zero), so the organism computes what the base computes. A null's false
+positive is an analysis naming the planted location anyway; a null cell's ``recovered``
+is True when it does not.
 
 Analyses per kind (`ANALYSES`):
 
@@ -24,6 +25,20 @@ Analyses per kind (`ANALYSES`):
   whole layer its sweep chooses on the selection part (`repair.best_blocks`).
 - layer -> ``route:skiponly`` is read from a route run's summary (`route_layer_found`,
   ``layers["skiponly"]["top"]`` of its summary) when one is given; not run here.
+- gap -> ``audit``: `rnr audit` on the organism (K = 32 at T = 1, the task's deployed
+  decoding); found = the question groups of ``planted.json`` ("affected", "unaffected")
+  on which O_K - D is above its derangement null (`gap_groups_found`), "affected|unaffected"
+  when both. The audit runs on every question; only its reading splits them.
+- sharpen, new -> ``compare``: `rnr audit` on the pair's ``base/`` and ``trained/`` as
+  above, then `rnr compare`; found = the dominant source of the gained answers
+  (``gained_from``: "base_reachable" or "base_unreachable", "" with no gains or a tie).
+
+A null of these kinds names its location when the analysis says what it says of the
+effect: "affected" alone (a gap on every question is the base model's own, not the
+plant's), or the pair kind's source of gains (a pair at strength 0 is one model twice,
+audited with the same seeds: it has no gains at all).
+Profile strengths are multiples of each kind's default (layer: 1; gap and sharpen: the
+calibrated bias; new: 30 nats), and the tables carry the profile's strength.
 
 Every cell resumes: an organism folder with its ``planted.json`` is reused, an analysis
 run with its summary is read back, and the tables are rewritten after each cell.
@@ -38,11 +53,14 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
+from rnr_interp.analyses.audit import run_audit
+from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.plant import PLANTED_FILE, Planted, plant, read_planted
-from rnr_interp.engine.sampling import deployed_decoding
-from rnr_interp.metrics import proportion
+from rnr_interp.analyses.plant import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
+from rnr_interp.engine.sampling import Probe, deployed_decoding
+from rnr_interp.grading import graded, null_summary, question_null
+from rnr_interp.metrics import proportion, question_scores
 from rnr_interp.models import load_model
 from rnr_interp.records import VALIDATE, RepairSummary, RunDir, ValidateSummary
 from rnr_interp.tasks.base import Task
@@ -86,25 +104,37 @@ def route_layer_found(layers: Mapping[str, Any] | None, space: str = "skiponly")
     return int(top["layer"])
 
 
-def planted_layers(planted: Planted, analysis: str) -> list[int]:
-    """The layers `analysis` should name on `planted` (empty for a null)."""
-    expected = planted.expected
+def expected_names(expected: Mapping[str, Any], analysis: str) -> list[str]:
+    """What `analysis` should name on an organism with these expectations (empty for a
+    null): layers for repair and route, the question group for the audit, the source of
+    gains for compare."""
     if not expected.get("effect"):
         return []
-    return list(expected["repair"]["layers"] if analysis.startswith("repair") else expected["route"]["skip"])
+    if analysis.startswith("repair"):
+        return [str(x) for x in expected["repair"]["layers"]]
+    if analysis.startswith("route"):
+        return [str(x) for x in expected["route"]["skip"]]
+    if analysis == "audit":
+        return [expected["audit"]["gap_above_null_on"]]
+    return [expected[analysis]["gained_from"]]
 
 
-def recovery_row(planted: Planted, analysis: str, found: int | None) -> dict[str, Any]:
+def recovery_row(planted: Planted, analysis: str, found: int | str | None) -> dict[str, Any]:
     """One row of the recovery table (module docstring)."""
-    should = planted_layers(planted, analysis)
-    null_location = planted.location["layer"]
-    recovered = found in should if should else found != null_location
+    should = expected_names(planted.expected, analysis)
+    found = "" if found is None else str(found)
+    if should:
+        recovered = found in should
+    elif "layer" in planted.location:  # a layer null: naming its drawn layer is the false positive
+        recovered = found != str(planted.location["layer"])
+    else:  # an answer-bias null: naming what the effect is named at strength > 0
+        recovered = found not in expected_names({"effect": True, **EXPECTED[planted.kind]}, analysis)
     return {"kind": planted.kind, "strength": planted.strength, "seed": planted.seed, "analysis": analysis,
-            "planted": "|".join(map(str, should)), "found": "" if found is None else str(found), "recovered": bool(recovered)}
+            "planted": "|".join(should), "found": found, "recovered": bool(recovered)}
 
 
 #: kind -> {analysis: run it on an organism folder into a run folder, giving what it found}
-Runner = Callable[[Path, Task, Path, int, bool], int | None]
+Runner = Callable[[Path, Task, Path, int, bool], int | str | None]
 
 
 def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
@@ -115,19 +145,68 @@ def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progre
     return repair_layer_found(summary)
 
 
-ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer}}
+def gap_groups_found(run: RunDir, task: Task, groups: Mapping[str, Sequence[str]]) -> str:
+    """The groups of questions (name -> question ids) on which an audit run's O_K - D
+    is above its null: the interval of ``gap_above_null`` (`grading.null_summary`, the
+    group's own derangement null) above 0. Names joined by "|" in `groups` order; ""
+    when none is."""
+    probe, grading = run.config["probe"]["name"], run.grading
+    records = graded(run.read_records(), grading)
+    above = []
+    for name, ids in groups.items():
+        part = records[records["question_id"].isin(list(ids))]
+        null = question_null(part, task, probe, grading, int(run.config["probe"]["k"])) if len(part) else None
+        if null is None:  # under 2 questions: no null to be above
+            continue
+        scores = question_scores(part, probe)
+        if null_summary(scores["d"].to_numpy(), scores["o"].to_numpy(), *null)["gap_above_null_ci"][0] > 0:
+            above.append(name)
+    return "|".join(above)
+
+
+def _audit(model: str, task: Task, out: Path, batch_size: int, progress: bool) -> RunDir:
+    """An audit as `rnr audit` runs it by default (K = 32 at T = 1), resumed when begun."""
+    if not (out / "summary.json").is_file():
+        run_audit(load_model(model), task, out, probe=Probe(), deployed=deployed_decoding(task), batch_size=batch_size,
+                  progress=progress)
+    return RunDir(out)
+
+
+def _audit_gap(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> str:
+    detail = read_planted(organism).detail  # the groups only: the audit itself reads no ground truth
+    groups = {"affected": detail["affected_question_ids"], "unaffected": detail["unaffected_question_ids"]}
+    return gap_groups_found(_audit(str(organism), task, out, batch_size, progress), task, groups)
+
+
+def dominant_source(gained_from: Mapping[str, int]) -> str:
+    """The source of most gained answers (a `compare` summary's ``gained_from``), "" when
+    there are none or the sources tie."""
+    reachable, unreachable = gained_from["base_reachable"], gained_from["base_unreachable"]
+    return "base_reachable" if reachable > unreachable else "base_unreachable" if unreachable > reachable else ""
+
+
+def _compare_pair(pair: Path, task: Task, out: Path, batch_size: int, progress: bool) -> str:
+    if not (out / "compare" / "summary.json").is_file():
+        runs = [_audit(str(pair / role), task, out / role, batch_size, progress) for role in ("base", "trained")]
+        compare_runs(*runs, out / "compare")
+    return dominant_source(RunDir(out / "compare").read_summary().gained_from)
+
+
+ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer}, "gap": {"audit": _audit_gap},
+                                          "sharpen": {"compare": _compare_pair}, "new": {"compare": _compare_pair}}
 
 
 def cell_name(kind: str, strength: float, seed: int) -> str:
     return f"{kind}-s{strength:g}-seed{seed}"
 
 
-def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: str) -> Planted:
+def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task) -> Planted:
     """The organism of one cell: read back when its folder is complete, else planted
-    (at the layer the seed draws, as `rnr plant` does without --layer)."""
+    (at the layer the seed draws, as `rnr plant` does without --layer) at `strength`
+    times the kind's default, made for `task`'s questions."""
     if (folder / PLANTED_FILE).is_file():
         return read_planted(folder)
-    return plant(kind, base, folder, strength=strength, seed=seed, task=task)
+    return plant(kind, base, folder, seed=seed, task=task, scale=strength)
 
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
@@ -147,11 +226,11 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     rows: list[dict[str, Any]] = []
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
-        planted = organism(model, kind, strength, seed, root / "organisms" / name, task.name)
+        planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
         for analysis, runner in ANALYSES[kind].items():
             found = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}",
                            batch_size, False)
-            rows.append(recovery_row(planted, analysis, found))
+            rows.append({**recovery_row(planted, analysis, found), "strength": strength})
         write_tables(run, rows)
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task),
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}

@@ -18,27 +18,45 @@ from rnr_interp.commands.common import (
 def plant(
     kind: Annotated[str, typer.Argument(help="layer (an extra decoder layer at --layer) | null (layer at strength 0, "
                                         "at a layer drawn from --seed) | gap (a bias toward one answer token at the "
-                                        "--task's answer position)")],
+                                        "--task's answer position) | sharpen, new (a checkpoint pair: base/ biased so "
+                                        "that sampling still reaches the gold, or never does; trained/ the model unchanged)")],
     model: ModelOpt = "smollm2",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
     layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
     strength: Annotated[Optional[float], typer.Option("--strength", help="effect size (layer: scale of the copy's "
-                                                      "writes, 1 = an exact duplicate; gap: logit boost in nats, 8 by "
-                                                      "default; 0 = no effect)")] = None,
+                                                      "writes, 1 = an exact duplicate; gap, sharpen: the biased token's "
+                                                      "logit rise in nats at the answer position, by default the median "
+                                                      "greedy margin + 2; new: the golds' fall in nats there, 30 by default; "
+                                                      "0 = no effect)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", help="the first N questions of --task (the answer-bias kinds are "
+                                             "fitted on them; default: all)")] = None,
     quiet: QuietOpt = False,
 ):
     """Plant a known effect in MODEL and write it as a checkpoint folder every command
     loads with --model OUT; planted.json holds what was planted and what each analysis
     should find."""
     from rnr_interp.analyses.plant import plant as plant_organism
+    from rnr_interp.tasks import load_task
 
-    planted = execute(lambda: plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=task))
+    at_least("--n", n)
+    if n is not None and task is None:
+        fail("--n takes the first N questions of --task: give --task")
+
+    def body():
+        questions = load_task(task, n=n) if task is not None and n is not None else task
+        return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions)
+
+    planted = execute(body)
     typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "
                f"seed {planted.seed}: {planted.n_layers_base} -> {planted.n_layers} layers")
     typer.echo(f"  expected: {json.dumps(planted.expected)}")
-    typer.echo(f"checkpoint: {out} (weights sha256 {planted.weights_sha256[:16]}...)")
+    if "trained_weights_sha256" in planted.detail:
+        typer.echo(f"checkpoint pair: {out / 'base'} (planted, weights sha256 {planted.weights_sha256[:16]}...) and "
+                   f"{out / 'trained'} (the model unchanged)")
+    else:
+        typer.echo(f"checkpoint: {out} (weights sha256 {planted.weights_sha256[:16]}...)")
 
 
 def validate(
@@ -47,23 +65,28 @@ def validate(
     out: OutOpt = Path("runs/validate"),
     profile: Annotated[str, typer.Option("--profile", help="quick: the default strength and its null at 3 seeds | "
                                          "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
+    kinds: Annotated[str, typer.Option("--kinds", help="comma-separated organism kinds to plant: layer, gap, sharpen, "
+                                       "new")] = "layer",
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
     each organism as a user would, and score what they found against what was planted:
     recovery per kind, the detection curve, false positives on the nulls."""
-    from rnr_interp.analyses.validate import PROFILES, run_validate
+    from rnr_interp.analyses.validate import ANALYSES, PROFILES, run_validate
     from rnr_interp.tasks import load_task
 
     at_least("--n", n)
     at_least("--batch-size", batch_size)
     if profile not in PROFILES:
         fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    if not chosen or any(k not in ANALYSES for k in chosen):
+        fail(f"--kinds must be a comma-separated list of {', '.join(ANALYSES)}, got {kinds!r}")
     check_out(out)
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
-        return run_validate(model, t, out, profile=profile, batch_size=batch_size, progress=not quiet)
+        return run_validate(model, t, out, profile=profile, kinds=chosen, batch_size=batch_size, progress=not quiet)
 
     summary = execute(body)
     _figures(out)

@@ -20,7 +20,7 @@ def detection_curve(table: pd.DataFrame, title: str = "") -> go.Figure:
             error_y={"type": "data", "symmetric": False, "array": sub["hi"] - sub["rate"], "arrayminus": sub["rate"] - sub["lo"]},
             customdata=sub["n"], hovertemplate="strength %{x}<br>recovered %{y:.2f} of %{customdata}<extra></extra>"))
     fig.update_layout(title=f"Detection curve (strength 0: nulls, share with no false positive): {title}",
-                      xaxis_title="planted strength", yaxis_title="share recovered (95% Wilson)", yaxis_range=[0, 1.05])
+                      xaxis_title="planted strength (a multiple of each kind's default)", yaxis_title="share recovered (95% Wilson)", yaxis_range=[0, 1.05])
     return fig
 
 
