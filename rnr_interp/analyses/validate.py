@@ -25,6 +25,11 @@ Analyses per kind (`ANALYSES`):
 - layer -> ``route:skiponly`` is read from a route run's summary (`route_layer_found`,
   ``layers["skiponly"]["top"]`` of its summary) when one is given; not run here.
 
+Golds (``gold``): "base" (the default) anchors the task to the base model, its own
+deployed answers as the golds (`analyses.anchor`), so every failure of an organism is
+the plant's; "task" keeps the task's golds, where the organism's failures mix the
+plant's with the base's own (the user's question, not a test of the instrument).
+
 Every cell resumes: an organism folder with its ``planted.json`` is reused, an analysis
 run with its summary is read back, and the tables are rewritten after each cell.
 """
@@ -38,6 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
+from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
 from rnr_interp.analyses.plant import PLANTED_FILE, Planted, plant, read_planted
@@ -130,18 +136,26 @@ def organism(base: str, kind: str, strength: float, seed: int, folder: Path, tas
     return plant(kind, base, folder, strength=strength, seed=seed, task=task)
 
 
+GOLDS = ("base", "task")
+
+
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
-                 batch_size: int = 32, progress: bool = True) -> ValidateSummary:
+                 gold: str = "base", batch_size: int = 32, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    if gold not in GOLDS:
+        raise ValueError(f"gold must be one of {', '.join(GOLDS)}, got {gold!r}")
     unknown = [k for k in kinds if k not in ANALYSES]
     if unknown:
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
-    run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": task.describe(), "profile": asdict(chosen),
-                              "kinds": list(kinds), "batch_size": batch_size})
+    asked = task
+    if gold == "base":
+        task = anchor_task(load_model(model), task, batch_size)
+    run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
+                              "kinds": list(kinds), "gold": gold, "batch_size": batch_size})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -153,7 +167,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                            batch_size, False)
             rows.append(recovery_row(planted, analysis, found))
         write_tables(run, rows)
-    summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task),
+    summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 
