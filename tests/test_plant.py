@@ -146,7 +146,11 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     out = tmp_path / "v"
     bad = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--profile", "huge", "--out", str(out)])
     assert bad.exit_code == 2 and "--profile must be one of quick, full" in bad.output and not out.exists()
-    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
+    anchored = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
+    # a random-weight model states no answer as 'Answer: N': nothing to anchor the golds to
+    assert anchored.exit_code == 2 and "states no answer" in anchored.output
+    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--gold", "task",
+                                    "--out", str(out), "-q"])
     assert done.exit_code == 0, done.output
     assert "layer: recovered" in done.output and "nulls with a false positive" in done.output
     assert (out / "figures" / "detection_curve.html").is_file()
