@@ -90,7 +90,7 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "bogus", "--model", BASE], "kind must be one of"),
     (["plant", "layer", "--model", BASE, "--layer", "9"], "--layer must be in 0..3"),
     (["plant", "null", "--model", BASE, "--strength", "1"], "takes neither --layer nor --strength"),
-    (["plant", "layer", "--model", "/nowhere/model"], "plant takes smollm2"),
+    (["plant", "layer", "--model", "/nowhere/model"], "plant takes a built-in model"),
     (["plant", "sharpen", "--model", BASE], "give --task"),
     (["plant", "gap", "--model", BASE, "--n", "3"], "--n takes the first N questions of --task"),
 ])
@@ -152,7 +152,11 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     out = tmp_path / "v"
     bad = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--profile", "huge", "--out", str(out)])
     assert bad.exit_code == 2 and "--profile must be one of quick, full" in bad.output and not out.exists()
-    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
+    anchored = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
+    # a random-weight model states no answer as 'Answer: N': nothing to anchor the golds to
+    assert anchored.exit_code == 2 and "states no answer" in anchored.output
+    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--gold", "task",
+                                    "--out", str(out), "-q"])
     assert done.exit_code == 0, done.output
     assert "layer: recovered" in done.output and "nulls with a false positive" in done.output
     assert (out / "figures" / "detection_curve.html").is_file()

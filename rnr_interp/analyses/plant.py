@@ -67,7 +67,9 @@ from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import answer_statement
 from rnr_interp.interventions import decoder_blocks
-from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, build_tiny, refuse_remote_code, smollm2_dir
+from rnr_interp.models import (
+    BUILTIN, TINY_ARCHITECTURES, LoadedModel, ModelSpecError, build_tiny, refuse_remote_code, tokenizer_adds_bos,
+)
 from rnr_interp.tasks import load_task
 from rnr_interp.tasks.base import Question, Task
 
@@ -106,9 +108,10 @@ def load_base(spec: str) -> tuple[nn.Module, Any]:
     name, _, arg = spec.partition(":")
     if name in TINY_ARCHITECTURES:
         return build_tiny(name, n_layers=int(arg) if arg.isdigit() else 3)
-    folder = smollm2_dir() if spec == "smollm2" else Path(spec).expanduser()
+    folder = BUILTIN[spec].checkpoint_dir() if spec in BUILTIN else Path(spec).expanduser()
     if not (folder / "config.json").is_file():
-        raise ModelSpecError(f"model spec {spec!r}: plant takes smollm2, a tiny test model or a local checkpoint folder "
+        raise ModelSpecError(f"model spec {spec!r}: plant takes a built-in model ({', '.join(BUILTIN)}), a tiny test model "
+                             "or a local checkpoint folder "
                              "(config.json inside)")
     refuse_remote_code(folder)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
@@ -287,7 +290,7 @@ def answer_sites(model: nn.Module, tokenizer: Any, task: Task) -> AnswerSites:
     generations locate each answer start (`deployed_openings`), and one forward pass over
     prompt, opening and gold answer gives the final states there and everywhere else."""
     # as a checkpoint folder loads: its tokenizer says whether a raw prompt starts with BOS
-    chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
+    chat, bos = bool(getattr(tokenizer, "chat_template", None)), tokenizer_adds_bos(tokenizer)
     openings = deployed_openings(model, tokenizer, task, chat, bos)
     answer, elsewhere, firsts = [], [], []
     for q, opening in zip(task.questions, openings):

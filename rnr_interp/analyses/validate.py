@@ -23,8 +23,10 @@ Analyses per kind (`ANALYSES`):
 
 - layer -> ``repair:layer``: `rnr repair --sweep layer` on the organism; found = the
   whole layer its sweep chooses on the selection part (`repair.best_blocks`).
-- layer -> ``route:skiponly`` is read from a route run's summary (`route_layer_found`,
-  ``layers["skiponly"]["top"]`` of its summary) when one is given; not run here.
+- layer -> ``route:skiponly``: `rnr route --space skiponly` at a small budget
+  (`ROUTE_CHECK`: K = 8 routes of random and hill climbing, the blind searches every
+  route run has, 8 temperature samples); found = the top of its layer attribution when
+  that is a skip above chance (`route_layer_found`, ``layers["skiponly"]["top"]``).
 - gap -> ``audit``: `rnr audit` on the organism (K = 32 at T = 1, the task's deployed
   decoding); found = the question groups of ``planted.json`` ("affected", "unaffected")
   on which O_K - D is above its derangement null (`gap_groups_found`), "affected|unaffected"
@@ -40,12 +42,18 @@ audited with the same seeds: it has no gains at all).
 Profile strengths are multiples of each kind's default (layer: 1; gap and sharpen: the
 calibrated bias; new: 30 nats), and the tables carry the profile's strength.
 
+Golds (``gold``): "base" (the default) anchors the task to the base model, its own
+deployed answers as the golds (`analyses.anchor`), so every failure of an organism is
+the plant's; "task" keeps the task's golds, where the organism's failures mix the
+plant's with the base's own (the user's question, not a test of the instrument).
+
 Every cell resumes: an organism folder with its ``planted.json`` is reused, an analysis
 run with its summary is read back, and the tables are rewritten after each cell.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -55,8 +63,12 @@ from tqdm.auto import tqdm
 
 from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
+from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
+from rnr_interp.analyses.routing.config import RouteConfig
+from rnr_interp.analyses.routing.run import run_route_audit
+from rnr_interp.analyses.routing.spaces import make_space, space_size
 from rnr_interp.analyses.plant import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
 from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.grading import graded, null_summary, question_null
@@ -145,6 +157,20 @@ def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progre
     return repair_layer_found(summary)
 
 
+#: the route check: skip-only routes at a small budget (random and hill climbing, with the
+#: blind searches every route run has), K temperature samples as the route run's own
+ROUTE_CHECK = RouteConfig(samples=8, budget=8, spaces=("skiponly",), methods=("random", "hill_climb"))
+
+
+def _route_skiponly(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
+    if not (out / "summary.json").is_file():
+        lm = load_model(str(organism))
+        # a small model's skip-only space may hold fewer routes than the budget: all of them, then
+        budget = min(ROUTE_CHECK.budget, space_size(make_space("skiponly", lm.n_layers)))
+        run_route_audit(lm, task, out, dataclasses.replace(ROUTE_CHECK, budget=budget), progress=progress)
+    return route_layer_found(RunDir(out).read_summary().layers)
+
+
 def gap_groups_found(run: RunDir, task: Task, groups: Mapping[str, Sequence[str]]) -> str:
     """The groups of questions (name -> question ids) on which an audit run's O_K - D
     is above its null: the interval of ``gap_above_null`` (`grading.null_summary`, the
@@ -192,7 +218,7 @@ def _compare_pair(pair: Path, task: Task, out: Path, batch_size: int, progress: 
     return dominant_source(RunDir(out / "compare").read_summary().gained_from)
 
 
-ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer}, "gap": {"audit": _audit_gap},
+ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer, "route:skiponly": _route_skiponly}, "gap": {"audit": _audit_gap},
                                           "sharpen": {"compare": _compare_pair}, "new": {"compare": _compare_pair}}
 
 
@@ -209,18 +235,26 @@ def organism(base: str, kind: str, strength: float, seed: int, folder: Path, tas
     return plant(kind, base, folder, seed=seed, task=task, scale=strength)
 
 
+GOLDS = ("base", "task")
+
+
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
-                 batch_size: int = 32, progress: bool = True) -> ValidateSummary:
+                 gold: str = "base", batch_size: int = 32, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    if gold not in GOLDS:
+        raise ValueError(f"gold must be one of {', '.join(GOLDS)}, got {gold!r}")
     unknown = [k for k in kinds if k not in ANALYSES]
     if unknown:
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
-    run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": task.describe(), "profile": asdict(chosen),
-                              "kinds": list(kinds), "batch_size": batch_size})
+    asked = task
+    if gold == "base":
+        task = anchor_task(load_model(model), task, batch_size)
+    run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
+                              "kinds": list(kinds), "gold": gold, "batch_size": batch_size})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -232,7 +266,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                            batch_size, False)
             rows.append({**recovery_row(planted, analysis, found), "strength": strength})
         write_tables(run, rows)
-    summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task),
+    summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 

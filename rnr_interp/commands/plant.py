@@ -67,12 +67,14 @@ def validate(
                                          "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
     kinds: Annotated[str, typer.Option("--kinds", help="comma-separated organism kinds to plant: layer, gap, sharpen, "
                                        "new")] = "layer",
+    gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
+                                      "every failure is the plant's | task: the task's golds")] = "base",
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
     each organism as a user would, and score what they found against what was planted:
     recovery per kind, the detection curve, false positives on the nulls."""
-    from rnr_interp.analyses.validate import ANALYSES, PROFILES, run_validate
+    from rnr_interp.analyses.validate import ANALYSES, GOLDS, PROFILES, run_validate
     from rnr_interp.tasks import load_task
 
     at_least("--n", n)
@@ -82,15 +84,19 @@ def validate(
     chosen = [k.strip() for k in kinds.split(",") if k.strip()]
     if not chosen or any(k not in ANALYSES for k in chosen):
         fail(f"--kinds must be a comma-separated list of {', '.join(ANALYSES)}, got {kinds!r}")
+    if gold not in GOLDS:
+        fail(f"--gold must be one of {', '.join(GOLDS)}, got {gold!r}")
     check_out(out)
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
-        return run_validate(model, t, out, profile=profile, kinds=chosen, batch_size=batch_size, progress=not quiet)
+        return run_validate(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
+                            progress=not quiet)
 
     summary = execute(body)
     _figures(out)
-    typer.echo(f"{summary.model} on {summary.task} ({summary.n_questions} questions), profile {summary.profile}:")
+    golds = "the base model's own answers" if summary.gold == "base" else "the task's"
+    typer.echo(f"{summary.model} on {summary.task} ({summary.n_questions} questions, golds: {golds}), profile {summary.profile}:")
     for kind, r in summary.recovery.items():
         typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'])}; nulls with a false positive "
                    f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'])}")

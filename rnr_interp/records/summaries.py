@@ -377,6 +377,9 @@ class ValidateSummary(Summary):
     n_questions: int
     profile: str
     profile_why: str | None = None
+    #: "base": golds are the base model's own deployed answers (`analyses.anchor`);
+    #: "task": the task's golds
+    gold: str = "task"
     #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]

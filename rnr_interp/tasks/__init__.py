@@ -15,6 +15,8 @@ and `gold_index`; BoolQ holds "yes"/"no"; numeric tasks a canonical number strin
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any, Callable
 
@@ -128,6 +130,8 @@ def reload_task(described: dict[str, Any]) -> Task:
     tasks from the file it names (its first `n_questions`, the questions the run was given)."""
     name, source = described.get("name"), str(described.get("source") or "")
     on_invalid = "skip" if described.get("skipped_rows") else "refuse"
+    if isinstance(described.get("anchored"), dict):
+        return _reanchored(described)
     if isinstance(described.get("lm_eval"), dict):
         if not described.get("stored_file"):
             raise ValueError(f"the run stored no questions of {name} (it was made before runs stored them); its task "
@@ -142,6 +146,35 @@ def reload_task(described: dict[str, Any]) -> Task:
         return _same_questions(load_task(name, data=source, n=described.get("n_questions"), on_invalid=on_invalid, **graded_as),
                                described)
     raise FileNotFoundError(f"task source {source or '?'} is not a file here")
+
+
+def _reanchored(described: dict[str, Any]) -> Task:
+    """An anchored task (`analyses.anchor`) rebuilt: the task it was anchored from, its
+    questions (by id, texts unchanged) with the golds the run stored."""
+    anchored = described["anchored"]
+    if not described.get("stored_file"):
+        raise ValueError(f"the run stored no questions of {described.get('name')}: an anchored task's golds are a "
+                         "model's answers, kept only in the run's task file")
+    original = reload_task({**{k: v for k, v in described.items() if k != "anchored"},
+                            **{k: anchored[k] for k in ("name", "source", "n_questions", "questions_hash")}})
+    by_id = {q.id: q for q in original.questions}
+    stored = read_json_file(Path(described["stored_file"])).get("questions") or []
+    questions = []
+    for row in stored:
+        q = by_id.get(str(row.get("id")))
+        if q is None or q.text != row.get("text"):
+            raise ValueError(f"the run's task file holds question {row.get('id')!r}, which {anchored['name']} does not ask")
+        questions.append(dataclasses.replace(q, answer=str(row.get("answer")), meta={**q.meta, "task_gold": q.answer}))
+    return _same_questions(with_questions(original, questions, described["name"], described.get("source", ""), anchored),
+                           described)
+
+
+def with_questions(task: Task, questions: list[Question], name: str, source: str, anchored: dict[str, Any]) -> Task:
+    """A copy of `task` asking `questions` under `name`, anchored as `anchored` says."""
+    clone = task.head(None).__class__.__new__(type(task))
+    clone.__dict__.update(task.__dict__)
+    clone.questions, clone.name, clone.source, clone.anchored = list(questions), name, source, anchored
+    return clone
 
 
 def _same_questions(task: Task, described: dict[str, Any]) -> Task:
@@ -161,6 +194,6 @@ __all__ = [
     "LmEvalGenerationTask", "LmEvalMCTask", "LogiQA", "ON_INVALID",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
-    "load_hf_disk", "load_jsonl", "load_lm_eval", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
+    "load_hf_disk", "load_jsonl", "with_questions", "load_lm_eval", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
     "shared_data_dirs",
 ]

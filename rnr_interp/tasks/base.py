@@ -88,6 +88,9 @@ class Task:
     stop_strings: tuple[str, ...] = ()
     #: rows of the data file dropped as invalid (`--on-invalid skip`): {"row", "id", "reason"}
     skipped_rows: tuple[dict[str, Any], ...] = ()
+    #: set on a task whose golds are a model's own answers (`analyses.anchor`): the task
+    #: it was anchored from (name, source, n_questions, questions_hash) and the model
+    anchored: dict[str, Any] | None = None
 
     def __init__(self, questions: Sequence[Question], source: str = "builtin"):
         self.questions = list(questions)
@@ -197,6 +200,7 @@ class Task:
             "n_questions": len(self.questions),
             "questions_hash": self.content_hash(),
             **({"skipped_rows": list(self.skipped_rows)} if self.skipped_rows else {}),
+            **({"anchored": self.anchored} if self.anchored else {}),
         }
 
 

@@ -106,8 +106,12 @@ def silencing_sweep(
 
 
 def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str]) -> pd.DataFrame:
-    """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are."""
-    return silencing_sweep(c.lm, c.task, c.cohort.failure, c.cohort.panel, decoding=c.decoding, layers=layers,
+    """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are.
+    With an empty failure set nothing can be repaired and no block chosen, so the panel
+    is not swept either (its damage alone chooses nothing; on a null organism this was
+    most of the run's time): the table keeps its rows, with no rates."""
+    panel = c.cohort.panel if c.cohort.failure else []
+    return silencing_sweep(c.lm, c.task, c.cohort.failure, panel, decoding=c.decoding, layers=layers,
                            components=components, split=c.cohort.split, run=c.run, batch_size=c.batch_size,
                            progress=c.progress, circular=c.cohort.circular)
 
