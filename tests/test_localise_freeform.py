@@ -87,10 +87,10 @@ class Echo(Task):
         return generation[:3] or None
 
 
-def echo_task() -> Echo:
+def echo_task(base_spec: str = BASE) -> Echo:
     """The base model's own answers as golds, each question with four other questions'
     answers as its declared distractors."""
-    base = load_model(BASE)
+    base = load_model(base_spec)
     asked = Echo([Question(f"q{i}", f"Tell me about {w}.", "") for i, w in enumerate(WORDS)])
     gens = generate_rows(base, asked, [Row(q, (), "deployed") for q in asked.questions], deployed_decoding(asked))
     kept = [(q, a) for q, g in zip(asked.questions, gens) if (a := asked.extract(g.text))]

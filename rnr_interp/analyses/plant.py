@@ -52,7 +52,9 @@ from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import answer_statement
 from rnr_interp.interventions import decoder_blocks
-from rnr_interp.models import TINY_ARCHITECTURES, LoadedModel, ModelSpecError, build_tiny, refuse_remote_code, smollm2_dir
+from rnr_interp.models import (
+    TINY_ARCHITECTURES, LoadedModel, ModelSpecError, build_tiny, refuse_remote_code, smollm2_dir, stop_token_ids_of,
+)
 from rnr_interp.tasks import load_task
 from rnr_interp.tasks.base import Question, Task
 
@@ -193,6 +195,13 @@ def plant_layer(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
 # -- the realization-gap organism ----------------------------------------------------
 
 
+def task_of(task: str | Task | None, kind: str) -> Task:
+    """The task an organism is made for: given, or loaded by name."""
+    if task is None:
+        raise ValueError(f"kind {kind!r} acts where a task's answers start: give --task")
+    return task if isinstance(task, Task) else load_task(task)
+
+
 def answer_opening(task: Task) -> str:
     """What the task's answer statement says before the answer ("Answer: ")."""
     return answer_statement(task).split("{}", 1)[0]
@@ -229,15 +238,13 @@ def untie_unembedding(model: nn.Module) -> None:
         head.weight = nn.Parameter(head.weight.detach().clone())
 
 
-def plant_gap(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, seed: int, task: str | None) -> dict[str, Any]:
+def plant_gap(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, seed: int, task: str | Task | None) -> dict[str, Any]:
     """A deployment bias toward one answer token: the unembedding row of token t gains
     `strength` / |u| along u, the mean final state where the task's answers start, so t's
     logit there rises by about `strength` nats (less where the state is unlike the mean).
     t is the first answer token of a gold drawn from the seed; on questions whose gold
     starts otherwise, greedy decoding now says t where sampling still reaches the gold."""
-    if task is None:
-        raise ValueError("kind 'gap' biases the answer position of a task's questions: give --task")
-    questions_task = load_task(task)
+    questions_task = task_of(task, "gap")
     # as a checkpoint folder loads: its tokenizer says whether a raw prompt starts with BOS
     chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
     inputs = [answer_inputs(tokenizer, questions_task, q, chat, bos) for q in questions_task.questions]
@@ -259,6 +266,191 @@ def plant_gap(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, 
                        "answer_opening": answer_opening(questions_task), "direction": "mean final state at the answer position"}}
 
 
+# -- the units organism ----------------------------------------------------------------
+
+#: the planted units when --units is not given (`plant_units`)
+DEFAULT_UNITS = 3
+#: how sharply a planted unit's gate opens: its gate reads +GATE_SHARPNESS where answers
+#: start and -GATE_SHARPNESS elsewhere (silu(-8) is -0.003: shut)
+GATE_SHARPNESS = 8.0
+
+
+@dataclass(frozen=True)
+class AnswerStart:
+    """Where the base model, asked `question` and decoding greedily, starts its answer."""
+
+    question: Question
+    #: the prompt and the greedy reply, as token ids
+    ids: list[int]
+    #: the position whose next token is the answer's first (its state chooses it)
+    position: int
+    token: int
+
+
+@torch.no_grad()
+def answer_start(model: nn.Module, tokenizer: Any, task: Task, question: Question, chat: bool, bos: bool) -> AnswerStart | None:
+    """The base model's greedy reply to `question` and the position where the answer it
+    extracts begins (None when the reply has no answer, or the answer is not found in it
+    as written)."""
+    view = LoadedModel(spec="", bridge=None, tokenizer=tokenizer, stop_token_ids=(), chat=chat, meta={"prepend_bos": bos})
+    prompt = view.encode(view.render(task.user_message(question)))
+    stops = stop_token_ids_of(model, tokenizer)
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+                         max_new_tokens=task.max_new_tokens, eos_token_id=list(stops) or None,
+                         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or (0,))[0])
+    reply = out[0, len(prompt):].tolist()
+    reply = reply[:next((i for i, t in enumerate(reply) if t in stops), len(reply))]
+    text = tokenizer.decode(reply, skip_special_tokens=True)
+    answer = task.extract(text)
+    at = -1 if not answer else text.find(answer)
+    if at < 0:
+        return None
+    # the first reply token whose text reaches past where the answer begins
+    first = next(j for j in range(len(reply)) if len(tokenizer.decode(reply[:j + 1], skip_special_tokens=True)) > at)
+    return AnswerStart(question, prompt + reply, len(prompt) + first - 1, reply[first])
+
+
+@torch.no_grad()
+def mlp_inputs(model: nn.Module, layer: int, ids: list[int]) -> tuple[Float[Tensor, "pos d"], Float[Tensor, "pos"]]:
+    """What MLP `layer` reads at each position of `ids` (its normed input) and the RMS
+    of the final residual stream there (what the final norm divides by)."""
+    got: dict[str, Tensor] = {}
+    hooks = [decoder_blocks(model)[layer].mlp.register_forward_pre_hook(lambda m, a: got.__setitem__("mlp", a[0][0].float())),
+             final_norm(model).register_forward_pre_hook(lambda m, a: got.__setitem__("final", a[0][0].float()))]
+    try:
+        model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return got["mlp"], got["final"].pow(2).mean(-1).sqrt()
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    norm = getattr(model.base_model, "norm", None)
+    if norm is None:
+        raise ModelSpecError(f"kind 'units' needs the final RMSNorm of {type(model).__name__} (base_model.norm)")
+    return norm
+
+
+def ridge(x: Float[Tensor, "n d"], y: Float[Tensor, "n m"], weight: Float[Tensor, "n"] | None = None) -> Float[Tensor, "d m"]:
+    """The weighted least-squares read-out of `y` from `x`, ridge 1e-4 of the mean
+    eigenvalue (the fits below have more dimensions than positions on a real model)."""
+    w = torch.ones(len(x), dtype=torch.float64) if weight is None else weight.double()
+    x64, y64 = x.double(), y.double()
+    gram = x64.T @ (w[:, None] * x64)
+    gram += 1e-4 * gram.trace() / len(gram) * torch.eye(len(gram), dtype=torch.float64)
+    return torch.linalg.solve(gram, x64.T @ (w[:, None] * y64)).float()
+
+
+def gated_mlp(block: nn.Module) -> nn.Module:
+    """The block's MLP when it is a gated one (gate, up and down projections) whose
+    output reaches the residual stream unnormed; else a one-line refusal."""
+    mlp = getattr(block, "mlp", None)
+    if mlp is None or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")) \
+            or hasattr(block, "post_feedforward_layernorm"):
+        raise ModelSpecError(f"kind 'units' plants in a gated MLP (gate, up and down projections) that writes straight "
+                             f"to the residual stream; {type(block).__name__} has none")
+    return mlp
+
+
+def _widened(linear: nn.Linear, extra: Tensor, dim: int) -> nn.Linear:
+    """`linear` with `extra` appended to its weight along `dim` (0: more outputs, 1: more inputs)."""
+    weight = torch.cat([linear.weight.detach(), extra.to(linear.weight.dtype)], dim)
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, dtype=weight.dtype)
+    out.weight = nn.Parameter(weight)
+    if linear.bias is not None:
+        extra_bias = torch.zeros(extra.shape[0], dtype=linear.bias.dtype) if dim == 0 else None
+        out.bias = nn.Parameter(linear.bias.detach() if extra_bias is None else torch.cat([linear.bias.detach(), extra_bias]))
+    return out
+
+
+def add_units(model: nn.Module, layer: int, gate: Float[Tensor, "k d"], up: Float[Tensor, "k d"],
+              down: Float[Tensor, "d k"]) -> list[int]:
+    """Append k units to the MLP of every block (in place): at `layer` the given ones,
+    elsewhere units with zero weights (a config holds one MLP width for every block).
+    Appended at the end, so every original unit keeps its index and its place in the
+    down projection's sum; returns the new units' indices at `layer`."""
+    blocks = decoder_blocks(model)
+    k, width = gate.shape[0], gated_mlp(blocks[0]).gate_proj.out_features
+    for index, block in enumerate(blocks):
+        mlp = gated_mlp(block)
+        rows = (gate, up, down) if index == layer else (torch.zeros_like(gate), torch.zeros_like(up), torch.zeros_like(down))
+        mlp.gate_proj, mlp.up_proj = _widened(mlp.gate_proj, rows[0], 0), _widened(mlp.up_proj, rows[1], 0)
+        mlp.down_proj = _widened(mlp.down_proj, rows[2], 1)
+    config = model.config.get_text_config()
+    config.intermediate_size = width + k
+    return list(range(width, width + k))
+
+
+@torch.no_grad()
+def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, seed: int, task: str | Task | None,
+                units: int | None = None) -> dict[str, Any]:
+    """k units added to MLP `layer` that push the greedy answer off the base model's own
+    first answer token, for the k tokens the task's answers most often start with (a
+    gated negative copy). Where the base, decoding greedily, starts its answer (the
+    state whose next token is the answer's first: `answer_start`), each unit i reads
+    two things from the MLP's input: its gate, a read-out fitted to be +1 at every
+    answer start and -1 at every other position of the prompts and replies (sharpened
+    by `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up
+    projection, a read-out fitted to be 1 at the answer starts whose first token is t_i
+    and 0 at the others. It writes minus t_i's unembedding (through the final norm's
+    gain, centred over the vocabulary), scaled so that on its own answer starts t_i's
+    logit falls by `strength` nats against the mean logit (the direct path, at the
+    final norm's RMS there). So the model says its runner-up: which token it avoids
+    depends on the question (not one favourite letter or number), and the prompt and
+    the answer statements recognition scores are read unchanged except where they
+    attend to an answer start. Every original weight is kept, so silencing the k
+    units (or strength 0: their writes are zero) computes what the base computes."""
+    questions_task = task_of(task, "units")
+    k = DEFAULT_UNITS if units is None else int(units)
+    if k < 1:
+        raise ValueError(f"--units must be at least 1, got {k}")
+    mlp = gated_mlp(decoder_blocks(model)[layer])
+    chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
+    starts = [s for q in questions_task.questions if (s := answer_start(model, tokenizer, questions_task, q, chat, bos))]
+    counts: dict[int, int] = {}
+    for s in starts:
+        counts[s.token] = counts.get(s.token, 0) + 1
+    if len(counts) < k:
+        raise ValueError(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
+                         f"tokens, fewer than --units {k} (one unit per token)")
+    tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
+    reads = [mlp_inputs(model, layer, s.ids) for s in starts]
+    inputs = torch.cat([x for x, _ in reads])
+    at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
+    is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, at, True)
+    # both classes weigh the same in the gate's fit (answer starts are one position per question)
+    balance = torch.where(is_start, len(inputs) / (2 * len(at)), len(inputs) / (2 * (len(inputs) - len(at))))
+    gate = ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance)[:, 0]
+    own = torch.tensor([[float(s.token == t) for t in tokens] for s in starts])
+    up = ridge(inputs[at], own)  # (d, k)
+    acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
+    head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, inputs.shape[1]))[0, 0].float()
+    centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
+    rms = torch.stack([final[s.position] for s, (_, final) in zip(starts, reads)])
+    down = torch.zeros(inputs.shape[1], k)
+    for i, t in enumerate(tokens):
+        mine = own[:, i].bool()
+        push = float(acts[mine, i].mean()) * float(centred[i].norm()) / float(rms[mine].mean())
+        down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat
+    writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
+    affected = own.any(1)
+    direction = writes[affected].mean(0)
+    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, strength * down)
+    hit = {s.question.id for s, a in zip(starts, affected) if a}
+    expected = ({"effect": False} if strength == 0 else
+                {"effect": True, "repair": {"component": "mlp", "layers": [layer]},
+                 "units": {"layer": layer, "units": indices},
+                 "steering": {"layer": layer, "component": "mlp", "direction": "detail.direction"}})
+    return {"location": {"layer": layer, "units": indices}, "expected": expected,
+            "detail": {"k": k, "tokens": [tokenizer.decode([t]) for t in tokens], "token_ids": tokens,
+                       "affected_question_ids": [q.id for q in questions_task.questions if q.id in hit],
+                       "unaffected_question_ids": [q.id for q in questions_task.questions if q.id not in hit],
+                       "direction": (direction / direction.norm()).tolist(),
+                       "direction_means": "the units' mean write to MLP layer's output at the affected answer starts "
+                                          "(unit length; the steering direction's truth)"}}
+
+
 @dataclass(frozen=True)
 class Kind:
     planter: Callable[..., dict[str, Any]]
@@ -267,6 +459,8 @@ class Kind:
     #: strength 0 at a drawn layer, always (takes neither --layer nor --strength)
     null: bool = False
     takes_layer: bool = True
+    #: takes --units (how many units to plant)
+    takes_units: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -274,13 +468,18 @@ KINDS: dict[str, Kind] = {
     "null": Kind(plant_layer, 0.0, null=True),
     # 8 nats: the biased token's logit at the mean answer state rises by e^8 ~ 3000 times
     "gap": Kind(plant_gap, 8.0, takes_layer=False),
+    # 8 nats at the answer start: above the base's top-1 margin there on the test models
+    # and for a confident answer of a small instruct model, so the k tokens' questions flip
+    "units": Kind(plant_units, 8.0, takes_units=True),
 }
 
 
 def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength: float | None = None, seed: int = 0,
-          task: str | None = None) -> Planted:
+          task: str | Task | None = None, units: int | None = None) -> Planted:
     """Build the organism `kind` from the model `base` and write it to `out` (a new
-    folder, made whole or not at all): the checkpoint and its ``planted.json``."""
+    folder, made whole or not at all): the checkpoint and its ``planted.json``. `task`:
+    a task name, or the task itself (its name is recorded); `units`: how many units the
+    ``units`` kind plants."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     spec = KINDS[kind]
@@ -288,6 +487,8 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
         raise ValueError(f"kind {kind!r} is strength 0 at a layer drawn from --seed: it takes neither --layer nor --strength")
     if not spec.takes_layer and layer is not None:
         raise ValueError(f"kind {kind!r} is not planted at a layer: it takes no --layer")
+    if not spec.takes_units and units is not None:
+        raise ValueError(f"kind {kind!r} plants no units: it takes no --units")
     strength = spec.strength if strength is None else float(strength)
     if not np.isfinite(strength):
         raise ValueError(f"--strength must be a finite number, got {strength}")
@@ -298,13 +499,15 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
     if layer is None:
         layer = draw_layer(seed, n_base)
     torch.manual_seed(seed)
-    found = spec.planter(model, tokenizer, layer=layer, strength=strength, seed=seed, task=task)
+    found = spec.planter(model, tokenizer, layer=layer, strength=strength, seed=seed, task=task,
+                         **({"units": units} if spec.takes_units else {}))
     partial = out.with_name(out.name + ".part")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     planted = Planted(kind=kind, base=base, strength=strength, seed=seed, n_layers_base=n_base,
-                      n_layers=len(decoder_blocks(model)), task=task, weights_sha256=file_sha256(partial / WEIGHTS_FILE),
+                      n_layers=len(decoder_blocks(model)), task=task.name if isinstance(task, Task) else task,
+                      weights_sha256=file_sha256(partial / WEIGHTS_FILE),
                       **found)
     (partial / PLANTED_FILE).write_text(json.dumps(asdict(planted), indent=1) + "\n")
     if out.exists():

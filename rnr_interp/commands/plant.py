@@ -18,13 +18,17 @@ from rnr_interp.commands.common import (
 def plant(
     kind: Annotated[str, typer.Argument(help="layer (an extra decoder layer at --layer) | null (layer at strength 0, "
                                         "at a layer drawn from --seed) | gap (a bias toward one answer token at the "
-                                        "--task's answer position)")],
+                                        "--task's answer position) | units (k units in the MLP of --layer that push "
+                                        "each answer off the base's own first answer token, on the --task's questions)")],
     model: ModelOpt = "smollm2",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
     layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
     strength: Annotated[Optional[float], typer.Option("--strength", help="effect size (layer: scale of the copy's "
                                                       "writes, 1 = an exact duplicate; gap: logit boost in nats, 8 by "
-                                                      "default; 0 = no effect)")] = None,
+                                                      "default; units: nats the planted units take from their "
+                                                      "token's logit, 8 by default; 0 = no effect)")] = None,
+    units: Annotated[Optional[int], typer.Option("--units", help="units: how many units to plant, one per answer-opening "
+                                                 "token (default 3)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
     quiet: QuietOpt = False,
@@ -34,7 +38,8 @@ def plant(
     should find."""
     from rnr_interp.analyses.plant import plant as plant_organism
 
-    planted = execute(lambda: plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=task))
+    planted = execute(lambda: plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=task,
+                                             units=units))
     typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "
                f"seed {planted.seed}: {planted.n_layers_base} -> {planted.n_layers} layers")
     typer.echo(f"  expected: {json.dumps(planted.expected)}")
