@@ -116,7 +116,7 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path)
     summary = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
     run = RunDir(tmp_path / "v")
     recovery = run.read_table("recovery")
-    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered"]
+    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score"]
     assert len(recovery) == 6 and set(recovery["analysis"]) == {"repair:layer"}
     planted = recovery[recovery["strength"] > 0]
     assert planted["recovered"].all() and (planted["found"] != "").all()

@@ -6,7 +6,6 @@ localisation commands."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +84,69 @@ def test_the_units_push_each_answer_off_its_own_first_token_and_leave_recognitio
     # the answer statements recognition ranks are read as before (the screen's readout)
     recognised = [gold_first(recognize(lm, echo, echo.questions, variants=("answer",)), "answer") for lm in (base, organism)]
     assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plant", "units", "--model", BASE], "give --task"),
+    (["plant", "layer", "--model", BASE, "--units", "2"], "takes no --units"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
+    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic"], "gated MLP"),
+])
+def test_bad_units_options_are_one_line_errors(tmp_path, args, message):
+    done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])
+    assert done.exit_code == 2 and message in done.output and "Traceback" not in done.output
+    assert not (tmp_path / "org").exists()
+
+
+def test_plant_units_command_writes_the_truth(tmp_path):
+    out = tmp_path / "org"
+    done = CliRunner().invoke(app, ["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "2",
+                                    "--layer", "1", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    truth = json.loads((out / PLANTED_FILE).read_text())
+    assert truth["location"] == {"layer": 1, "units": [128, 129]} and truth["strength"] == 8.0 and truth["task"] == "arithmetic"
+    assert truth["expected"]["units"] == {"layer": 1, "units": [128, 129]} and len(truth["detail"]["token_ids"]) == 2
+    assert len(truth["detail"]["affected_question_ids"]) + len(truth["detail"]["unaffected_question_ids"]) == 200
+
+
+# -- found by the ordinary commands ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quiet_mlp_base(tmp_path_factory) -> str:
+    """tiny-llama:4 with the MLPs of blocks 1 and 2 (where the seed draws a layer) writing
+    a tenth of what they did, as a folder. On the random-weight models silencing any
+    whole MLP breaks every answer (damage 1.0 at every layer), so the whole-block sweep
+    cannot repair what planted units break there: it removes the block's own work with
+    them. A middle MLP of a trained model is rarely that indispensable."""
+    model, tokenizer = load_base(BASE)
+    with torch.no_grad():
+        for layer in (1, 2):
+            decoder_blocks(model)[layer].mlp.down_proj.weight.mul_(0.1)
+    folder = tmp_path_factory.mktemp("quiet") / "base"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, monkeypatch, quiet_mlp_base):
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1.0), seeds=(0,), n=30, why="one seed"))
+    summary = run_validate(quiet_mlp_base, echo_task(quiet_mlp_base), tmp_path / "v", profile="one", kinds=("units",),
+                           progress=False)
+    recovery = RunDir(tmp_path / "v").read_table("recovery").set_index(["strength", "analysis"])
+    planted = recovery.loc[8.0]
+    layer = draw_layer(0, 4)
+    assert planted.loc["repair:mlp", "found"] == str(layer) and planted.loc["repair:mlp", "recovered"]
+    repair = RunDir(tmp_path / "v" / "runs" / "units-s8-seed0__repair-mlp").read_summary()
+    assert repair.best["mlp"]["damage_rate"] == 0.0  # silencing the block hurts none of the healthy answers
+    assert planted.loc["units:top-k", "found"].startswith(f"{layer}:") and planted.loc["units:top-k", "score"] >= 0.5
+    assert planted.loc["steer:direction", "score"] > 0.75 and planted.loc["steer:direction", "recovered"]
+    assert planted.loc["steer:induction", "recovered"]
+    # the null: nothing fails, so no analysis names anything
+    null = recovery.loc[0.0]
+    assert (null["found"] == "").all() and null["recovered"].all() and (null["planted"] == "").all()
+    assert summary.recovery["units"]["null_false_positive_rate"] == 0.0 and summary.recovery["units"]["n"] == 5

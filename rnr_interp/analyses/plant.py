@@ -429,7 +429,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
     rms = torch.stack([final[s.position] for s, (_, final) in zip(starts, reads)])
     down = torch.zeros(inputs.shape[1], k)
-    for i, t in enumerate(tokens):
+    for i in range(k):
         mine = own[:, i].bool()
         push = float(acts[mine, i].mean()) * float(centred[i].norm()) / float(rms[mine].mean())
         down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat

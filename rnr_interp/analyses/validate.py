@@ -8,9 +8,11 @@ A validation run folder holds ``organisms/`` (one checkpoint folder per cell),
 
 - ``recovery``: one row per (kind, strength, seed, analysis) with ``planted`` (the
   location the analysis should name, as text: "15" or "15|16" where two are the same
-  block; "" for a null), ``found`` (what the analysis named, "" when nothing) and
-  ``recovered`` (found is one of the planted; for a null, whether it stayed silent
-  about the planted location, see below);
+  block, "15:576|577" for units of block 15; "" for a null), ``found`` (what the
+  analysis named, "" when nothing), ``score`` (the recall of the planted units, the
+  cosine of a direction, a rescue or induction rate; NaN where the finding is a
+  location alone) and ``recovered`` (found is one of the planted; for a null, whether
+  it stayed silent about the planted location, see below);
 - ``detection``: per kind, analysis and strength, the share recovered with its Wilson
   interval: the detection curve, the end-to-end power at this n.
 
@@ -24,6 +26,15 @@ Analyses per kind (`ANALYSES`):
   whole layer its sweep chooses on the selection part (`repair.best_blocks`).
 - layer -> ``route:skiponly`` is read from a route run's summary (`route_layer_found`,
   ``layers["skiponly"]["top"]`` of its summary) when one is given; not run here.
+- units -> ``repair:mlp``: `rnr repair --sweep mlp`; found = the MLP block it chooses
+  on the selection part. ``units:top-k``: `rnr units --repair-run` that repair run
+  (the block it chose); score = recall at k of the planted units among the k best
+  scored, recovered when at least `RECALL_RECOVERED`. `rnr steer --repair-run` the same
+  run gives three rows: ``steer:direction`` (score = cosine of the estimated v with
+  the planted direction, recovered when at least `COSINE_RECOVERED`),
+  ``steer:rescue`` and ``steer:induction`` (score = the best held-out rate over the
+  alpha grid; recovered when its Wilson interval lies above 0). An analysis of another
+  block than the planted one scores 0.
 
 Every cell resumes: an organism folder with its ``planted.json`` is reused, an analysis
 run with its summary is read back, and the tables are rewritten after each cell.
@@ -33,26 +44,33 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.plant import PLANTED_FILE, Planted, plant, read_planted
+from rnr_interp.analyses.localise.steering import run_steer, run_units
+from rnr_interp.analyses.plant import KINDS, PLANTED_FILE, Planted, plant, read_planted
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.metrics import proportion
 from rnr_interp.models import load_model
 from rnr_interp.records import VALIDATE, RepairSummary, RunDir, ValidateSummary
 from rnr_interp.tasks.base import Task
 
-RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered")
+RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score")
+#: the share of the planted units among the top k that counts as recovering them
+RECALL_RECOVERED = 0.5
+#: the cosine of the estimated and planted directions that counts as recovering it
+COSINE_RECOVERED = 0.5
 
 
 @dataclass(frozen=True)
 class Profile:
-    """The cells of a validation: every kind at every strength (0: its null) and seed."""
+    """The cells of a validation: every kind at every strength (0: its null; a multiple
+    of the kind's default strength) and seed."""
 
     strengths: tuple[float, ...]
     seeds: tuple[int, ...]
@@ -94,17 +112,75 @@ def planted_layers(planted: Planted, analysis: str) -> list[int]:
     return list(expected["repair"]["layers"] if analysis.startswith("repair") else expected["route"]["skip"])
 
 
-def recovery_row(planted: Planted, analysis: str, found: int | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class UnitsFound:
+    """What a units run named: its block and every unit of it, best scored first."""
+
+    layer: int
+    ranking: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DirectionFound:
+    """What a steer run estimated: its block and v."""
+
+    layer: int
+    vector: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RateFound:
+    """A steer run's best held-out rate over its alphas (rescue or induction), with its
+    Wilson interval's lower bound."""
+
+    layer: int
+    rate: float
+    lo: float
+
+
+Found = Union[int, UnitsFound, DirectionFound, RateFound, None]
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
+
+
+def naming(planted: Planted, analysis: str, found: Found) -> tuple[str, str, float, bool]:
+    """What `analysis` should name on `planted` (as text), what it named, its score and
+    whether it named the planted location (for a null: the location planted at strength
+    0)."""
+    if isinstance(found, (int, type(None))) and not analysis.startswith(("units", "steer")):
+        should = planted_layers(planted, analysis) or [planted.location["layer"]]
+        return "|".join(map(str, should)), "" if found is None else str(found), float("nan"), found in should
+    layer, units = planted.location["layer"], list(planted.location["units"])
+    if analysis.startswith("units"):
+        where = f"{layer}:{'|'.join(map(str, units))}"
+        if found is None:
+            return where, "", float("nan"), False
+        top = found.ranking[:len(units)] if found.layer == layer else ()
+        recall = len(set(top) & set(units)) / len(units)
+        return where, f"{found.layer}:{'|'.join(map(str, found.ranking[:len(units)]))}", recall, recall >= RECALL_RECOVERED
+    if found is None:
+        return str(layer), "", float("nan"), False
+    if isinstance(found, DirectionFound):
+        cosine = _cosine(found.vector, planted.detail["direction"]) if found.layer == layer else 0.0
+        return str(layer), str(found.layer), cosine, cosine >= COSINE_RECOVERED
+    return str(layer), str(found.layer), found.rate, found.layer == layer and found.lo > 0
+
+
+def recovery_row(planted: Planted, analysis: str, found: Found) -> dict[str, Any]:
     """One row of the recovery table (module docstring)."""
-    should = planted_layers(planted, analysis)
-    null_location = planted.location["layer"]
-    recovered = found in should if should else found != null_location
+    should, named, score, names_planted = naming(planted, analysis, found)
+    effect = bool(planted.expected.get("effect"))
     return {"kind": planted.kind, "strength": planted.strength, "seed": planted.seed, "analysis": analysis,
-            "planted": "|".join(map(str, should)), "found": "" if found is None else str(found), "recovered": bool(recovered)}
+            "planted": should if effect else "", "found": named,
+            "recovered": bool(names_planted if effect else not names_planted), "score": score}
 
 
-#: kind -> {analysis: run it on an organism folder into a run folder, giving what it found}
-Runner = Callable[[Path, Task, Path, int, bool], int | None]
+#: kind -> {analysis: run it on an organism folder into a run folder, giving what it
+#: found, or {analysis: found} for a run that several rows read}
+Runner = Callable[[Path, Task, Path, int, bool], Union[Found, dict[str, Found]]]
 
 
 def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
@@ -115,14 +191,63 @@ def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progre
     return repair_layer_found(summary)
 
 
-ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer}}
+def _repair_mlp(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
+    if not (out / "summary.json").is_file():
+        run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="mlp",
+                   decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+    chosen = RunDir(out).read_summary().chosen
+    return None if chosen is None else int(chosen["layer"])
+
+
+def _cell_repair(out: Path) -> Path | None:
+    """The ``repair:mlp`` run of the same cell (units and steer analyse the block it
+    chose, as `rnr units --repair-run` does); None when it chose no block."""
+    repair = out.with_name(out.name.split("__")[0] + "__repair-mlp")
+    return repair if RunDir(repair).read_summary().chosen is not None else None
+
+
+def _units_top(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> UnitsFound | None:
+    repair = _cell_repair(out)
+    if repair is None:
+        return None
+    if not (out / "summary.json").is_file():
+        run_units(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
+                  decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+    run = RunDir(out)
+    if run.read_summary().layer is None:
+        return None
+    scores = run.read_table("unit_scores").sort_values(["score", "unit"], ascending=[False, True], kind="stable")
+    return UnitsFound(int(run.read_summary().layer), tuple(int(u) for u in scores["unit"]))
+
+
+def _steer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> dict[str, Found]:
+    repair = _cell_repair(out)
+    nothing: dict[str, Found] = dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
+    if repair is None:
+        return nothing
+    if not (out / "summary.json").is_file():
+        run_steer(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
+                  decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+    run = RunDir(out)
+    layer = run.read_summary().layer
+    if layer is None:
+        return nothing
+    table = run.read_table("steering")
+    best = {d: table[table["direction"] == d].sort_values(["rate", "alpha"], ascending=[False, True]).iloc[0]
+            for d in ("rescue", "induction")}
+    return {"steer:direction": DirectionFound(int(layer), tuple(run.read_json("direction")["vector"])),
+            **{f"steer:{d}": RateFound(int(layer), float(r["rate"]), float(r["lo"])) for d, r in best.items()}}
+
+
+ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer},
+                                          "units": {"repair:mlp": _repair_mlp, "units:top-k": _units_top, "steer": _steer}}
 
 
 def cell_name(kind: str, strength: float, seed: int) -> str:
     return f"{kind}-s{strength:g}-seed{seed}"
 
 
-def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: str) -> Planted:
+def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task) -> Planted:
     """The organism of one cell: read back when its folder is complete, else planted
     (at the layer the seed draws, as `rnr plant` does without --layer)."""
     if (folder / PLANTED_FILE).is_file():
@@ -143,15 +268,17 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": task.describe(), "profile": asdict(chosen),
                               "kinds": list(kinds), "batch_size": batch_size})
     root = Path(out)
-    cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
+    # a profile's strengths are multiples of each kind's default (the layer kind's is 1)
+    cells = [(kind, s * KINDS[kind].strength, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
-        planted = organism(model, kind, strength, seed, root / "organisms" / name, task.name)
+        planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
         for analysis, runner in ANALYSES[kind].items():
             found = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}",
                            batch_size, False)
-            rows.append(recovery_row(planted, analysis, found))
+            for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
+                rows.append(recovery_row(planted, named, one))
         write_tables(run, rows)
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task),
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}

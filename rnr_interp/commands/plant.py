@@ -52,6 +52,7 @@ def validate(
     out: OutOpt = Path("runs/validate"),
     profile: Annotated[str, typer.Option("--profile", help="quick: the default strength and its null at 3 seeds | "
                                          "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
+    kinds: Annotated[str, typer.Option("--kinds", help="the kinds to plant, comma-separated: layer, units")] = "layer",
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
@@ -68,7 +69,8 @@ def validate(
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
-        return run_validate(model, t, out, profile=profile, batch_size=batch_size, progress=not quiet)
+        return run_validate(model, t, out, profile=profile, kinds=[k.strip() for k in kinds.split(",") if k.strip()],
+                            batch_size=batch_size, progress=not quiet)
 
     summary = execute(body)
     _figures(out)
