@@ -29,6 +29,11 @@ Kinds (`KINDS`):
   ``planted.json``) greedy decoding says t where sampling still reaches the gold; the
   audit's O_K - D should rise above its null there and not on the others.
 
+- ``units`` (needs ``--task``): k units appended to the MLP of block L that push each
+  answer off the base model's own first answer token, for the k tokens the task's
+  answers most often start with (`plant_units`); silencing them, or strength 0, is the
+  base bit for bit.
+
 Every organism is a function of (base model, kind, layer, strength, seed): the same
 arguments give the same weights bit for bit. A location not given is drawn from the
 seed (`draw_layer`).
