@@ -150,3 +150,32 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
     null = recovery.loc[0.0]
     assert (null["found"] == "").all() and null["recovered"].all() and (null["planted"] == "").all()
     assert summary.recovery["units"]["null_false_positive_rate"] == 0.0 and summary.recovery["units"]["n"] == 5
+
+
+def test_units_findings_are_scored_against_the_planted_truth():
+    from rnr_interp.analyses.plant import Planted
+    from rnr_interp.analyses.validate import DirectionFound, RateFound, UnitsFound, recovery_row
+
+    truth = dict(kind="units", base=BASE, seed=0, n_layers_base=4, n_layers=4, location={"layer": 2, "units": [128, 129]},
+                 detail={"direction": [1.0, 0.0, 0.0]})
+    planted = Planted(strength=8.0, expected={"effect": True}, **truth)
+    null = Planted(strength=0.0, expected={"effect": False}, **truth)
+    half = recovery_row(planted, "units:top-k", UnitsFound(2, (129, 7, 128)))
+    assert (half["planted"], half["found"], half["score"], half["recovered"]) == ("2:128|129", "2:129|7", 0.5, True)
+    assert recovery_row(planted, "units:top-k", UnitsFound(1, (128, 129)))["score"] == 0.0  # another block's units
+    aligned = recovery_row(planted, "steer:direction", DirectionFound(2, (2.0, 2.0, 0.0)))
+    assert abs(aligned["score"] - 0.5 ** 0.5) < 1e-9 and aligned["recovered"]
+    assert not recovery_row(planted, "steer:rescue", RateFound(2, 0.5, 0.0))["recovered"]  # interval touches 0
+    assert recovery_row(planted, "steer:induction", RateFound(2, 1.0, 0.6))["recovered"]
+    # a null is a false positive only when it names the planted units or block
+    assert recovery_row(null, "units:top-k", None)["recovered"] and recovery_row(null, "steer:direction", None)["recovered"]
+    assert not recovery_row(null, "units:top-k", UnitsFound(2, (128, 129)))["recovered"]
+    assert recovery_row(null, "repair:mlp", 1)["recovered"] and not recovery_row(null, "repair:mlp", 2)["recovered"]
+
+
+def test_validate_refuses_an_unknown_kind(tmp_path):
+    out = tmp_path / "v"
+    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--kinds", "layer,bogus",
+                                    "--out", str(out)])
+    assert done.exit_code == 2 and "validate knows the kinds layer, units, got bogus" in done.output
+    assert not (out / "summary.json").exists()
