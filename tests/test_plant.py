@@ -87,6 +87,11 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "layer", "--model", BASE, "--layer", "9"], "--layer must be in 0..3"),
     (["plant", "null", "--model", BASE, "--strength", "1"], "takes neither --layer nor --strength"),
     (["plant", "layer", "--model", "/nowhere/model"], "plant takes smollm2"),
+    (["plant", "units", "--model", BASE], "give --task"),
+    (["plant", "layer", "--model", BASE, "--units", "2"], "takes no --units"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
+    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic"], "gated MLP"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
     done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])

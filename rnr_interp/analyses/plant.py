@@ -56,6 +56,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import answer_statement
+from rnr_interp.engine.sampling import chunks
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import (
     TINY_ARCHITECTURES, LoadedModel, ModelSpecError, build_tiny, refuse_remote_code, smollm2_dir, stop_token_ids_of,
@@ -293,26 +294,34 @@ class AnswerStart:
 
 
 @torch.no_grad()
-def answer_start(model: nn.Module, tokenizer: Any, task: Task, question: Question, chat: bool, bos: bool) -> AnswerStart | None:
-    """The base model's greedy reply to `question` and the position where the answer it
-    extracts begins (None when the reply has no answer, or the answer is not found in it
-    as written)."""
+def answer_starts(model: nn.Module, tokenizer: Any, task: Task, chat: bool, bos: bool,
+                  batch_size: int = 16) -> list[AnswerStart | None]:
+    """For each question of `task`, the base model's greedy reply and the position where
+    the answer it extracts begins (None when the reply has no answer, or the answer is
+    not found in it as written). Batches are padded on the left."""
     view = LoadedModel(spec="", bridge=None, tokenizer=tokenizer, stop_token_ids=(), chat=chat, meta={"prepend_bos": bos})
-    prompt = view.encode(view.render(task.user_message(question)))
     stops = stop_token_ids_of(model, tokenizer)
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
-                         max_new_tokens=task.max_new_tokens, eos_token_id=list(stops) or None,
-                         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or (0,))[0])
-    reply = out[0, len(prompt):].tolist()
-    reply = reply[:next((i for i, t in enumerate(reply) if t in stops), len(reply))]
-    text = tokenizer.decode(reply, skip_special_tokens=True)
-    answer = task.extract(text)
-    at = -1 if not answer else text.find(answer)
-    if at < 0:
-        return None
-    # the first reply token whose text reaches past where the answer begins
-    first = next(j for j in range(len(reply)) if len(tokenizer.decode(reply[:j + 1], skip_special_tokens=True)) > at)
-    return AnswerStart(question, prompt + reply, len(prompt) + first - 1, reply[first])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or (0,))[0]
+    out: list[AnswerStart | None] = []
+    for batch in chunks(list(task.questions), batch_size):
+        prompts = [view.encode(view.render(task.user_message(q))) for q in batch]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        replies = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=task.max_new_tokens,
+                                 eos_token_id=list(stops) or None, pad_token_id=pad)[:, width:].tolist()
+        for q, prompt, reply in zip(batch, prompts, replies):
+            reply = reply[:next((i for i, t in enumerate(reply) if t in stops), len(reply))]
+            text = tokenizer.decode(reply, skip_special_tokens=True)
+            answer = task.extract(text)
+            at = -1 if not answer else text.find(answer)
+            if at < 0:
+                out.append(None)
+                continue
+            # the first reply token whose text reaches past where the answer begins
+            first = next(j for j in range(len(reply)) if len(tokenizer.decode(reply[:j + 1], skip_special_tokens=True)) > at)
+            out.append(AnswerStart(q, prompt + reply, len(prompt) + first - 1, reply[first]))
+    return out
 
 
 @torch.no_grad()
@@ -393,7 +402,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     """k units added to MLP `layer` that push the greedy answer off the base model's own
     first answer token, for the k tokens the task's answers most often start with (a
     gated negative copy). Where the base, decoding greedily, starts its answer (the
-    state whose next token is the answer's first: `answer_start`), each unit i reads
+    state whose next token is the answer's first: `answer_starts`), each unit i reads
     two things from the MLP's input: its gate, a read-out fitted to be +1 at every
     answer start and -1 at every other position of the prompts and replies (sharpened
     by `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up
@@ -412,7 +421,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         raise ValueError(f"--units must be at least 1, got {k}")
     mlp = gated_mlp(decoder_blocks(model)[layer])
     chat, bos = bool(getattr(tokenizer, "chat_template", None)), bool(getattr(tokenizer, "add_bos_token", False))
-    starts = [s for q in questions_task.questions if (s := answer_start(model, tokenizer, questions_task, q, chat, bos))]
+    starts = [s for s in answer_starts(model, tokenizer, questions_task, chat, bos) if s is not None]
     counts: dict[int, int] = {}
     for s in starts:
         counts[s.token] = counts.get(s.token, 0) + 1

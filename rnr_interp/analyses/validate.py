@@ -206,37 +206,39 @@ def _cell_repair(out: Path) -> Path | None:
     return repair if RunDir(repair).read_summary().chosen is not None else None
 
 
-def _units_top(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> UnitsFound | None:
+def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, out: Path, batch_size: int,
+                     progress: bool) -> RunDir | None:
+    """`analyse` (`run_units`, `run_steer`) on the block the cell's repair run chose,
+    with the command's defaults, or its run read back; None when repair chose no block
+    or the analysis was skipped (a part of its cohort empty)."""
     repair = _cell_repair(out)
     if repair is None:
         return None
     if not (out / "summary.json").is_file():
-        run_units(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
-                  decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+        analyse(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
+                decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
     run = RunDir(out)
-    if run.read_summary().layer is None:
+    return run if run.read_summary().layer is not None else None
+
+
+def _units_top(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> UnitsFound | None:
+    run = _on_chosen_block(run_units, organism, task, out, batch_size, progress)
+    if run is None:
         return None
     scores = run.read_table("unit_scores").sort_values(["score", "unit"], ascending=[False, True], kind="stable")
     return UnitsFound(int(run.read_summary().layer), tuple(int(u) for u in scores["unit"]))
 
 
 def _steer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> dict[str, Found]:
-    repair = _cell_repair(out)
-    nothing: dict[str, Found] = dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
-    if repair is None:
-        return nothing
-    if not (out / "summary.json").is_file():
-        run_steer(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
-                  decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
-    run = RunDir(out)
-    layer = run.read_summary().layer
-    if layer is None:
-        return nothing
+    run = _on_chosen_block(run_steer, organism, task, out, batch_size, progress)
+    if run is None:
+        return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
+    layer = int(run.read_summary().layer)
     table = run.read_table("steering")
     best = {d: table[table["direction"] == d].sort_values(["rate", "alpha"], ascending=[False, True]).iloc[0]
             for d in ("rescue", "induction")}
-    return {"steer:direction": DirectionFound(int(layer), tuple(run.read_json("direction")["vector"])),
-            **{f"steer:{d}": RateFound(int(layer), float(r["rate"]), float(r["lo"])) for d, r in best.items()}}
+    return {"steer:direction": DirectionFound(layer, tuple(run.read_json("direction")["vector"])),
+            **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"])) for d, r in best.items()}}
 
 
 ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer},
