@@ -407,7 +407,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     answer start and -1 at every other position of the prompts and replies (sharpened
     by `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up
     projection, a read-out fitted to be 1 at the answer starts whose first token is t_i
-    and 0 at the others. It writes minus t_i's unembedding (through the final norm's
+    and 0 at the other answer starts and (weighing less) at every other position. It writes minus t_i's unembedding (through the final norm's
     gain, centred over the vocabulary), scaled so that on its own answer starts t_i's
     logit falls by `strength` nats against the mean logit (the direct path, at the
     final norm's RMS there). So the model says its runner-up: which token it avoids
@@ -437,7 +437,10 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     balance = torch.where(is_start, len(inputs) / (2 * len(at)), len(inputs) / (2 * (len(inputs) - len(at))))
     gate = ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance)[:, 0]
     own = torch.tensor([[float(s.token == t) for t in tokens] for s in starts])
-    up = ridge(inputs[at], own)  # (d, k)
+    # 1 at its own answer starts and 0 at the others, where the gate is open (so these
+    # weigh 100 times as much as in the gate's fit), and 0 at every other position: a
+    # second filter where the gate leaks
+    up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, at, own), balance * torch.where(is_start, 100.0, 1.0))
     acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
     head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, inputs.shape[1]))[0, 0].float()
     centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
