@@ -407,10 +407,11 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     answer start and -1 at every other position of the prompts and replies (sharpened
     by `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up
     projection, a read-out fitted to be 1 at the answer starts whose first token is t_i
-    and 0 at the other answer starts and (weighing less) at every other position. It writes minus t_i's unembedding (through the final norm's
-    gain, centred over the vocabulary), scaled so that on its own answer starts t_i's
-    logit falls by `strength` nats against the mean logit (the direct path, at the
-    final norm's RMS there). So the model says its runner-up: which token it avoids
+    and 0 at the other answer starts and (weighing less) at every other position. It
+    writes minus t_i's unembedding (through the final norm's gain, centred over the
+    vocabulary), scaled so that on its own answer starts t_i's logit falls by
+    `strength` nats against the mean logit (the direct path, at the final norm's RMS
+    there). So the model says its runner-up: which token it avoids
     depends on the question (not one favourite letter or number), and the prompt and
     the answer statements recognition scores are read unchanged except where they
     attend to an answer start. Every original weight is kept, so silencing the k
@@ -449,6 +450,9 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     for i in range(k):
         mine = own[:, i].bool()
         push = float(acts[mine, i].mean()) * float(centred[i].norm()) / float(rms[mine].mean())
+        if not push > 0:
+            raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers start "
+                             f"in block {layer} (its read-outs do not separate them): plant at another --layer")
         down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat
     writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
     affected = own.any(1)
