@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.circular",
                   "analyses.localise.readings", "analyses.localise.cohort",
                   "analyses.localise.repair", "analyses.localise.steering", "analyses.patching", "analyses.checkpoints", "analyses.finetune", "analyses.sweep",
-                  "analyses.plant", "analyses.validate"]),
+                  "analyses.organisms", "analyses.anchor", "analyses.validate"]),
     ("report", ["report"]),
     ("reproduce", ["reproduce"]),
     ("notebook API", ["notebook"]),

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rnr_interp.analyses.localise.recognition import answer_statement, default_readout, recognition_choices
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.plant import plant
+from rnr_interp.analyses.organisms import plant
 from rnr_interp.cli import app
 from rnr_interp.engine.rows import Row, generate_rows
 from rnr_interp.engine.sampling import deployed_decoding
@@ -87,10 +87,10 @@ class Echo(Task):
         return generation[:3] or None
 
 
-def echo_task() -> Echo:
+def echo_task(base_spec: str = BASE) -> Echo:
     """The base model's own answers as golds, each question with four other questions'
     answers as its declared distractors."""
-    base = load_model(BASE)
+    base = load_model(base_spec)
     asked = Echo([Question(f"q{i}", f"Tell me about {w}.", "") for i, w in enumerate(WORDS)])
     gens = generate_rows(base, asked, [Row(q, (), "deployed") for q in asked.questions], deployed_decoding(asked))
     kept = [(q, a) for q, g in zip(asked.questions, gens) if (a := asked.extract(g.text))]

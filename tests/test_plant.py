@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rnr_interp.analyses.plant import (
+from rnr_interp.analyses.organisms import (
     HEADROOM, PLANTED_FILE, WEIGHTS_FILE, answer_inputs, draw_layer, load_base, plant, read_planted, remove_layer,
 )
 from rnr_interp.cli import app
@@ -93,6 +93,11 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "layer", "--model", "/nowhere/model"], "plant takes a built-in model"),
     (["plant", "sharpen", "--model", BASE], "give --task"),
     (["plant", "gap", "--model", BASE, "--n", "3"], "--n takes the first N questions of --task"),
+    (["plant", "units", "--model", BASE], "give --task"),
+    (["plant", "layer", "--model", BASE, "--units", "2"], "takes no --units"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
+    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic"], "gated MLP"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
     done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])
@@ -122,7 +127,7 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path)
     summary = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
     run = RunDir(tmp_path / "v")
     recovery = run.read_table("recovery")
-    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered"]
+    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score"]
     assert len(recovery) == 6 and set(recovery["analysis"]) == {"repair:layer"}
     planted = recovery[recovery["strength"] > 0]
     assert planted["recovered"].all() and (planted["found"] != "").all()
@@ -284,7 +289,7 @@ def test_validate_recovers_the_answer_biases_and_their_nulls_give_no_verdict(tmp
 
 
 def test_the_answer_bias_analyses_name_what_was_planted():
-    from rnr_interp.analyses.plant import Planted
+    from rnr_interp.analyses.organisms import Planted
     from rnr_interp.analyses.validate import dominant_source, recovery_row
 
     def planted(kind, strength, expected):
@@ -312,7 +317,7 @@ def test_validate_refuses_an_unknown_kind(tmp_path):
 
 
 def test_the_answer_starts_where_the_task_reads_it():
-    from rnr_interp.analyses.plant import answer_start
+    from rnr_interp.analyses.organisms import answer_start
     from rnr_interp.tasks import load_task
 
     arithmetic = load_task("arithmetic", n=1)

@@ -1,4 +1,4 @@
-"""End-to-end validation: plant known effects in the user's model (`plant.py`), run the
+"""End-to-end validation: plant known effects in the user's model (`organisms`), run the
 analyses on each organism exactly as a user would (the commands' own analysis functions,
 their defaults, the task's deployed decoding), and score what they found against what
 was planted.
@@ -8,9 +8,11 @@ A validation run folder holds ``organisms/`` (one checkpoint folder per cell),
 
 - ``recovery``: one row per (kind, strength, seed, analysis) with ``planted`` (the
   location the analysis should name, as text: "15" or "15|16" where two are the same
-  block; "" for a null), ``found`` (what the analysis named, "" when nothing) and
-  ``recovered`` (found is one of the planted; for a null, whether it stayed silent
-  about the planted location, see below);
+  block, "15:576|577" for units of block 15; "" for a null), ``found`` (what the
+  analysis named, "" when nothing), ``recovered`` (found is one of the planted; for a
+  null, whether it stayed silent about the planted location, see below) and ``score``
+  (the recall of the planted units, the cosine of a direction, a rescue or induction
+  rate; NaN where the finding is a location alone);
 - ``detection``: per kind, analysis and strength, the share recovered with its Wilson
   interval: the detection curve, the end-to-end power at this n.
 
@@ -34,13 +36,22 @@ Analyses per kind (`ANALYSES`):
 - sharpen, new -> ``compare``: `rnr audit` on the pair's ``base/`` and ``trained/`` as
   above, then `rnr compare`; found = the dominant source of the gained answers
   (``gained_from``: "base_reachable" or "base_unreachable", "" with no gains or a tie).
+- units -> ``repair:mlp``: `rnr repair --sweep mlp`; found = the MLP block it chooses
+  on the selection part. ``units:top-k``: `rnr units --repair-run` that repair run
+  (the block it chose); score = recall at k of the planted units among the k best
+  scored, recovered when at least `RECALL_RECOVERED`. `rnr steer --repair-run` the same
+  run gives three rows: ``steer:direction`` (score = cosine of the estimated v with
+  the planted direction, recovered when at least `COSINE_RECOVERED`),
+  ``steer:rescue`` and ``steer:induction`` (score = the best held-out rate over the
+  alpha grid; recovered when its Wilson interval lies above 0). An analysis of another
+  block than the planted one scores 0.
 
 A null of these kinds names its location when the analysis says what it says of the
 effect: "affected" alone (a gap on every question is the base model's own, not the
 plant's), or the pair kind's source of gains (a pair at strength 0 is one model twice,
 audited with the same seeds: it has no gains at all).
 Profile strengths are multiples of each kind's default (layer: 1; gap and sharpen: the
-calibrated bias; new: 30 nats), and the tables carry the profile's strength.
+calibrated bias; new: 30 nats; units: 8 nats), and the tables carry the profile's strength.
 
 Golds (``gold``): "base" (the default) anchors the task to the base model, its own
 deployed answers as the golds (`analyses.anchor`), so every failure of an organism is
@@ -56,7 +67,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import numpy as np
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -66,10 +79,11 @@ from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
+from rnr_interp.analyses.localise.steering import run_steer, run_units
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
-from rnr_interp.analyses.plant import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
+from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
 from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.grading import graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
@@ -77,7 +91,11 @@ from rnr_interp.models import load_model
 from rnr_interp.records import VALIDATE, RepairSummary, RunDir, ValidateSummary
 from rnr_interp.tasks.base import Task
 
-RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered")
+RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score")
+#: the share of the planted units among the top k that counts as recovering them
+RECALL_RECOVERED = 0.5
+#: the cosine of the estimated and planted directions that counts as recovering it
+COSINE_RECOVERED = 0.5
 
 
 @dataclass(frozen=True)
@@ -116,37 +134,106 @@ def route_layer_found(layers: Mapping[str, Any] | None, space: str = "skiponly")
     return int(top["layer"])
 
 
+@dataclass(frozen=True)
+class UnitsFound:
+    """What a units run named: its block and every unit of it, best scored first."""
+
+    layer: int
+    ranking: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DirectionFound:
+    """What a steer run estimated: its block and v."""
+
+    layer: int
+    vector: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RateFound:
+    """A steer run's best held-out rate over its alphas (rescue or induction), with its
+    Wilson interval's lower bound."""
+
+    layer: int
+    rate: float
+    lo: float
+
+
+Found = Union[int, str, UnitsFound, DirectionFound, RateFound, None]
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
+
+
 def expected_names(expected: Mapping[str, Any], analysis: str) -> list[str]:
     """What `analysis` should name on an organism with these expectations (empty for a
-    null): layers for repair and route, the question group for the audit, the source of
-    gains for compare."""
+    null): layers for repair and route, the planted units ("15:576|577") for units, the
+    block for steer, the question group for the audit, the source of gains for compare."""
     if not expected.get("effect"):
         return []
     if analysis.startswith("repair"):
         return [str(x) for x in expected["repair"]["layers"]]
     if analysis.startswith("route"):
         return [str(x) for x in expected["route"]["skip"]]
+    if analysis.startswith("units"):
+        return [units_name(expected["units"]["layer"], expected["units"]["units"])]
+    if analysis.startswith("steer"):
+        return [str(expected["steering"]["layer"])]
     if analysis == "audit":
         return [expected["audit"]["gap_above_null_on"]]
     return [expected[analysis]["gained_from"]]
 
 
-def recovery_row(planted: Planted, analysis: str, found: int | str | None) -> dict[str, Any]:
+def units_name(layer: int, units: Sequence[int]) -> str:
+    return f"{layer}:{'|'.join(map(str, units))}"
+
+
+def null_names(planted: Planted, analysis: str) -> list[str]:
+    """What `analysis` would name on a null if it named the planted location: the
+    units or block planted at strength 0, or for an answer-bias null what the effect is
+    named at strength > 0."""
+    location = planted.location
+    if "units" in location and analysis.startswith("units"):
+        return [units_name(location["layer"], location["units"])]
+    if "layer" in location:
+        return [str(location["layer"])]
+    return expected_names({"effect": True, **EXPECTED[planted.kind]}, analysis)
+
+
+def finding(planted: Planted, analysis: str, found: Found, names: Sequence[str]) -> tuple[str, float, bool]:
+    """What `analysis` named (as text), its score (NaN where the finding is a location
+    alone) and whether it named one of `names` (the planted, or for a null the planted
+    location)."""
+    if isinstance(found, UnitsFound):
+        units = list(planted.location["units"])
+        top = found.ranking[:len(units)]
+        recall = len(set(top) & set(units)) / len(units) if found.layer == planted.location["layer"] else 0.0
+        return units_name(found.layer, top), recall, recall >= RECALL_RECOVERED
+    if isinstance(found, DirectionFound):
+        same = found.layer == planted.location["layer"]
+        cosine = _cosine(found.vector, planted.detail["direction"]) if same else 0.0
+        return str(found.layer), cosine, cosine >= COSINE_RECOVERED
+    if isinstance(found, RateFound):
+        return str(found.layer), found.rate, str(found.layer) in names and found.lo > 0
+    named = "" if found is None else str(found)
+    return named, float("nan"), named in names
+
+
+def recovery_row(planted: Planted, analysis: str, found: Found) -> dict[str, Any]:
     """One row of the recovery table (module docstring)."""
     should = expected_names(planted.expected, analysis)
-    found = "" if found is None else str(found)
-    if should:
-        recovered = found in should
-    elif "layer" in planted.location:  # a layer null: naming its drawn layer is the false positive
-        recovered = found != str(planted.location["layer"])
-    else:  # an answer-bias null: naming what the effect is named at strength > 0
-        recovered = found not in expected_names({"effect": True, **EXPECTED[planted.kind]}, analysis)
+    named, score, names_planted = finding(planted, analysis, found, should or null_names(planted, analysis))
     return {"kind": planted.kind, "strength": planted.strength, "seed": planted.seed, "analysis": analysis,
-            "planted": "|".join(should), "found": found, "recovered": bool(recovered)}
+            "planted": "|".join(should), "found": named, "recovered": bool(names_planted if should else not names_planted),
+            "score": score}
 
 
-#: kind -> {analysis: run it on an organism folder into a run folder, giving what it found}
-Runner = Callable[[Path, Task, Path, int, bool], int | str | None]
+#: kind -> {analysis: run it on an organism folder into a run folder, giving what it
+#: found, or {analysis: found} for a run that several rows read}
+Runner = Callable[[Path, Task, Path, int, bool], Union[Found, dict[str, Found]]]
 
 
 def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
@@ -218,8 +305,61 @@ def _compare_pair(pair: Path, task: Task, out: Path, batch_size: int, progress: 
     return dominant_source(RunDir(out / "compare").read_summary().gained_from)
 
 
-ANALYSES: dict[str, dict[str, Runner]] = {"layer": {"repair:layer": _repair_layer, "route:skiponly": _route_skiponly}, "gap": {"audit": _audit_gap},
-                                          "sharpen": {"compare": _compare_pair}, "new": {"compare": _compare_pair}}
+def _repair_mlp(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
+    if not (out / "summary.json").is_file():
+        run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="mlp",
+                   decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+    chosen = RunDir(out).read_summary().chosen
+    return None if chosen is None else int(chosen["layer"])
+
+
+def _cell_repair(out: Path) -> Path | None:
+    """The ``repair:mlp`` run of the same cell (units and steer analyse the block it
+    chose, as `rnr units --repair-run` does); None when it chose no block."""
+    repair = out.with_name(out.name.split("__")[0] + "__repair-mlp")
+    return repair if RunDir(repair).read_summary().chosen is not None else None
+
+
+def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, out: Path, batch_size: int,
+                     progress: bool) -> RunDir | None:
+    """`analyse` (`run_units`, `run_steer`) on the block the cell's repair run chose,
+    with the command's defaults, or its run read back; None when repair chose no block
+    or the analysis was skipped (a part of its cohort empty)."""
+    repair = _cell_repair(out)
+    if repair is None:
+        return None
+    if not (out / "summary.json").is_file():
+        analyse(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
+                decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+    run = RunDir(out)
+    return run if run.read_summary().layer is not None else None
+
+
+def _units_top(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> UnitsFound | None:
+    run = _on_chosen_block(run_units, organism, task, out, batch_size, progress)
+    if run is None:
+        return None
+    scores = run.read_table("unit_scores").sort_values(["score", "unit"], ascending=[False, True], kind="stable")
+    return UnitsFound(int(run.read_summary().layer), tuple(int(u) for u in scores["unit"]))
+
+
+def _steer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> dict[str, Found]:
+    run = _on_chosen_block(run_steer, organism, task, out, batch_size, progress)
+    if run is None:
+        return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
+    layer = int(run.read_summary().layer)
+    table = run.read_table("steering")
+    best = {d: table[table["direction"] == d].sort_values(["rate", "alpha"], ascending=[False, True]).iloc[0]
+            for d in ("rescue", "induction")}
+    return {"steer:direction": DirectionFound(layer, tuple(run.read_json("direction")["vector"])),
+            **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"])) for d, r in best.items()}}
+
+
+ANALYSES: dict[str, dict[str, Runner]] = {
+    "layer": {"repair:layer": _repair_layer, "route:skiponly": _route_skiponly}, "gap": {"audit": _audit_gap},
+    "sharpen": {"compare": _compare_pair}, "new": {"compare": _compare_pair},
+    "units": {"repair:mlp": _repair_mlp, "units:top-k": _units_top, "steer": _steer},
+}
 
 
 def cell_name(kind: str, strength: float, seed: int) -> str:
@@ -264,7 +404,8 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         for analysis, runner in ANALYSES[kind].items():
             found = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}",
                            batch_size, False)
-            rows.append({**recovery_row(planted, analysis, found), "strength": strength})
+            for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
+                rows.append({**recovery_row(planted, named, one), "strength": strength})
         write_tables(run, rows)
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}

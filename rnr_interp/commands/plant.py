@@ -19,7 +19,9 @@ def plant(
     kind: Annotated[str, typer.Argument(help="layer (an extra decoder layer at --layer) | null (layer at strength 0, "
                                         "at a layer drawn from --seed) | gap (a bias toward one answer token at the "
                                         "--task's answer position) | sharpen, new (a checkpoint pair: base/ biased so "
-                                        "that sampling still reaches the gold, or never does; trained/ the model unchanged)")],
+                                        "that sampling still reaches the gold, or never does; trained/ the model unchanged) "
+                                        "| units (k units in the MLP of --layer that push each answer off the base's own "
+                                        "first answer token, on the --task's questions)")],
     model: ModelOpt = "smollm2",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
     layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
@@ -27,7 +29,10 @@ def plant(
                                                       "writes, 1 = an exact duplicate; gap, sharpen: the biased token's "
                                                       "logit rise in nats at the answer position, by default the median "
                                                       "greedy margin + 2; new: the golds' fall in nats there, 30 by default; "
-                                                      "0 = no effect)")] = None,
+                                                      "units: nats the planted units take from their token's logit, 8 by "
+                                                      "default; 0 = no effect)")] = None,
+    units: Annotated[Optional[int], typer.Option("--units", help="units: how many units to plant, one per answer-opening "
+                                                 "token (default 3)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
     n: Annotated[Optional[int], typer.Option("--n", help="the first N questions of --task (the answer-bias kinds are "
@@ -37,7 +42,7 @@ def plant(
     """Plant a known effect in MODEL and write it as a checkpoint folder every command
     loads with --model OUT; planted.json holds what was planted and what each analysis
     should find."""
-    from rnr_interp.analyses.plant import plant as plant_organism
+    from rnr_interp.analyses.organisms import plant as plant_organism
     from rnr_interp.tasks import load_task
 
     at_least("--n", n)
@@ -46,7 +51,7 @@ def plant(
 
     def body():
         questions = load_task(task, n=n) if task is not None and n is not None else task
-        return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions)
+        return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions, units=units)
 
     planted = execute(body)
     typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "
@@ -66,7 +71,7 @@ def validate(
     profile: Annotated[str, typer.Option("--profile", help="quick: the default strength and its null at 3 seeds | "
                                          "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
     kinds: Annotated[str, typer.Option("--kinds", help="comma-separated organism kinds to plant: layer, gap, sharpen, "
-                                       "new")] = "layer",
+                                       "new, units")] = "layer",
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,

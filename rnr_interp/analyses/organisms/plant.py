@@ -1,0 +1,177 @@
+"""An organism written as an ordinary checkpoint folder (or a base/trained pair of
+them) with its ``planted.json``: the kinds (`KINDS`), `plant` and `read_planted`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from rnr_interp.analyses.organisms.bias import plant_answer_bias
+from rnr_interp.analyses.organisms.layer import plant_layer
+from rnr_interp.analyses.organisms.units import plant_units
+from rnr_interp.interventions import decoder_blocks
+from rnr_interp.models import BUILTIN, TINY_ARCHITECTURES, ModelSpecError, build_tiny, refuse_remote_code
+from rnr_interp.tasks.base import Task
+
+PLANTED_FILE = "planted.json"
+#: the weights file `save_pretrained` writes (one shard at these sizes)
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Planted:
+    """The ground truth of one organism, as written to ``planted.json``."""
+
+    kind: str
+    base: str
+    strength: float
+    seed: int
+    #: where the effect sits: {"layer": L} for the layer kinds
+    location: dict[str, Any]
+    n_layers_base: int
+    n_layers: int
+    #: what each analysis should report on this organism
+    expected: dict[str, Any]
+    task: str | None = None
+    #: planted units or direction, for the kinds that have them
+    detail: dict[str, Any] = field(default_factory=dict)
+    #: sha256 of the weights file, so a rebuild from the seed can be checked bit for bit
+    weights_sha256: str = ""
+
+
+def load_base(spec: str) -> tuple[nn.Module, Any]:
+    """The plain HF model and tokenizer of `spec`, in float32 on the CPU, without the
+    bridge (an organism edits and saves the weights themselves): the demo model, a tiny
+    test model (the weights `--model` gives it) or a local checkpoint folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name, _, arg = spec.partition(":")
+    if name in TINY_ARCHITECTURES:
+        return build_tiny(name, n_layers=int(arg) if arg.isdigit() else 3)
+    folder = BUILTIN[spec].checkpoint_dir() if spec in BUILTIN else Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelSpecError(f"model spec {spec!r}: plant takes a built-in model ({', '.join(BUILTIN)}), a tiny test model "
+                             "or a local checkpoint folder "
+                             "(config.json inside)")
+    refuse_remote_code(folder)
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32, trust_remote_code=False)
+    return model.eval(), tok
+
+
+def draw_layer(seed: int, n_layers: int) -> int:
+    """A layer drawn from `seed`, uniform over the middle half of the model (a
+    duplicate of the first or last layers is not the effect under study, and the sweep
+    runs there too)."""
+    lo, hi = n_layers // 4, max(n_layers // 4 + 1, (3 * n_layers) // 4)
+    return int(np.random.default_rng(seed).integers(lo, hi))
+
+
+@dataclass(frozen=True)
+class Kind:
+    planter: Callable[..., dict[str, Any]]
+    #: the strength when none is given (None: calibrated on the model by the planter)
+    strength: float | None
+    #: strength 0 at a drawn layer, always (takes neither --layer nor --strength)
+    null: bool = False
+    takes_layer: bool = True
+    #: a checkpoint pair: ``base/`` the planted model, ``trained/`` the model unchanged
+    pair: bool = False
+    #: takes --units (how many units to plant)
+    takes_units: bool = False
+
+
+KINDS: dict[str, Kind] = {
+    "layer": Kind(plant_layer, 1.0),
+    "null": Kind(plant_layer, 0.0, null=True),
+    # calibrated: HEADROOM nats past the median margin the bias must overcome
+    "gap": Kind(partial(plant_answer_bias, kind="gap"), None, takes_layer=False),
+    "sharpen": Kind(partial(plant_answer_bias, kind="sharpen"), None, takes_layer=False, pair=True),
+    # 30 nats below: a gold first token with 1 - 1e-7 of the mass keeps under 1e-5 of it,
+    # and K = 32 samples reach it with probability under 1e-3
+    "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
+    # 8 nats at the answer start: above the base's top-1 margin there on the test models
+    # and for a confident answer of a small instruct model, so the k tokens' questions flip
+    "units": Kind(plant_units, 8.0, takes_units=True),
+}
+
+
+def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength: float | None = None, seed: int = 0,
+          task: str | Task | None = None, scale: float = 1.0, units: int | None = None) -> Planted:
+    """Build the organism `kind` from the model `base` and write it to `out` (a new
+    folder, made whole or not at all): the checkpoint and its ``planted.json``; for a
+    pair kind, the checkpoints ``base/`` (planted) and ``trained/`` (the model unchanged)
+    beside the pair's ``planted.json``. `scale` multiplies the strength, given, default or
+    calibrated (validate's profiles); `units`: how many units the ``units`` kind plants."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    spec = KINDS[kind]
+    if spec.null and (layer is not None or strength not in (None, 0)):
+        raise ValueError(f"kind {kind!r} is strength 0 at a layer drawn from --seed: it takes neither --layer nor --strength")
+    if not spec.takes_layer and layer is not None:
+        raise ValueError(f"kind {kind!r} is not planted at a layer: it takes no --layer")
+    if not spec.takes_units and units is not None:
+        raise ValueError(f"kind {kind!r} plants no units: it takes no --units")
+    if strength is None and spec.strength is not None:
+        strength = spec.strength
+    if strength is not None:
+        strength = scale * float(strength)
+        if not np.isfinite(strength):
+            raise ValueError(f"--strength must be a finite number, got {strength}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {str(out)!r} exists and is not an empty folder (an organism is written to a new folder)")
+    model, tokenizer = load_base(base)
+    n_base = len(decoder_blocks(model))
+    if layer is None:
+        layer = draw_layer(seed, n_base)
+    unchanged = copy.deepcopy(model) if spec.pair else None
+    torch.manual_seed(seed)
+    found = spec.planter(model, tokenizer, layer=layer, strength=strength, scale=scale, seed=seed, task=task,
+                         **({"units": units} if spec.takes_units else {}))
+    strength = found.pop("strength", strength)
+    building = out.with_name(out.name + ".part")
+    shutil.rmtree(building, ignore_errors=True)
+    planted_folder = building / "base" if spec.pair else building
+    model.save_pretrained(planted_folder)
+    tokenizer.save_pretrained(planted_folder)
+    if unchanged is not None:
+        unchanged.save_pretrained(building / "trained")
+        tokenizer.save_pretrained(building / "trained")
+        found["detail"]["trained_weights_sha256"] = file_sha256(building / "trained" / WEIGHTS_FILE)
+    planted = Planted(kind=kind, base=base, strength=strength, seed=seed, n_layers_base=n_base,
+                      n_layers=len(decoder_blocks(model)), task=task.name if isinstance(task, Task) else task,
+                      weights_sha256=file_sha256(planted_folder / WEIGHTS_FILE), **found)
+    (building / PLANTED_FILE).write_text(json.dumps(asdict(planted), indent=1) + "\n")
+    if out.exists():
+        out.rmdir()  # empty, checked above
+    os.replace(building, out)
+    return planted
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_planted(folder: Path) -> Planted:
+    """The ground truth of an organism folder."""
+    path = Path(folder) / PLANTED_FILE
+    try:
+        return Planted(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"{str(path)!r} is not an organism's {PLANTED_FILE} ({exc})") from None

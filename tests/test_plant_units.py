@@ -1,0 +1,162 @@
+"""The units organism: k units added to one MLP that push each answer off the base
+model's own first answer token. Reproducible from its seed, the base exactly when its
+units are silenced or its strength is 0, content-dependent, and found by the ordinary
+localisation commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rnr_interp.analyses.organisms import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant
+from rnr_interp.cli import app
+from rnr_interp.engine.rows import Row, generate_rows
+from rnr_interp.engine.sampling import deployed_decoding
+from rnr_interp.interventions import AblateUnits, applied, decoder_blocks
+from rnr_interp.models import load_model
+from tests.test_localise_freeform import echo_task
+from tests.test_plant import logits
+
+BASE = "tiny-llama:4"
+
+
+@pytest.fixture(scope="module")
+def echo():
+    return echo_task()
+
+
+def answers(lm, task) -> list[str | None]:
+    gens = generate_rows(lm, task, [Row(q, (), "deployed") for q in task.questions], deployed_decoding(task))
+    return [task.extract(g.text) for g in gens]
+
+
+def test_a_units_organism_is_reproducible_from_its_seed(tmp_path, echo):
+    first = plant("units", BASE, tmp_path / "a", task=echo, seed=4)
+    again = plant("units", BASE, tmp_path / "b", task=echo, seed=4)
+    assert (tmp_path / "a" / WEIGHTS_FILE).read_bytes() == (tmp_path / "b" / WEIGHTS_FILE).read_bytes()
+    assert first == again and first.task == "echo" and first.location["layer"] == draw_layer(4, 4)
+    assert first.expected["units"] == {"layer": first.location["layer"], "units": [128, 129, 130]}  # appended after 128
+    assert first.expected["repair"] == {"component": "mlp", "layers": [first.location["layer"]]}
+    assert len(first.detail["direction"]) == 64 and abs(torch.tensor(first.detail["direction"]).norm() - 1) < 1e-5
+
+
+def test_silencing_the_planted_units_or_strength_zero_gives_back_the_base_exactly(tmp_path, echo):
+    planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
+    organism, base = load_model(str(tmp_path / "u")), load_model(BASE)
+    prompt = echo.user_message(echo.questions[0])
+    assert not torch.equal(logits(organism, prompt), logits(base, prompt))  # the units act at the answer start
+    with applied(organism, [AblateUnits(2, planted.location["units"])]):
+        assert torch.equal(logits(organism, prompt), logits(base, prompt))
+    null = plant("units", BASE, tmp_path / "u0", task=echo, layer=2, seed=0, strength=0.0)
+    assert null.expected == {"effect": False}
+    assert torch.equal(logits(load_model(str(tmp_path / "u0")), prompt), logits(base, prompt))
+    # every original weight is kept: the planted folder differs from the base only in the appended units
+    theirs, ours = load_base(BASE)[0].state_dict(), load_base(str(tmp_path / "u"))[0].state_dict()
+    grown = set()
+    for name, weight in theirs.items():
+        assert torch.equal(ours[name][tuple(slice(0, n) for n in weight.shape)], weight), name
+        if ours[name].shape != weight.shape:
+            grown.add(name)
+            appended = ours[name].abs().sum() - weight.abs().sum()
+            assert (appended > 0) == name.startswith("model.layers.2."), name  # zero units in the other blocks
+    assert grown == {f"model.layers.{i}.mlp.{p}_proj.weight" for i in range(4) for p in ("gate", "up", "down")}
+
+
+def test_the_units_push_each_answer_off_its_own_first_token_and_leave_recognition_alone(tmp_path, echo):
+    from rnr_interp.analyses.localise.recognition import gold_first, recognize
+
+    planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
+    base, organism = load_model(BASE), load_model(str(tmp_path / "u"))
+    before, after = answers(base, echo), answers(organism, echo)
+    affected = set(planted.detail["affected_question_ids"])
+    assert len(affected) >= 10 and set(planted.detail["unaffected_question_ids"])
+    for q, was, now in zip(echo.questions, before, after):
+        assert was == q.answer  # the echo task's golds are the base's own answers
+        if q.id in affected:
+            assert now != q.answer and (now or "")[:1] != q.answer[:1]  # its first token is avoided
+        else:
+            assert now == q.answer
+    # content, not one favourite token: the new answers start in many ways
+    assert len({(now or "")[:1] for q, now in zip(echo.questions, after) if q.id in affected}) >= 4
+    # the answer statements recognition ranks are read as before (the screen's readout)
+    recognised = [gold_first(recognize(lm, echo, echo.questions, variants=("answer",)), "answer") for lm in (base, organism)]
+    assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
+
+
+def test_plant_units_command_writes_the_truth(tmp_path):
+    out = tmp_path / "org"
+    done = CliRunner().invoke(app, ["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "2",
+                                    "--layer", "1", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    truth = json.loads((out / PLANTED_FILE).read_text())
+    assert truth["location"] == {"layer": 1, "units": [128, 129]} and truth["strength"] == 8.0 and truth["task"] == "arithmetic"
+    assert truth["expected"]["units"] == {"layer": 1, "units": [128, 129]} and len(truth["detail"]["token_ids"]) == 2
+    assert len(truth["detail"]["affected_question_ids"]) + len(truth["detail"]["unaffected_question_ids"]) == 200
+
+
+# -- found by the ordinary commands ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quiet_mlp_base(tmp_path_factory) -> str:
+    """tiny-llama:4 with the MLPs of blocks 1 and 2 (where the seed draws a layer) writing
+    a tenth of what they did, as a folder. On the random-weight models silencing any
+    whole MLP breaks most answers (damage 0.8 to 1.0 at every layer), so the whole-block sweep
+    cannot repair what planted units break there: it removes the block's own work with
+    them. A middle MLP of a trained model is rarely that indispensable."""
+    model, tokenizer = load_base(BASE)
+    with torch.no_grad():
+        for layer in (1, 2):
+            decoder_blocks(model)[layer].mlp.down_proj.weight.mul_(0.1)
+    folder = tmp_path_factory.mktemp("quiet") / "base"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, monkeypatch, quiet_mlp_base):
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1.0), seeds=(0,), n=30, why="one seed"))
+    summary = run_validate(quiet_mlp_base, echo_task(quiet_mlp_base), tmp_path / "v", profile="one", kinds=("units",),
+                           progress=False)
+    recovery = RunDir(tmp_path / "v").read_table("recovery").set_index(["strength", "analysis"])
+    planted = recovery.loc[1.0]  # the profile's multiple of the default strength (8 nats)
+    layer = draw_layer(0, 4)
+    assert planted.loc["repair:mlp", "found"] == str(layer) and planted.loc["repair:mlp", "recovered"]
+    repair = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__repair-mlp").read_summary()
+    assert repair.best["mlp"]["damage_rate"] == 0.0  # silencing the block hurts none of the healthy answers
+    assert planted.loc["units:top-k", "found"].startswith(f"{layer}:") and planted.loc["units:top-k", "score"] >= 0.5
+    assert planted.loc["steer:direction", "score"] > 0.75 and planted.loc["steer:direction", "recovered"]
+    assert planted.loc["steer:induction", "recovered"]
+    # the null: nothing fails, so no analysis names anything
+    null = recovery.loc[0.0]
+    assert (null["found"] == "").all() and null["recovered"].all() and (null["planted"] == "").all()
+    assert summary.recovery["units"]["null_false_positive_rate"] == 0.0 and summary.recovery["units"]["n"] == 5
+
+
+def test_units_findings_are_scored_against_the_planted_truth():
+    from rnr_interp.analyses.organisms import Planted
+    from rnr_interp.analyses.validate import DirectionFound, RateFound, UnitsFound, recovery_row
+
+    truth = dict(kind="units", base=BASE, seed=0, n_layers_base=4, n_layers=4, location={"layer": 2, "units": [128, 129]},
+                 detail={"direction": [1.0, 0.0, 0.0]})
+    expected = {"effect": True, "repair": {"component": "mlp", "layers": [2]}, "units": {"layer": 2, "units": [128, 129]},
+                "steering": {"layer": 2, "component": "mlp", "direction": "detail.direction"}}
+    planted = Planted(strength=8.0, expected=expected, **truth)
+    null = Planted(strength=0.0, expected={"effect": False}, **truth)
+    half = recovery_row(planted, "units:top-k", UnitsFound(2, (129, 7, 128)))
+    assert (half["planted"], half["found"], half["score"], half["recovered"]) == ("2:128|129", "2:129|7", 0.5, True)
+    assert recovery_row(planted, "units:top-k", UnitsFound(1, (128, 129)))["score"] == 0.0  # another block's units
+    aligned = recovery_row(planted, "steer:direction", DirectionFound(2, (2.0, 2.0, 0.0)))
+    assert abs(aligned["score"] - 0.5 ** 0.5) < 1e-9 and aligned["recovered"]
+    assert not recovery_row(planted, "steer:rescue", RateFound(2, 0.5, 0.0))["recovered"]  # interval touches 0
+    assert recovery_row(planted, "steer:induction", RateFound(2, 1.0, 0.6))["recovered"]
+    # a null is a false positive only when it names the planted units or block
+    assert recovery_row(null, "units:top-k", None)["recovered"] and recovery_row(null, "steer:direction", None)["recovered"]
+    assert not recovery_row(null, "units:top-k", UnitsFound(2, (128, 129)))["recovered"]
+    assert recovery_row(null, "repair:mlp", 1)["recovered"] and not recovery_row(null, "repair:mlp", 2)["recovered"]
