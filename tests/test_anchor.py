@@ -46,4 +46,4 @@ def test_an_anchored_run_reads_back_its_golds_and_refuses_foreign_questions(base
         reload_task({**described, "stored_file": str(tmp_path / "edited.json")})
     (tmp_path / "audit" / "task.json").write_text(json.dumps(stored))
     with pytest.raises(RunFolderError, match="checksum"):
-        RunDir(tmp_path / "audit").config
+        _ = RunDir(tmp_path / "audit").config

@@ -128,13 +128,20 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path)
     run = RunDir(tmp_path / "v")
     recovery = run.read_table("recovery")
     assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score"]
-    assert len(recovery) == 6 and set(recovery["analysis"]) == {"repair:layer"}
+    # three seeds, each planted and null, each read by the repair sweep and the skip-only route check
+    assert len(recovery) == 12 and set(recovery["analysis"]) == {"repair:layer", "route:skiponly"}
+    assert recovery["score"].isna().all()  # a layer is a location alone
     planted = recovery[recovery["strength"] > 0]
     assert planted["recovered"].all() and (planted["found"] != "").all()
     nulls = recovery[recovery["strength"] == 0]
     assert (nulls["found"] == "").all() and (nulls["planted"] == "").all()
     layer = summary.recovery["layer"]
-    assert layer["rate"] == 1.0 and layer["n"] == 3 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 3
+    assert layer["rate"] == 1.0 and layer["n"] == 6 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 6
+    # on the tiny model the route check names the planted layer too (a skip of it repairs ~0.9 of
+    # the failures, far above chance) and stays silent on the nulls (no skip gains anything there)
+    for analysis in ("repair:layer", "route:skiponly"):
+        assert summary.by_analysis[analysis]["rate"] == 1.0 and summary.by_analysis[analysis]["n"] == 3
+        assert summary.by_analysis[analysis]["null_false_positive_rate"] == 0.0
     # resumed: organisms and analysis runs are read back, nothing is planted or run again
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*.safetensors")}
     again = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
