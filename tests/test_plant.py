@@ -334,3 +334,18 @@ def test_the_answer_starts_where_the_task_reads_it():
     assert answer_start(arithmetic, q, "I cannot say.") is None
     initial = Initial([q])
     assert answer_start(initial, q, "hh") == 0  # the answer is the first character, not the last "h"
+
+
+def test_the_answers_first_token_writes_some_of_the_answer_whatever_the_tokenizer_does_with_spaces():
+    """SmolLM2 writes "= 68" as "=", " ", "6", "8": the space is not the answer's first
+    token (it was, for every gold, so a gap organism biased the space)."""
+    from rnr_interp.models import build_tiny
+    from rnr_interp.tasks import load_task
+
+    _, tokenizer = build_tiny("tiny-llama", n_layers=2)
+    task = load_task("arithmetic", n=6)
+    for q in task.questions:
+        for opening in ("", "Answer: ", f"{q.text.split('?')[0]} = ", "The answer is  "):
+            context, gold = answer_inputs(tokenizer, task, q, False, False, opening)
+            assert gold and tokenizer.decode([gold[0]]).strip(), (opening, gold)
+            assert q.answer.startswith(tokenizer.decode(gold).strip()[:1])

@@ -56,13 +56,19 @@ def answer_inputs(tokenizer: Any, task: Task, question: Question, chat: bool, bo
     """The token ids up to where `question`'s answer starts (its deployed prompt, then
     `opening`: what is written before the answer, by default the task's answer opening),
     and the gold answer's tokens after them. Whitespace ending the opening goes with the
-    answer, as a tokenizer that writes " 42" as one token reads it."""
+    answer, as a tokenizer that writes " 42" as one token reads it; a tokenizer that
+    writes the space as a token of its own (SmolLM2: " ", "4", "2") has it in the
+    context, so the answer's first token is the first that writes some of the answer
+    (else every gold would start with the same space token, the one a gap would bias)."""
     view = _view(tokenizer, chat, bos)
     opening = answer_opening(task) if opening is None else opening
     prompt = view.render(task.user_message(question))
     context = view.encode(prompt + opening.rstrip())
     whole = view.encode(prompt + opening + question.answer)
-    return context, whole[len(context):]
+    gold = whole[len(context):]
+    while len(gold) > 1 and not tokenizer.decode([gold[0]]).strip():
+        context, gold = [*context, gold[0]], gold[1:]
+    return context, gold
 
 
 @torch.no_grad()
