@@ -29,6 +29,7 @@ from rnr_interp.reproduce.profiles import SMOKE
 EXPECTED_KINDS = {
     "1_audit": {"audit"}, "2_routing": {"route", "route_cells"}, "3_temperature": {"temperature_sweep"},
     "4_localisation": {"failures", "screen", "repair", "steer", "units"}, "5_checkpoints": {"audit", "compare"},
+    "6_validation": {"validate"},
 }
 #: distinct claims of the findings table (the gap beyond chance, routing, selectors,
 #: repair, steering, RLVR reachable, RLVR shrink, SFT widen, prompt format)
