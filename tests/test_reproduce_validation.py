@@ -146,3 +146,19 @@ def test_a_real_validation_run_is_read_beside_a_tiny_models_localisation(tmp_pat
                        f"of the strengths tried detected (largest 1x the default plant: recovered {row['rate']:.2f} "
                        f"[{row['lo']:.2f}, {row['hi']:.2f}] of 3); its nulls named the planted location "
                        f"{null['null_false_positive_rate']:.2f} [{null['null_ci'][0]:.2f}, {null['null_ci'][1]:.2f}] of 3")
+
+
+def test_the_findings_page_and_index_show_the_planted_column(tmp_path):
+    from rnr_interp.report.findings_page import findings_markdown
+    from rnr_interp.report.reproduction import write_reproduction_report
+    from rnr_interp.reproduce.findings import as_records
+
+    _repair_run(tmp_path / "4_localisation" / "arc_easy" / "repair", "smollm2", ARC_EASY)
+    rows = as_records(localisation_findings(tmp_path / "4_localisation"))
+    assert rows[0]["planted"].startswith("no validation run for this model and task")
+    page = findings_markdown(tmp_path, "demo", "smollm2", {}, rows)
+    assert "| verdict | planted effect this n detects |" in page
+    assert any(line.startswith(f"| {rows[0]['claim']} |") and line.endswith(f"| {rows[0]['planted']} |")
+               for line in page.splitlines())
+    index = write_reproduction_report(tmp_path, "demo", "smollm2", {}, {}, rows).read_text()
+    assert "planted effect this n detects" in index and "no validation run for this model and task" in index
