@@ -20,7 +20,7 @@ from rnr_interp.reproduce.findings import (
     NOT_REPRODUCED, NOT_TESTABLE, REPORTED, REPRODUCED, at_least, at_most, checkpoint_findings, findings,
     localisation_findings, routing_findings,
 )
-from rnr_interp.reproduce.findings import _steering_finding
+from rnr_interp.reproduce.findings import REPAIR_CLAIM, ROUTING_CLAIM, SELECTOR_CLAIM, STEER_CLAIM, _steering_finding
 from rnr_interp.analyses.routing.config import STRUCTURED, matched_control
 from rnr_interp.reproduce.parts import PARTS
 from rnr_interp.reproduce.profiles import SMOKE
@@ -29,6 +29,7 @@ from rnr_interp.reproduce.profiles import SMOKE
 EXPECTED_KINDS = {
     "1_audit": {"audit"}, "2_routing": {"route", "route_cells"}, "3_temperature": {"temperature_sweep"},
     "4_localisation": {"failures", "screen", "repair", "steer", "units"}, "5_checkpoints": {"audit", "compare"},
+    "6_validation": {"validate"},
 }
 #: distinct claims of the findings table (the gap beyond chance, routing, selectors,
 #: repair, steering, RLVR reachable, RLVR shrink, SFT widen, prompt format)
@@ -93,6 +94,11 @@ def test_smoke_profile_runs_every_part_into_run_folders(smoke):
         assert (root / "5_checkpoints" / "checkpoints" / recipe / "finetune.json").is_file()
         compare = RunDir(root / "5_checkpoints" / f"compare_{recipe}").read_summary()
         assert compare.budget_control is not None
+    # the validation part: one validation per localisation task at the screen's n
+    for name in SMOKE.screen_tasks:
+        validation = RunDir(root / "6_validation" / name)
+        assert validation.config["task"]["n_questions"] == SMOKE.screen_n
+        assert (validation.config["gold"], validation.read_summary().profile) == (SMOKE.validate_gold, SMOKE.validate_profile)
 
 
 def test_cost_per_part_is_printed_and_recorded(smoke):
@@ -132,6 +138,17 @@ def test_findings_are_read_from_the_run_folders(smoke):
         assert routing["verdict"] == NOT_TESTABLE and "untested" in routing["why"]
     for r in rows:
         assert f"[{r['verdict']}]" in done.output
+    # beside each localisation or routing row that found nothing: the validation of its task,
+    # or the command that makes it (the smoke validates its localisation task, not its routed one)
+    for r in rows:
+        found_nothing = r["verdict"] in (NOT_TESTABLE, NOT_REPRODUCED)
+        if r["claim"] in (REPAIR_CLAIM, STEER_CLAIM) and found_nothing:
+            assert r["planted"].startswith(f"validation {SMOKE.screen_tasks[0]} (quick profile, golds task, "), r["planted"]
+        elif r["claim"] in (ROUTING_CLAIM, SELECTOR_CLAIM) and found_nothing:
+            assert r["planted"].startswith("no validation run for this model and task: rnr validate --model tiny-llama "
+                                           f"--task {SMOKE.route_tasks[0]}"), r["planted"]
+        else:
+            assert r["planted"] == ""
 
 
 def test_findings_page_is_written_from_the_runs(smoke):

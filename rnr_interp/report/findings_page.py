@@ -64,14 +64,16 @@ def findings_markdown(root: Path, profile: str, model: str, parts: dict[str, dic
         "",
         f"Written by `rnr reproduce --profile {profile} --out {root.as_posix()}` from `findings.json` and the run",
         "folders below it; rerunning that command (it resumes) rewrites this page. Verdict rules:",
-        "[reproducing.md](reproducing.md).",
+        "[reproducing.md](reproducing.md). Beside a localisation or routing row that found nothing, the last",
+        "column reads what a validation of the same model and task detects when the effect is planted.",
         "",
-        "| claim | paper | scope | measured | value [95% CI] | n | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| claim | paper | scope | measured | value [95% CI] | n | verdict | planted effect this n detects |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in findings:
         lines.append("| " + " | ".join(_cell(x) for x in (r["claim"], r["paper"], r["scope"], r["measured"], _value(r),
-                                                             r.get("n") if r.get("n") is not None else "", r["verdict"]))
+                                                             r.get("n") if r.get("n") is not None else "", r["verdict"],
+                                                             r.get("planted", "")))
                      + " |")
     lines += ["", "Why each verdict:", ""]
     lines += [f"- {_cell(r['claim'])} ({_cell(r['scope'])}): {_cell(r['why'])}" for r in findings]

@@ -82,10 +82,11 @@ def write_reproduction_report(root: Path, profile: str, model: str, why: dict[st
 
 
 def _findings_section(page: Page, findings: Sequence[dict[str, Any]]) -> None:
-    head = ["claim (paper)", "paper", "scope", "this model", "value", "95% interval", "n", "verdict", "why"]
+    head = ["claim (paper)", "paper", "scope", "this model", "value", "95% interval", "n", "verdict", "why",
+            "planted effect this n detects"]
     rows = [(f["claim"], f["paper"], f["scope"], f["measured"] or "—",
              "—" if f["value"] is None else f"{f['value']:.3f}", interval(f["ci"], "—"), "—" if f["n"] is None else f["n"],
-             f'<b class="verdict">{escape_html(f["verdict"])}</b>', f["why"]) for f in findings]
+             f'<b class="verdict">{escape_html(f["verdict"])}</b>', f["why"], f.get("planted") or "—") for f in findings]
     rows = [tuple(c if isinstance(c, str) and c.startswith("<b") else escape_html(c) for c in r) for r in rows]
     page.section("Findings: the paper's claims on this model", table_html(head, rows, raw=True),
                  note="Computed from the run folders' summaries (findings.json). Verdicts compare the 95% interval "

@@ -1,4 +1,4 @@
-"""The paper reproduced end to end: five parts of ordinary run folders under one root,
+"""The paper reproduced end to end: parts of ordinary run folders under one root,
 the findings table computed from their summaries, and one index report.
 
 Above the analyses and the report in the import order (it drives both), below the

@@ -2,7 +2,7 @@
 part, then read the findings and write the index report (also when stopped, from the
 runs finished by then).
 
-The root holds one folder per part (``1_audit`` ... ``5_checkpoints``, each a folder of
+The root holds one folder per part (``1_audit`` ... ``6_validation``, each a folder of
 ordinary run folders), ``reproduce.json`` (the profile, and per part its status and the
 wall seconds it has cost so far, summed over invocations until it finishes),
 ``findings.json`` and ``index.html``. Rerunning with the same profile skips finished
@@ -13,6 +13,7 @@ that differ. A part that fails is recorded with its error and the next part runs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import threading
@@ -45,6 +46,8 @@ class Reproduction:
         if state:
             # compared as stored (JSON has lists where the profile has tuples)
             old, new = state.get("profile", {}), json.loads(json.dumps(profile.config()))
+            # a root made before a setting existed ran as its default does
+            old = {**{k: v for k, v in _defaults().items() if k in new}, **old}
             differ = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
             if differ:
                 raise ValueError(f"{root} was made with profile {state.get('profile_name')!r} and other sizes "
@@ -82,6 +85,12 @@ class Reproduction:
             self.save()
 
 
+def _defaults() -> dict[str, Any]:
+    """The profile settings that have a plain default, at it, as stored (JSON)."""
+    return json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(Profile)
+                                  if f.default is not dataclasses.MISSING}))
+
+
 def device_label() -> str:
     """Where this process's models run, as a cost row names it."""
     import torch
@@ -94,13 +103,19 @@ def device_label() -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
+def default_parts(profile: Profile) -> list[str]:
+    """The parts a run that names none runs: all but the profile's opt-in ones."""
+    return [p.name for p in PARTS if p.name not in profile.opt_in]
+
+
 def reproduce(profile: Profile, root: str | Path, *, parts: Sequence[str] | None = None,
               checkpoints: dict[str, Path] | None = None, progress: bool = False,
               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) the chosen parts (default: all), then findings and the index
-    report (also when stopped); returns the state (per-part status and cost) with the findings."""
+    """Run (or resume) the chosen parts (default: all but the profile's opt-in ones), then
+    findings and the index report (also when stopped); returns the state (per-part status
+    and cost) with the findings."""
     root = Path(root)
-    wanted = list(parts) if parts else [p.name for p in PARTS]
+    wanted = list(parts) if parts else default_parts(profile)
     unknown = [p for p in wanted if p not in {q.name for q in PARTS}]
     if unknown:
         raise ValueError(f"unknown part {unknown[0]!r}; parts: {', '.join(p.name for p in PARTS)}")

@@ -18,6 +18,13 @@ structured "in every clean cell"), so they are judged on those, in the paper's u
 narrowest comparison's paired interval shown. Cells where no method beat greedy test
 nothing and are counted apart, as are comparisons of two oracles neither of which is
 above its chance null; a verdict the format-collapse exclusion would flip is not given.
+
+A localisation or routing row that found nothing (not testable, not reproduced) says,
+in ``planted``, what the instrument finds at this n when the effect is known to be
+there: the validation run (``6_validation``, `analyses.validate`) of the same model and
+task, its smallest planted strength detected (Wilson lower bound above `DETECTED`) per
+analysis (repair:* beside localisation, route:* beside routing), and its nulls' false
+positives; or the command that makes the missing validation.
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ from rnr_interp.metrics import (
     DAMAGE_EFFECT, INDUCTION_EFFECT, MIN_POWER, REPAIR_EFFECT, RESCUE_EFFECT, PaperEffect, wilson_interval, wilson_power,
 )
 from rnr_interp.records import (
-    AUDIT, COMPARE, MANIFEST, REPAIR, AuditSummary, CompareSummary, RepairSummary, RunDir, SteerSummary,
+    AUDIT, COMPARE, FAILURES, MANIFEST, REPAIR, ROUTE, VALIDATE, AuditSummary, CompareSummary, RepairSummary, RunDir,
+    SteerSummary, ValidateSummary,
 )
 from rnr_interp.report.kinds import finished_runs
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
+from rnr_interp.tasks.synthetic import parse_source
 
 REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE = "reproduced", "not reproduced", "not testable here"
 #: a row that measures and shows a number the paper reports but judges no claim on
@@ -62,6 +71,9 @@ class Finding:
     n: int | None
     verdict: str
     why: str
+    #: beside an untestable or unreproduced localisation or routing row: the smallest
+    #: planted effect a validation of this model and task detects (`planted_effect`)
+    planted: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +101,98 @@ def at_most(value: float, ci: Sequence[float], threshold: float) -> tuple[str, s
 
 def _untestable(claim: str, paper: str, why: str, scope: str = "all cells") -> Finding:
     return Finding(claim, paper, scope, "", None, None, None, NOT_TESTABLE, why)
+
+
+# -- Beside a row that found nothing: what this n detects when the effect is planted ------
+
+
+VALIDATION_PART = "6_validation"
+#: a planted strength counts as detected when its detection rate's 95% Wilson lower
+#: bound is above this: more often found than not, at this n, whatever the seeds drew
+DETECTED = 0.5
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The model and task a finding measured, as its run's manifest names them; `label`
+    is the task's name as `rnr` loads it (the folder's: "arc" is both ARC splits' name)."""
+
+    model: str
+    task: str
+    source: str
+    label: str
+    n: int | None
+
+    @classmethod
+    def of(cls, run: RunDir, label: str) -> "Measured":
+        config = run.config
+        task = config.get("task", {})
+        return cls(str(config.get("model_facts", {}).get("spec", config.get("model", ""))),
+                   str(task.get("name", "")).removesuffix("@base"), str(task.get("source", "")), label,
+                   task.get("n_questions"))
+
+    def data(self) -> str:
+        """What tells this task's data from another's across machines and sizes: a data
+        file's name (the folder differs by machine), a synthetic generator's parameters but n."""
+        synthetic = parse_source(self.source)
+        if synthetic is None:
+            return Path(self.source).name
+        name, params = synthetic
+        return f"{name}{sorted((k, v) for k, v in params.items() if k != 'n')}"
+
+
+def validation_of(validations: Sequence[RunDir], on: Measured) -> RunDir | None:
+    """The finished validation run of `on`'s model and task on the same data (the one
+    with the very same source first), or None."""
+    same = [v for v in validations if (m := Measured.of(v, "")).model == on.model and m.task == on.task
+            and m.data() == on.data()]
+    same.sort(key=lambda v: Measured.of(v, "").source != on.source)
+    return same[0] if same else None
+
+
+def detects(run: RunDir, prefix: str) -> str:
+    """What a validation run detects with its analyses named `prefix`*: per analysis the
+    smallest strength (a multiple of the default plant) whose detection rate's Wilson
+    lower bound is above `DETECTED`, or the largest tried when none is, with the rate,
+    its interval and n, and how often its nulls named the planted location."""
+    s: ValidateSummary = run.read_summary()
+    table = run.read_table("detection")
+    said = []
+    for analysis, entry in sorted(s.by_analysis.items()):
+        planted = table[(table["analysis"] == analysis) & (table["strength"] > 0)].sort_values("strength")
+        if not analysis.startswith(prefix) or planted.empty:
+            continue
+        hit = planted[planted["lo"] > DETECTED]
+        row = (hit if len(hit) else planted).iloc[0 if len(hit) else -1]
+        rate = f"recovered {row['rate']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] of {int(row['n'])}"
+        found = (f"detects {row['strength']:g}x the default plant ({rate})" if len(hit) else
+                 f"none of the strengths tried detected (largest {row['strength']:g}x the default plant: {rate})")
+        null_lo, null_hi = entry["null_ci"]
+        said.append(f"{analysis} {found}; its nulls named the planted location {entry['null_false_positive_rate']:.2f} "
+                    f"[{null_lo:.2f}, {null_hi:.2f}] of {entry['n_null']}")
+    head = f"validation {run.path.name} ({s.profile} profile, golds {s.gold}, {s.n_questions} questions)"
+    return f"{head}: " + ("; ".join(said) if said else f"no {prefix}* analysis ran")
+
+
+def planted_effect(root: Path, measured: Sequence[Measured], prefix: str) -> str:
+    """`detects` for each task measured (labelled when several), from the validation runs
+    under ``root/6_validation``, or the command that makes the missing one."""
+    validations = finished_runs(root / VALIDATION_PART, VALIDATE)
+    said = []
+    for on in measured:
+        run = validation_of(validations, on)
+        said.append(detects(run, prefix) if run is not None else
+                    f"no validation run for this model and task: rnr validate --model {on.model} --task {on.label}"
+                    + (f" --n {on.n}" if on.n else "") + f" --out {(root / VALIDATION_PART / on.label).as_posix()}")
+    return said[0] if len(said) == 1 else " ".join(f"[{on.label}] {text}" for on, text in zip(measured, said))
+
+
+def beside_planted(rows: list[Finding], root: Path, measured: Sequence[Measured], prefix: str) -> list[Finding]:
+    """`rows`, each that found nothing (not testable, not reproduced) with `planted_effect`."""
+    for row in rows:
+        if row.verdict in (NOT_TESTABLE, NOT_REPRODUCED) and measured:
+            row.planted = planted_effect(root, measured, prefix)
+    return rows
 
 
 # -- The realization audit, read against chance ----------------------------------------
@@ -147,16 +251,21 @@ PAPER_SELECTORS = ("self_verification", "genetic_vote", "majority", "confidence"
 
 
 def routing_findings(part: Path) -> list[Finding]:
-    """From the routing part's cross-cell aggregate (`routing.cells`)."""
+    """From the routing part's cross-cell aggregate (`routing.cells`), each row that
+    found nothing beside what a validation of each routed task detects."""
+    measured = [Measured.of(run, run.path.name) for run in finished_runs(part, ROUTE)]
     agg = part / ROUTE_CELLS
     if not (agg / MANIFEST).is_file() or not RunDir(agg).has_summary():
-        return [_untestable(ROUTING_CLAIM, ROUTING_PAPER, "the routing part did not finish (no cross-cell aggregate)"),
-                _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "the routing part did not finish (no cross-cell aggregate)")]
+        return beside_planted(
+            [_untestable(ROUTING_CLAIM, ROUTING_PAPER, "the routing part did not finish (no cross-cell aggregate)"),
+             _untestable(SELECTOR_CLAIM, SELECTOR_PAPER, "the routing part did not finish (no cross-cell aggregate)")],
+            part.parent, measured, "route:")
     run = RunDir(agg)
     collapsed = run.read_table("collapsed")
     note = f"; format-collapse cells left out: {', '.join(collapsed['cell'])}" if len(collapsed) else ""
-    return [_random_vs_structured(run.read_table("model_task"), run.read_table("counts"), run.read_table("comparisons"), note),
-            _selectors(run.read_table("selector_distribution"), note)]
+    return beside_planted(
+        [_random_vs_structured(run.read_table("model_task"), run.read_table("counts"), run.read_table("comparisons"), note),
+         _selectors(run.read_table("selector_distribution"), note)], part.parent, measured, "route:")
 
 
 def _holds(model_task: pd.DataFrame, baseline: str, scope: str) -> tuple[int, int, int]:
@@ -265,36 +374,40 @@ def combine(verdicts: Sequence[str]) -> str:
 
 
 def localisation_findings(part: Path) -> list[Finding]:
+    """Per localised cell, repair and steering; each row that found nothing beside what a
+    validation of the cell's task detects (of every screened task when no cell passed)."""
     repairs = finished_runs(part, REPAIR)
     if not repairs:
         screened = (part / SCREEN / MANIFEST).is_file() and RunDir(part / SCREEN).has_summary()
         why = ("no cell passed the failure screen" if screened else "the failure screen did not finish")
-        return [_untestable(REPAIR_CLAIM, REPAIR_PAPER, why), _untestable(STEER_CLAIM, STEER_PAPER, why)]
-    out = []
-    for run in repairs:
-        s: RepairSummary = run.read_summary()
-        # the cell's folder names the split ("arc" is ARC-Easy's and ARC-Challenge's task name)
-        scope = f"{s.model} / {run.path.parent.name}" + (" (circular)" if (s.circular or {}).get("on") else "")
-        at = (s.at_chosen_layer or {}).get("mlp")
-        if at is None:
-            out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"{_cohort_size(s)}: no MLP block repaired anything on "
-                                   "the selection part", scope))
-        else:
-            layer, (r, r_ci, r_n), (d, d_ci, d_n) = int(at["layer"]), _rate(at["repair"]), _rate(at["damage"])
-            if r_n == 0 or d_n == 0:
-                out.append(_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"MLP {layer} chosen, but the held-out "
-                                       f"{'failure set' if r_n == 0 else 'panel'} is empty", scope))
-                out.append(_steering_finding(run.path.parent / "steer", scope))
-                continue
-            v_r, why_r = with_power(*at_least(r, r_ci, MOST_REPAIRED), REPAIR_EFFECT, r_n)
-            v_d, why_d = with_power(*at_most(d, d_ci, LITTLE_DAMAGE), DAMAGE_EFFECT, d_n)
-            out.append(Finding(
-                REPAIR_CLAIM, REPAIR_PAPER, scope,
-                f"MLP {layer}, held out: repair {r:.2f} [{r_ci[0]:.2f}, {r_ci[1]:.2f}] of {r_n}, "
-                f"damage {d:.2f} [{d_ci[0]:.2f}, {d_ci[1]:.2f}] of {d_n}" + _beside(at), r, r_ci, r_n,
-                combine([v_r, v_d]), f"repair: {why_r}; damage: {why_d}"))
-        out.append(_steering_finding(run.path.parent / "steer", scope))
-    return out
+        measured = [Measured.of(run, run.path.parent.name) for run in finished_runs(part, FAILURES)]
+        return beside_planted([_untestable(REPAIR_CLAIM, REPAIR_PAPER, why), _untestable(STEER_CLAIM, STEER_PAPER, why)],
+                              part.parent, measured, "repair:")
+    # the cell's folder names the split ("arc" is ARC-Easy's and ARC-Challenge's task name)
+    return [row for run in repairs for row in beside_planted(_cell_findings(run), part.parent,
+                                                             [Measured.of(run, run.path.parent.name)], "repair:")]
+
+
+def _cell_findings(run: RunDir) -> list[Finding]:
+    """Repair and steering on the cell of one repair run."""
+    s: RepairSummary = run.read_summary()
+    scope = f"{s.model} / {run.path.parent.name}" + (" (circular)" if (s.circular or {}).get("on") else "")
+    steering = _steering_finding(run.path.parent / "steer", scope)
+    at = (s.at_chosen_layer or {}).get("mlp")
+    if at is None:
+        return [_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"{_cohort_size(s)}: no MLP block repaired anything on "
+                            "the selection part", scope), steering]
+    layer, (r, r_ci, r_n), (d, d_ci, d_n) = int(at["layer"]), _rate(at["repair"]), _rate(at["damage"])
+    if r_n == 0 or d_n == 0:
+        return [_untestable(REPAIR_CLAIM, REPAIR_PAPER, f"MLP {layer} chosen, but the held-out "
+                            f"{'failure set' if r_n == 0 else 'panel'} is empty", scope), steering]
+    v_r, why_r = with_power(*at_least(r, r_ci, MOST_REPAIRED), REPAIR_EFFECT, r_n)
+    v_d, why_d = with_power(*at_most(d, d_ci, LITTLE_DAMAGE), DAMAGE_EFFECT, d_n)
+    return [Finding(
+        REPAIR_CLAIM, REPAIR_PAPER, scope,
+        f"MLP {layer}, held out: repair {r:.2f} [{r_ci[0]:.2f}, {r_ci[1]:.2f}] of {r_n}, "
+        f"damage {d:.2f} [{d_ci[0]:.2f}, {d_ci[1]:.2f}] of {d_n}" + _beside(at), r, r_ci, r_n,
+        combine([v_r, v_d]), f"repair: {why_r}; damage: {why_d}"), steering]
 
 
 def _cohort_size(s: RepairSummary) -> str:
@@ -509,4 +622,4 @@ def as_records(rows: Sequence[Finding]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["Finding", "findings", "as_records", "at_least", "at_most", "REPRODUCED", "NOT_REPRODUCED", "NOT_TESTABLE", "REPORTED"]
+__all__ = ["Finding", "findings", "planted_effect", "VALIDATION_PART", "as_records", "at_least", "at_most", "REPRODUCED", "NOT_REPRODUCED", "NOT_TESTABLE", "REPORTED"]

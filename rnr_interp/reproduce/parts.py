@@ -1,4 +1,4 @@
-"""The five parts of the reproduction. Each part is a set of ordinary run folders under
+"""The parts of the reproduction. Each part is a set of ordinary run folders under
 ``ROOT/<part>/``, made by the analyses' own functions, so each resumes as any run
 folder does (a killed part redoes no finished question, and no finished run).
 
@@ -14,7 +14,13 @@ folder does (a killed part redoes no finished question, and no finished run).
 5. ``5_checkpoints``: GRPO and SFT checkpoints (trained by ``analyses.finetune``
    when absent), base and trained audits, `compare.compare_runs` with the budget control
    (both models at K and 2K) and, when the runs asked in different prompt formats, the
-   prompt-format control (the trained model audited in the base format).
+   prompt-format control (the trained model audited in the base format);
+6. ``6_validation``: `validate.run_validate` (planted layers, found by repair and the
+   route check) for the model and each localisation task at the screen's n, so each
+   untestable or unreproduced localisation and routing finding reads beside the smallest
+   planted effect this n detects (`findings.planted_effect`). Opt-in where the profile
+   says so (`Profile.opt_in`); a validation run made apart with ``rnr validate --out
+   ROOT/6_validation/TASK`` is read the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, Callable
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import read_json_file
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
+from rnr_interp.reproduce.findings import VALIDATION_PART
 from rnr_interp.reproduce.profiles import Profile
 
 
@@ -195,6 +202,19 @@ def shared_prompt_audit(ctx: Context, lm: LoadedModel, base, trained, out: Path,
     return RunDir(out)
 
 
+def validation_part(ctx: Context, folder: Path) -> None:
+    from rnr_interp.analyses.validate import run_validate
+
+    p = ctx.profile
+    for name in p.screen_tasks:
+        if (folder / name / "summary.json").is_file():  # finished: skip re-anchoring (a model pass)
+            continue
+        ctx.log(f"  validate {name}: {p.screen_n} questions, validation profile {p.validate_profile}, "
+                f"golds {p.validate_gold}")
+        run_validate(p.model, ctx.task(name, p.screen_n), folder / name, profile=p.validate_profile,
+                     gold=p.validate_gold, batch_size=p.rows_batch_size, progress=ctx.progress)
+
+
 @dataclass(frozen=True)
 class Part:
     name: str  # the folder under the root
@@ -208,4 +228,5 @@ PARTS: tuple[Part, ...] = (
     Part("3_temperature", "Selection gap vs temperature", temperature_part),
     Part("4_localisation", "Failure screen; repair, steering and units on cells that pass", localisation_part),
     Part("5_checkpoints", "Checkpoint audit: base vs GRPO and SFT", checkpoint_part),
+    Part(VALIDATION_PART, "Validation: planted layers, the smallest effect each task's n detects", validation_part),
 )

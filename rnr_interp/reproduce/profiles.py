@@ -89,6 +89,13 @@ class Profile:
     #: part 5's budget control samples this many per question when larger than 2K, so the
     #: source-of-gains curve reaches a budget nearer the paper's K >= 200 (None: 2K)
     ckpt_budget_k: int | None = None
+    #: part 6: `rnr validate` per localisation task at screen_n, with this validation
+    #: profile (`analyses.validate.PROFILES`) and golds ("base": anchored to the model's own answers)
+    validate_profile: str = "quick"
+    validate_gold: str = "base"
+    #: parts left out of a run that names none (``--parts`` runs them): their cost beside
+    #: what they add at this profile's size; which parts run decides no run, so no resume key
+    opt_in: tuple[str, ...] = ()
     #: part -> why these sizes (printed with the plan, stated in the index report)
     why: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -96,6 +103,7 @@ class Profile:
         """What decides the runs (the resume key): everything but the prose."""
         out = asdict(self)
         out.pop("why")
+        out.pop("opt_in")
         return out
 
 
@@ -110,6 +118,7 @@ SMOKE = Profile(
     # a lenient screen, so that localisation runs on the random-weight model too; not circular: a
     # random-weight model is right under every shift on almost no question, which empties the panel
     screen_margin=0.0, screen_level=0.5, screen_above_chance=False, circular=False,
+    validate_gold="task",  # a random-weight model states no answer to anchor to
     why={"all": "every part end to end on a random-weight 3-layer model in seconds, with a lenient failure screen "
                 "(margin 0, 50% interval, recognition not required above chance) and without the circular protocol "
                 "so that localisation runs; the "
@@ -128,6 +137,7 @@ DEMO = Profile(
     sweep_task="arc_challenge", sweep_n=40, sweep_k=8,
     screen_tasks=MC_TASKS, screen_n=64,
     ckpt_task="arithmetic", ckpt_n=64, ckpt_k=16, train_steps=10, ckpt_budget_k=128,
+    opt_in=("6_validation",),
     why={
         "1_audit": "40 questions per task: the gap's 95% interval is about +-0.15 there; +-0.1 needs about 100 "
                    "(half-width 1.96*sqrt(g(1-g)/n) at a gap g near 0.3-0.5), 2.5x this part's cost",
@@ -140,6 +150,9 @@ DEMO = Profile(
                           "under the circular protocol (every cyclic shift of the options: 3-5x the rows)",
         "5_checkpoints": "the experiments/ recipes at their defaults (10 steps, 64 held-out questions, K=16); the "
                          "budget control samples 128 per question, so the source of gains is read up to K=128",
+        "6_validation": "only with --parts 6_validation (about 15 minutes per task on this CPU): the quick validation "
+                        "(the default plant and its null at 3 seeds), which reads recovery but cannot call a strength "
+                        "detected (3 of 3 has a 95% Wilson lower bound of 0.44)",
     },
 )
 
@@ -151,12 +164,15 @@ FULL = Profile(
     sweep_task="arc_challenge", sweep_n=100, sweep_k=8,
     screen_tasks=MC_TASKS, screen_n=300,
     ckpt_task="arithmetic", ckpt_n=200, ckpt_k=32, train_steps=30, ckpt_budget_k=256,
+    validate_profile="full",
     why={
         "1_audit": "100 questions per task: the gap's 95% interval is narrower than +-0.1",
         "2_routing": "GSM8K, ARC-Challenge and arithmetic, 40 questions per cell, all three spaces (issue 12)",
         "3_temperature": "100 questions at K=8",
         "4_localisation": "300 questions per MC cell: failure sets large enough to split selection / held out",
         "5_checkpoints": "200 held-out questions at K=32, 30 training steps",
+        "6_validation": "the full validation (five strengths, ten seeds) per localisation task at 300 questions: the "
+                        "smallest planted effect this n detects, read beside each untestable or unreproduced row",
         "all": "sized for a GPU: cost grows about linearly in questions per part, so it is 2.5-25x the demo's "
                "measured per-part costs (README)",
     },
