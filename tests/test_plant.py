@@ -164,6 +164,8 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     out = tmp_path / "v"
     bad = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--profile", "huge", "--out", str(out)])
     assert bad.exit_code == 2 and "--profile must be one of quick, full" in bad.output and not out.exists()
+    hot = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--temperature", "nan", "--out", str(out)])
+    assert hot.exit_code == 2 and "temperature" in hot.output and not out.exists()
     anchored = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
     # a random-weight model states no answer as 'Answer: N': nothing to anchor the golds to
     assert anchored.exit_code == 2 and "states no answer" in anchored.output

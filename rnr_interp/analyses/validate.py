@@ -84,6 +84,7 @@ from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
 from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
+from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.grading import graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
@@ -233,14 +234,25 @@ def recovery_row(planted: Planted, analysis: str, found: Found) -> dict[str, Any
 
 #: kind -> {analysis: run it on an organism folder into a run folder, giving what it
 #: found, or {analysis: found} for a run that several rows read}
-Runner = Callable[[Path, Task, Path, int, bool], Union[Found, dict[str, Found]]]
+Runner = Callable[[Path, Task, Path, "Cell"], Union[Found, dict[str, Found]]]
 
 
-def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
+@dataclass(frozen=True)
+class Cell:
+    """How every analysis of a validation runs: its batch size, its progress bar, and the
+    temperature probe of the audits (the gap and pair kinds): `rnr audit`'s default
+    unless `rnr validate --temperature` says otherwise."""
+
+    batch_size: int = 32
+    progress: bool = False
+    probe: Probe = Probe()
+
+
+def _repair_layer(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
     if (out / "summary.json").is_file():
         return repair_layer_found(RunDir(out).read_summary())
     summary = run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="layer",
-                         decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+                         decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress)
     return repair_layer_found(summary)
 
 
@@ -249,12 +261,12 @@ def _repair_layer(organism: Path, task: Task, out: Path, batch_size: int, progre
 ROUTE_CHECK = RouteConfig(samples=8, budget=8, spaces=("skiponly",), methods=("random", "hill_climb"))
 
 
-def _route_skiponly(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
+def _route_skiponly(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
     if not (out / "summary.json").is_file():
         lm = load_model(str(organism))
         # a small model's skip-only space may hold fewer routes than the budget: all of them, then
         budget = min(ROUTE_CHECK.budget, space_size(make_space("skiponly", lm.n_layers)))
-        run_route_audit(lm, task, out, dataclasses.replace(ROUTE_CHECK, budget=budget), progress=progress)
+        run_route_audit(lm, task, out, dataclasses.replace(ROUTE_CHECK, budget=budget), progress=cell.progress)
     return route_layer_found(RunDir(out).read_summary().layers)
 
 
@@ -277,18 +289,18 @@ def gap_groups_found(run: RunDir, task: Task, groups: Mapping[str, Sequence[str]
     return "|".join(above)
 
 
-def _audit(model: str, task: Task, out: Path, batch_size: int, progress: bool) -> RunDir:
-    """An audit as `rnr audit` runs it by default (K = 32 at T = 1), resumed when begun."""
+def _audit(model: str, task: Task, out: Path, cell: Cell) -> RunDir:
+    """An audit as `rnr audit` runs it (by default K = 32 at T = 1: `Cell.probe`), resumed when begun."""
     if not (out / "summary.json").is_file():
-        run_audit(load_model(model), task, out, probe=Probe(), deployed=deployed_decoding(task), batch_size=batch_size,
-                  progress=progress)
+        run_audit(load_model(model), task, out, probe=cell.probe, deployed=deployed_decoding(task),
+                  batch_size=cell.batch_size, progress=cell.progress)
     return RunDir(out)
 
 
-def _audit_gap(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> str:
+def _audit_gap(organism: Path, task: Task, out: Path, cell: Cell) -> str:
     detail = read_planted(organism).detail  # the groups only: the audit itself reads no ground truth
     groups = {"affected": detail["affected_question_ids"], "unaffected": detail["unaffected_question_ids"]}
-    return gap_groups_found(_audit(str(organism), task, out, batch_size, progress), task, groups)
+    return gap_groups_found(_audit(str(organism), task, out, cell), task, groups)
 
 
 def dominant_source(gained_from: Mapping[str, int]) -> str:
@@ -298,17 +310,17 @@ def dominant_source(gained_from: Mapping[str, int]) -> str:
     return "base_reachable" if reachable > unreachable else "base_unreachable" if unreachable > reachable else ""
 
 
-def _compare_pair(pair: Path, task: Task, out: Path, batch_size: int, progress: bool) -> str:
+def _compare_pair(pair: Path, task: Task, out: Path, cell: Cell) -> str:
     if not (out / "compare" / "summary.json").is_file():
-        runs = [_audit(str(pair / role), task, out / role, batch_size, progress) for role in ("base", "trained")]
+        runs = [_audit(str(pair / role), task, out / role, cell) for role in ("base", "trained")]
         compare_runs(*runs, out / "compare")
     return dominant_source(RunDir(out / "compare").read_summary().gained_from)
 
 
-def _repair_mlp(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> int | None:
+def _repair_mlp(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
     if not (out / "summary.json").is_file():
         run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="mlp",
-                   decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+                   decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress)
     chosen = RunDir(out).read_summary().chosen
     return None if chosen is None else int(chosen["layer"])
 
@@ -320,8 +332,7 @@ def _cell_repair(out: Path) -> Path | None:
     return repair if RunDir(repair).read_summary().chosen is not None else None
 
 
-def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, out: Path, batch_size: int,
-                     progress: bool) -> RunDir | None:
+def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, out: Path, cell: Cell) -> RunDir | None:
     """`analyse` (`run_units`, `run_steer`) on the block the cell's repair run chose,
     with the command's defaults, or its run read back; None when repair chose no block
     or the analysis was skipped (a part of its cohort empty)."""
@@ -330,21 +341,21 @@ def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, ou
         return None
     if not (out / "summary.json").is_file():
         analyse(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
-                decoding=deployed_decoding(task), batch_size=batch_size, progress=progress)
+                decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress)
     run = RunDir(out)
     return run if run.read_summary().layer is not None else None
 
 
-def _units_top(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> UnitsFound | None:
-    run = _on_chosen_block(run_units, organism, task, out, batch_size, progress)
+def _units_top(organism: Path, task: Task, out: Path, cell: Cell) -> UnitsFound | None:
+    run = _on_chosen_block(run_units, organism, task, out, cell)
     if run is None:
         return None
     scores = run.read_table("unit_scores").sort_values(["score", "unit"], ascending=[False, True], kind="stable")
     return UnitsFound(int(run.read_summary().layer), tuple(int(u) for u in scores["unit"]))
 
 
-def _steer(organism: Path, task: Task, out: Path, batch_size: int, progress: bool) -> dict[str, Found]:
-    run = _on_chosen_block(run_steer, organism, task, out, batch_size, progress)
+def _steer(organism: Path, task: Task, out: Path, cell: Cell) -> dict[str, Found]:
+    run = _on_chosen_block(run_steer, organism, task, out, cell)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
     layer = int(run.read_summary().layer)
@@ -379,7 +390,8 @@ GOLDS = ("base", "task")
 
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
-                 gold: str = "base", batch_size: int = 32, progress: bool = True) -> ValidateSummary:
+                 gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
+                 progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`)."""
     if profile not in PROFILES:
@@ -390,11 +402,13 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     if unknown:
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
+    cell = Cell(batch_size, False, Probe(temperature=temperature))  # a bad temperature refused before any work
     asked = task
     if gold == "base":
         task = anchor_task(load_model(model), task, batch_size)
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
-                              "kinds": list(kinds), "gold": gold, "batch_size": batch_size})
+                              "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
+                              **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature})})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -402,12 +416,12 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         name = cell_name(kind, strength, seed)
         planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
         for analysis, runner in ANALYSES[kind].items():
-            found = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}",
-                           batch_size, False)
+            found = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}", cell)
             for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
                 rows.append({**recovery_row(planted, named, one), "strength": strength})
         write_tables(run, rows)
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
+               "temperature": temperature,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 

@@ -10,8 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+    BatchOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
 )
 
 
@@ -74,6 +75,7 @@ def validate(
                                        "new, units")] = "layer",
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
+    temperature: TempOpt = SAMPLING_TEMPERATURE,
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
@@ -96,7 +98,7 @@ def validate(
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return run_validate(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                            progress=not quiet)
+                            temperature=temperature, progress=not quiet)
 
     summary = execute(body)
     _figures(out)

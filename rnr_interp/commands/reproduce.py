@@ -26,7 +26,8 @@ def reproduce(
     profile: Annotated[str, typer.Option("--profile", help="smoke (tiny models) | demo (SmolLM2, this CPU) | full (paper sizes, GPU)")] = "demo",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder,
                                       help="root folder: one folder of run folders per part (resumed)")] = Path("runs/reproduce"),
-    parts: Annotated[Optional[str], typer.Option("--parts", help="comma-separated parts to run (default: all but the profile's opt-in ones, e.g. 6_validation in demo), e.g. 1_audit,2_routing")] = None,
+    parts: Annotated[Optional[str], typer.Option("--parts", help="comma-separated parts to run (default: all but the "
+                                                 "profile's opt-in ones, e.g. 6_validation in demo), e.g. 1_audit,2_routing")] = None,
     checkpoint: Annotated[list[str], typer.Option("--checkpoint", help="RECIPE=DIR: a trained checkpoint to audit instead of training one (repeatable)")] = [],
     quiet: QuietOpt = False,
 ):

@@ -380,6 +380,8 @@ class ValidateSummary(Summary):
     #: "base": golds are the base model's own deployed answers (`analyses.anchor`);
     #: "task": the task's golds
     gold: str = "task"
+    #: the audits' sampling temperature (the gap and pair kinds; None: a run from before it was set)
+    temperature: float | None = None
     #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]

@@ -622,4 +622,5 @@ def as_records(rows: Sequence[Finding]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["Finding", "findings", "planted_effect", "VALIDATION_PART", "as_records", "at_least", "at_most", "REPRODUCED", "NOT_REPRODUCED", "NOT_TESTABLE", "REPORTED"]
+__all__ = ["Finding", "findings", "planted_effect", "VALIDATION_PART", "as_records", "at_least", "at_most", "REPRODUCED",
+           "NOT_REPRODUCED", "NOT_TESTABLE", "REPORTED"]
