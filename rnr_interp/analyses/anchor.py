@@ -18,13 +18,11 @@ kind, the distractors recognition derives from a gold) is the task's own.
 
 from __future__ import annotations
 
-import dataclasses
-
 from rnr_interp.engine.rows import Row, generate_rows
 from rnr_interp.engine.sampling import chunks, deployed_decoding
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import DEFAULT_GRADING
-from rnr_interp.tasks import with_questions
+from rnr_interp.tasks import ANCHORED_FROM, with_gold, with_questions
 from rnr_interp.tasks.base import Task
 
 
@@ -40,7 +38,7 @@ def anchor_task(lm: LoadedModel, task: Task, batch_size: int = 32, grading: str 
             said = task.read_answer_strict(g.text, q, g.finish != "length") if grading == "strict" else task.read_answer(g.text, q)
             if said is None:
                 continue
-            gold = dataclasses.replace(q, answer=said, meta={**q.meta, "task_gold": q.answer})
+            gold = with_gold(q, said)
             graded = task.grade_candidate(g.text, gold, g.finish)
             if graded.strict if grading == "strict" else graded.flexible:
                 anchored.append(gold)
@@ -49,4 +47,4 @@ def anchor_task(lm: LoadedModel, task: Task, batch_size: int = 32, grading: str 
                          "nothing to anchor to")
     original = task.describe()
     return with_questions(task, anchored, f"{task.name}@base", original["source"],
-                          {**{k: original[k] for k in ("name", "source", "n_questions", "questions_hash")}, "model": lm.spec})
+                          {**{k: original[k] for k in ANCHORED_FROM}, "model": lm.spec})

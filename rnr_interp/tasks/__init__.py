@@ -155,8 +155,7 @@ def _reanchored(described: dict[str, Any]) -> Task:
     if not described.get("stored_file"):
         raise ValueError(f"the run stored no questions of {described.get('name')}: an anchored task's golds are a "
                          "model's answers, kept only in the run's task file")
-    original = reload_task({**{k: v for k, v in described.items() if k != "anchored"},
-                            **{k: anchored[k] for k in ("name", "source", "n_questions", "questions_hash")}})
+    original = reload_task({**{k: v for k, v in described.items() if k != "anchored"}, **{k: anchored[k] for k in ANCHORED_FROM}})
     by_id = {q.id: q for q in original.questions}
     stored = read_json_file(Path(described["stored_file"])).get("questions") or []
     questions = []
@@ -164,15 +163,23 @@ def _reanchored(described: dict[str, Any]) -> Task:
         q = by_id.get(str(row.get("id")))
         if q is None or q.text != row.get("text"):
             raise ValueError(f"the run's task file holds question {row.get('id')!r}, which {anchored['name']} does not ask")
-        questions.append(dataclasses.replace(q, answer=str(row.get("answer")), meta={**q.meta, "task_gold": q.answer}))
+        questions.append(with_gold(q, str(row.get("answer"))))
     return _same_questions(with_questions(original, questions, described["name"], described.get("source", ""), anchored),
                            described)
 
 
+#: what an anchored task records of the task it was anchored from (`Task.describe()` keys)
+ANCHORED_FROM = ("name", "source", "n_questions", "questions_hash")
+
+
+def with_gold(q: Question, answer: str) -> Question:
+    """`q` with `answer` as its gold, the task's own kept in ``meta["task_gold"]``."""
+    return dataclasses.replace(q, answer=answer, meta={**q.meta, "task_gold": q.answer})
+
+
 def with_questions(task: Task, questions: list[Question], name: str, source: str, anchored: dict[str, Any]) -> Task:
-    """A copy of `task` asking `questions` under `name`, anchored as `anchored` says."""
-    clone = task.head(None).__class__.__new__(type(task))
-    clone.__dict__.update(task.__dict__)
+    """A copy of `task` (`Task.head`'s) asking `questions` under `name`, anchored as `anchored` says."""
+    clone = task.head(len(task))
     clone.questions, clone.name, clone.source, clone.anchored = list(questions), name, source, anchored
     return clone
 
@@ -194,6 +201,7 @@ __all__ = [
     "LmEvalGenerationTask", "LmEvalMCTask", "LogiQA", "ON_INVALID",
     "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
-    "load_hf_disk", "load_jsonl", "with_questions", "load_lm_eval", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
+    "load_hf_disk", "load_jsonl",
+    "with_gold", "with_questions", "ANCHORED_FROM", "load_lm_eval", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",
     "shared_data_dirs",
 ]
