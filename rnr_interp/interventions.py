@@ -30,7 +30,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -39,6 +39,9 @@ from torch import Tensor, nn
 from rnr_interp.sae import SAE, load_sae
 
 Component = Literal["mlp", "attn", "layer"]
+#: how `Ablate` silences a block: it writes nothing, or its mean write
+AblationMode = Literal["zero", "mean"]
+ABLATION_MODES: tuple[str, ...] = get_args(AblationMode)
 
 # -- the site table ---------------------------------------------------------------
 #
@@ -173,6 +176,11 @@ class Intervention(abc.ABC):
         return [(name, rows.edit(edit)) for name, edit in self.edits(lm)]
 
 
+def digest(values: Sequence[float] | Sequence[int]) -> str:
+    """A short stable digest of a spec's numbers, for its label (vectors enter labels by hash)."""
+    return hashlib.sha1(json.dumps(list(values)).encode()).hexdigest()[:8]
+
+
 #: kind (class name, as records hold it) -> spec class; filled by `register`
 KINDS: dict[str, type[Intervention]] = {}
 
@@ -195,32 +203,51 @@ def register(cls: type[Intervention]) -> type[Intervention]:
 @register
 @dataclass(frozen=True)
 class Ablate(Intervention):
-    """Silence one block's MLP output, attention output, or the whole layer (the
-    residual stream passes through that layer unchanged)."""
+    """Silence one block's MLP output, attention output, or the whole layer: "zero"
+    writes nothing in its place (the residual stream passes a silenced layer
+    unchanged), "mean" writes the block's mean write instead (`mean`, measured by the
+    caller on a reference set: `localise.repair.block_means`), so what is removed is
+    only the block's deviation from its usual output."""
 
     component: Component
     layer: int
-    mode: Literal["zero"] = "zero"
+    mode: AblationMode = "zero"
+    #: mode "mean": what the block writes instead (one value per residual dimension)
+    mean: tuple[float, ...] = ()
 
     def __post_init__(self):
         if self.component not in COMPONENT_SITE:
             raise ValueError(f"Ablate.component must be 'mlp', 'attn' or 'layer', got {self.component!r}")
-        if self.mode != "zero":
-            raise ValueError(f"Ablate.mode {self.mode!r} is not supported (only 'zero')")
+        if self.mode not in ABLATION_MODES:
+            raise ValueError(f"Ablate.mode must be one of {', '.join(ABLATION_MODES)}, got {self.mode!r}")
+        object.__setattr__(self, "mean", tuple(float(x) for x in self.mean))
+        if (self.mode == "mean") != bool(self.mean):
+            raise ValueError("Ablate.mode 'mean' needs the block's mean write (mean=...), and only it carries one")
 
     def label(self) -> str:
-        return f"ablate:{self.component}:{self.layer}"
+        if self.mode == "zero":
+            return f"ablate:{self.component}:{self.layer}"
+        return f"ablate:{self.component}:{self.layer}:mean:{digest(self.mean)}"
 
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
 
+    def _written(self, act: Float[Tensor, "batch pos d"]) -> Tensor:
+        """What the silenced block writes: nothing, or its mean write."""
+        if not self.mean:
+            return torch.zeros_like(act)
+        mean = torch.tensor(self.mean, device=act.device, dtype=act.dtype)
+        if mean.shape[-1] != act.shape[-1]:
+            raise ValueError(f"Ablate mean has size {mean.shape[-1]} but block {self.layer} writes {act.shape[-1]}")
+        return mean.expand_as(act)
+
     def edits(self, lm) -> list[tuple[str, Edit]]:
-        return [(site_hook(lm, COMPONENT_SITE[self.component], self.layer), lambda act, hook: torch.zeros_like(act))]
+        return [(site_hook(lm, COMPONENT_SITE[self.component], self.layer), lambda act, hook: self._written(act))]
 
     def hooks(self, lm, rows: "RowMask") -> list[Hook]:
         if self.component != "layer":
             return super().hooks(lm, rows)
-        # The whole layer: its output is replaced by its input, saved on the way in.
+        # The whole layer: its output is its input (saved on the way in) plus what it writes instead.
         saved: list[Tensor] = []
 
         def save(act: Float[Tensor, "batch pos d"], hook=None) -> Tensor:
@@ -229,7 +256,7 @@ class Ablate(Intervention):
 
         save.saves_input = True  # registered before every writing hook
         return [(site_hook(lm, "hook_resid_pre", self.layer), save),
-                (site_hook(lm, "hook_resid_post", self.layer), rows.edit(lambda act, hook: saved.pop()))]
+                (site_hook(lm, "hook_resid_post", self.layer), rows.edit(lambda act, hook: (kept := saved.pop()) + self._written(kept)))]
 
 
 @register
@@ -247,8 +274,7 @@ class Steer(Intervention):
         object.__setattr__(self, "vector", tuple(float(x) for x in self.vector))
 
     def label(self) -> str:
-        digest = hashlib.sha1(json.dumps(self.vector).encode()).hexdigest()[:8]
-        return f"steer:{self.layer}:{self.site}:{self.alpha:g}:{digest}"
+        return f"steer:{self.layer}:{self.site}:{self.alpha:g}:{digest(self.vector)}"
 
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
@@ -286,8 +312,7 @@ class AblateUnits(Intervention):
         object.__setattr__(self, "units", tuple(sorted(int(u) for u in self.units)))
 
     def label(self) -> str:
-        digest = hashlib.sha1(json.dumps(self.units).encode()).hexdigest()[:8]
-        return f"units:{self.layer}:{len(self.units)}:{digest}"
+        return f"units:{self.layer}:{len(self.units)}:{digest(self.units)}"
 
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)

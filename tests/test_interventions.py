@@ -9,7 +9,7 @@ import torch
 from rnr_interp.engine.batch import batch_applied
 from rnr_interp.engine.decoding import Decoding
 
-from rnr_interp.engine.generate import forward, generate, left_pad
+from rnr_interp.engine.generate import forward, generate, last_logits, left_pad
 from rnr_interp.interventions import (
     Ablate, AblateUnits, Route, Steer, applied, dumps, from_json, loads, set_id, to_json,
 )
@@ -201,6 +201,35 @@ def test_zero_ablation_equals_manual_forward(lm, component):
     sub.forward = zeroed
     assert close(logits_of(lm, [Ablate(component, 1)]), ref_logits(lm, model), lm)
     assert not close(logits_of(lm, [Ablate(component, 1)]), logits_of(lm), lm)
+
+
+@pytest.mark.parametrize("component", ["mlp", "attn", "layer"])
+def test_mean_ablation_writes_the_blocks_mean_write(lm, component):
+    """A block's mean write measured over one position is its write there, so mean
+    ablation leaves that prompt as it was (zero ablation does not); over several
+    prompts the mean pools their positions and leaves the padding out."""
+    from rnr_interp.analyses.localise.repair import block_means
+
+    one = [lm.encode(lm.render("a"))[-1:]]
+    mean = block_means(lm, one, [(1, component)])[1, component]
+    assert torch.allclose(last_logits(lm, one, [Ablate(component, 1, "mean", tuple(mean.tolist()))]), last_logits(lm, one), atol=1e-4)
+    assert not torch.allclose(last_logits(lm, one, [Ablate(component, 1)]), last_logits(lm, one), atol=1e-4)
+    prompts = [lm.encode(lm.render(p)) for p in PROMPTS]
+    each = [block_means(lm, [p], [(1, component)])[1, component] for p in prompts]
+    pooled = sum(len(p) * m for p, m in zip(prompts, each)) / sum(len(p) for p in prompts)
+    assert torch.allclose(block_means(lm, prompts, [(1, component)], batch_size=3)[1, component], pooled, atol=1e-4)
+
+
+def test_a_mean_ablation_carries_its_mean_and_only_it_does():
+    with pytest.raises(ValueError, match="needs the block's mean write"):
+        Ablate("mlp", 1, "mean")
+    with pytest.raises(ValueError, match="needs the block's mean write"):
+        Ablate("mlp", 1, "zero", (0.5,))
+    with pytest.raises(ValueError, match="mode must be one of zero, mean"):
+        Ablate("mlp", 1, "resample")
+    spec = Ablate("attn", 2, "mean", (0.5, -1.0))
+    assert loads(dumps([spec])) == (spec,) and spec.label().startswith("ablate:attn:2:mean:")
+    assert Ablate("attn", 2).label() == "ablate:attn:2"  # a zero ablation's records read as they always did
 
 
 def test_steer_alpha_zero_is_noop_and_nonzero_moves(lm):

@@ -510,3 +510,26 @@ def test_smollm2_arc_easy_end_to_end(smollm2, shared_data, tmp_path):
         assert table["repair_rate"].isna().all()
     else:
         assert table["repair_rate"].between(0, 1).all()
+
+
+def test_a_mean_ablation_repair_silences_every_row_by_its_mean_and_says_so(tmp_path, lm):
+    task = letter_hash_task(40)
+    d = deployed_decoding(task, max_new_tokens=3)
+    s = run_repair(lm, task, tmp_path / "mean", panel=8, decoding=d, sweep="mlp", ablation="mean",
+                   permutation_control=True, progress=False)
+    run = RunDir(tmp_path / "mean")
+    assert run.config["ablation"] == "mean" and s.ablation == "mean"
+    silenced = run.read_records()
+    silenced = silenced[silenced["probe"].str.contains("ablate:")]
+    assert len(silenced) and silenced["intervention"].str.match(r"ablate:(mlp|attn|layer):\d+:mean:[0-9a-f]{8}$").all()
+    # the default is the paper's zero ablation, and its run folder reads as it always did
+    zero = run_repair(lm, task, tmp_path / "zero", panel=8, decoding=d, sweep="mlp", progress=False)
+    assert zero.ablation == "zero" and "ablation" not in RunDir(tmp_path / "zero").config
+    def mlp_rates(folder):
+        table = RunDir(folder).read_table("repair")
+        return table[table["component"] == "mlp"].set_index("layer")[["repair_rate", "damage_rate"]]
+
+    assert not mlp_rates(tmp_path / "zero").equals(mlp_rates(tmp_path / "mean")), "mean and zero ablation silenced alike"
+    with pytest.raises(ValueError, match="ablation must be one of zero, mean"):
+        run_repair(lm, task, tmp_path / "bad", ablation="resample", progress=False)
+    assert not (tmp_path / "bad").exists()

@@ -78,7 +78,7 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
-from rnr_interp.analyses.localise.repair import run_repair
+from rnr_interp.analyses.localise.repair import check_ablation, run_repair
 from rnr_interp.analyses.localise.steering import run_steer, run_units
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
@@ -239,20 +239,24 @@ Runner = Callable[[Path, Task, Path, "Cell"], Union[Found, dict[str, Found]]]
 
 @dataclass(frozen=True)
 class Cell:
-    """How every analysis of a validation runs: its batch size, its progress bar, and the
-    temperature probe of the audits (the gap and pair kinds): `rnr audit`'s default
-    unless `rnr validate --temperature` says otherwise."""
+    """How every analysis of a validation runs: its batch size, its progress bar, the
+    temperature probe of the audits (the gap and pair kinds) and the repair sweeps'
+    ablation: the commands' defaults unless `rnr validate --temperature` / `--ablation`
+    say otherwise."""
 
     batch_size: int = 32
     progress: bool = False
     probe: Probe = Probe()
+    #: how the repair sweeps silence a block (`rnr repair --ablation`)
+    ablation: str = "zero"
 
 
 def _repair_layer(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
     if (out / "summary.json").is_file():
         return repair_layer_found(RunDir(out).read_summary())
     summary = run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="layer",
-                         decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress)
+                         decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
+                         ablation=cell.ablation)
     return repair_layer_found(summary)
 
 
@@ -320,7 +324,8 @@ def _compare_pair(pair: Path, task: Task, out: Path, cell: Cell) -> str:
 def _repair_mlp(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
     if not (out / "summary.json").is_file():
         run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="mlp",
-                   decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress)
+                   decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
+                   ablation=cell.ablation)
     chosen = RunDir(out).read_summary().chosen
     return None if chosen is None else int(chosen["layer"])
 
@@ -391,7 +396,7 @@ GOLDS = ("base", "task")
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
-                 progress: bool = True) -> ValidateSummary:
+                 ablation: str = "zero", progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`)."""
     if profile not in PROFILES:
@@ -402,13 +407,15 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     if unknown:
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
-    cell = Cell(batch_size, False, Probe(temperature=temperature))  # a bad temperature refused before any work
+    check_ablation(ablation)
+    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation)  # a bad temperature refused before any work
     asked = task
     if gold == "base":
         task = anchor_task(load_model(model), task, batch_size)
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
                               "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
-                              **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature})})
+                              **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),
+                              **({} if ablation == "zero" else {"ablation": ablation})})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -421,7 +428,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                 rows.append({**recovery_row(planted, named, one), "strength": strength})
         write_tables(run, rows)
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
-               "temperature": temperature,
+               "temperature": temperature, "ablation": ablation,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 

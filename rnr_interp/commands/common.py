@@ -30,7 +30,7 @@ def out_folder(value: str | Path) -> Path:
 # Options every analysis command shares (same names, same defaults).
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2 | gemma3-270m | tiny-llama[:L] | path.gguf | checkpoint dir | hub name")]
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help="gsm8k | arc | arc_easy | piqa | boolq | logiqa | hellaswag | jsonl | "
-                                      "arithmetic | arithmetic_mc | lm-eval:NAME (an installed lm-eval task)")]
+                                      "arithmetic | arithmetic_mc | copy | lm-eval:NAME (an installed lm-eval task)")]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="data file (default: ../shared/data/<task file>)")]
 TaskConfigOpt = Annotated[Optional[Path], typer.Option(
     "--task-config", help="your own lm-eval task YAML (replaces --task); !function is refused outside lm-eval's installed tasks")]
@@ -62,6 +62,9 @@ AnswerTypeOpt = Annotated[Optional[str], typer.Option(
 SaveLogprobsOpt = Annotated[bool, typer.Option(
     "--save-logprobs", help="the records also hold each candidate's token ids and per-token log-probs "
                             "(token_ids, token_logprobs; docs/records.md)")]
+AblationOpt = Annotated[str, typer.Option(
+    "--ablation", help="how a block is silenced: zero (the paper's: it writes nothing) | mean (it writes its mean write "
+    "over the task's prompts: removes only the block's deviation from its usual output)")]
 LogToOpt = Annotated[Optional[str], typer.Option(
     "--log-to", help="when the run ends, log its config, summary and tables to wandb (an offline run under WANDB_DIR, "
                      "else ./wandb) or mlflow (MLFLOW_TRACKING_URI, else the file store ./mlruns)")]

@@ -12,7 +12,7 @@ import typer
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    BatchOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+    AblationOpt, BatchOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
 )
 
 
@@ -75,13 +75,14 @@ def validate(
                                        "new, units")] = "layer",
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
-    temperature: TempOpt = SAMPLING_TEMPERATURE,
+    temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero",
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
     each organism as a user would, and score what they found against what was planted:
     recovery per kind, the detection curve, false positives on the nulls."""
     from rnr_interp.analyses.validate import ANALYSES, GOLDS, PROFILES, run_validate
+    from rnr_interp.interventions import ABLATION_MODES
     from rnr_interp.tasks import load_task
 
     at_least("--n", n)
@@ -93,12 +94,14 @@ def validate(
         fail(f"--kinds must be a comma-separated list of {', '.join(ANALYSES)}, got {kinds!r}")
     if gold not in GOLDS:
         fail(f"--gold must be one of {', '.join(GOLDS)}, got {gold!r}")
+    if ablation not in ABLATION_MODES:
+        fail(f"--ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
     check_out(out)
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return run_validate(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                            temperature=temperature, progress=not quiet)
+                            temperature=temperature, ablation=ablation, progress=not quiet)
 
     summary = execute(body)
     _figures(out)

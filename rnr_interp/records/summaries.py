@@ -291,6 +291,8 @@ class RepairSummary(CohortSummary):
     KIND: ClassVar[str] = REPAIR
     readout: str | None = None
     sweep: str | None = None
+    #: how each block was silenced (`interventions.ABLATION_MODES`): the paper's "zero", or "mean"
+    ablation: str = "zero"
     screen: Json | None = None
     choice_rule: str | None = None
     chosen: Json | None = None
@@ -382,6 +384,8 @@ class ValidateSummary(Summary):
     gold: str = "task"
     #: the audits' sampling temperature (the gap and pair kinds; None: a run from before it was set)
     temperature: float | None = None
+    #: how the repair sweeps silenced a block (`RepairSummary.ablation`)
+    ablation: str = "zero"
     #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]

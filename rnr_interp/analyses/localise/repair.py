@@ -5,8 +5,9 @@ answer right, and what does silencing it break?
   option first while the deployed (greedy) generation is wrong: the model "knows" the
   answer and still does not say it. Healthy panel: questions the deployed generation
   gets right (every one up to `cohort.PANEL_CAP` in task order).
-- Silencing sweep: for every layer and component in {mlp, attn, layer}, zero-ablate it
-  and re-run the deployed generation on both sets. Repair rate = fraction of the
+- Silencing sweep: for every layer and component in {mlp, attn, layer}, silence it
+  (zero-ablate, the paper's; or, with ``ablation="mean"``, write its mean write over
+  the task's prompts instead: `silencers`) and re-run the deployed generation on both sets. Repair rate = fraction of the
   failure set now right; damage rate = fraction of the panel now wrong. Every
   (question, ablation) pair is one batch row with its own intervention set, so the whole
   sweep is a few batched generations, not L x 3 runs.
@@ -38,6 +39,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
@@ -45,14 +49,15 @@ from rnr_interp.analyses.localise.readings import check_permutation_control, out
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
-from rnr_interp.interventions import COMPONENT_SITE, Ablate
+from rnr_interp.engine.generate import forward, left_pad
+from rnr_interp.interventions import ABLATION_MODES, COMPONENT_SITE, Ablate, capturing, site_hook
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
 from rnr_interp.records import (
     DEPLOYED, FAILURES, REPAIR, SCREEN, FailuresSummary, ProbeLabel, RepairSummary, RunDir, ScreenSummary,
 )
-from rnr_interp.engine.sampling import deployed_decoding
+from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
 #: the block components a sweep silences (the keys of the site table's component map)
@@ -65,22 +70,66 @@ def ablation_probe(component: str, layer: int) -> str:
     return str(ProbeLabel.ablate(component, layer))
 
 
+@torch.inference_mode()
+def block_means(lm: LoadedModel, prompts: Sequence[Sequence[int]], blocks: Sequence[tuple[int, str]],
+                batch_size: int = 16) -> dict[tuple[int, str], Float[Tensor, "d"]]:
+    """What each block (layer, component) writes into the residual stream, averaged over
+    every position of `prompts` (padding left out): the write mean ablation puts in its
+    place. A whole layer's write is its output minus its input."""
+    sites = {(site, layer) for layer, c in blocks for site in (("hook_resid_pre", "hook_resid_post") if c == "layer"
+                                                                  else (COMPONENT_SITE[c],))}
+    names = {key: site_hook(lm, *key) for key in sites}
+    sums: dict[tuple[str, int], Tensor] = {key: torch.zeros(()) for key in sites}
+    count = 0
+    for batch in chunks(list(prompts), batch_size):
+        ids, mask = left_pad(batch, lm.pad_id, lm.device)
+        real = mask.bool()
+        with capturing(lm, list(dict.fromkeys(names.values())), keep=lambda act: act[real].float().sum(0).cpu()) as acts:
+            forward(lm, ids, mask, last_only=True)  # only the captured sums are kept
+        for key, name in names.items():
+            sums[key] = sums[key] + acts[name][0]
+        count += int(real.sum())
+    mean = {key: total / count for key, total in sums.items()}
+    return {(layer, c): (mean["hook_resid_post", layer] - mean["hook_resid_pre", layer] if c == "layer"
+                         else mean[COMPONENT_SITE[c], layer]) for layer, c in blocks}
+
+
+def check_ablation(ablation: str) -> None:
+    if ablation not in ABLATION_MODES:
+        raise ValueError(f"ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
+
+
+def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ablation: str = "zero",
+              batch_size: int = 16) -> dict[tuple[int, str], Ablate]:
+    """The spec that silences each block (layer, component) under `ablation`
+    (`interventions.ABLATION_MODES`): "zero", or "mean", its mean write over every
+    prompt position of the task's questions as deployed (`block_means`: all of them,
+    failures and panel alike, so the reference does not depend on the cohort)."""
+    check_ablation(ablation)
+    if ablation == "zero":
+        return {(layer, c): Ablate(c, layer) for layer, c in blocks}
+    means = block_means(lm, [prompt_ids(lm, task, q) for q in task.questions], blocks, batch_size)
+    return {(layer, c): Ablate(c, layer, "mean", tuple(means[layer, c].tolist())) for layer, c in blocks}
+
+
 def silencing_sweep(
     lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], *, decoding: Decoding,
     layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, split: Split = Split(),
     run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
-    circular: bool = False,
+    circular: bool = False, ablation: str = "zero",
 ) -> pd.DataFrame:
     """The repair table: one row per (layer, component) with repair_rate, damage_rate,
     selectivity (repair - damage) on every question, the same on the selection part
     (`*_selection`) and on the held-out part (`*_heldout`, with Wilson bounds `_lo`,
     `_hi`), and each part's n. With `circular` every row is asked under every cyclic
     shift of its options and a question counts as right only when right under all of
-    them (a moved answer is a repair only then)."""
+    them (a moved answer is a repair only then). `ablation`: how a block is silenced
+    (`silencers`)."""
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     blocks = [(layer, c) for layer in layers for c in components]
     questions = list(dict.fromkeys([*failure, *panel]))
-    rows = [Row(q, (Ablate(c, layer),), ablation_probe(c, layer)) for q in questions for layer, c in blocks]
+    silence = silencers(lm, task, blocks, ablation, batch_size) if questions else {}
+    rows = [Row(q, (silence[layer, c],), ablation_probe(c, layer)) for q in questions for layer, c in blocks]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
                        desc="sweep", progress=progress)
     # all questions (the heatmaps), the selection part (the choice of block), the held-out
@@ -105,7 +154,7 @@ def silencing_sweep(
     return pd.DataFrame(table)
 
 
-def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str]) -> pd.DataFrame:
+def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str], ablation: str = "zero") -> pd.DataFrame:
     """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are.
     With an empty failure set nothing can be repaired and no block chosen, so the panel
     is not swept either (its damage alone chooses nothing; on a null organism this was
@@ -113,7 +162,7 @@ def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str])
     panel = c.cohort.panel if c.cohort.failure else []
     return silencing_sweep(c.lm, c.task, c.cohort.failure, panel, decoding=c.decoding, layers=layers,
                            components=components, split=c.cohort.split, run=c.run, batch_size=c.batch_size,
-                           progress=c.progress, circular=c.cohort.circular)
+                           progress=c.progress, circular=c.cohort.circular, ablation=ablation)
 
 
 def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[str, Any] | None]:
@@ -301,7 +350,7 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
                permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
-               circular: bool = False) -> RepairSummary:
+               circular: bool = False, ablation: str = "zero") -> RepairSummary:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
@@ -309,28 +358,32 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     re-scores the chosen block on the held-out failures with options rotated
     (`readings.run_permutation_control`; twice that part's rows again, so off by default).
     `circular`: the cohort and every sweep row read under every cyclic shift of the
-    options (as many rows again as the options, per row)."""
+    options (as many rows again as the options, per row). `ablation`: how a block is
+    silenced, "zero" (the paper's) or "mean" (`silencers`)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
+    check_ablation(ablation)
     if permutation_control:
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     # only when on, so a default run's config (and run_id) is what it always was
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
+    if ablation != "zero":
+        control["ablation"] = ablation
     run = RunDir.create(out, localisation_config(REPAIR, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, layers=layers, components=list(components),
                                                  sweep=sweep, **control))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
     if sweep == "all":
-        table = sweep_cohort(c, layers, components)
+        table = sweep_cohort(c, layers, components, ablation)
     else:
-        table = sweep_cohort(c, layers, (sweep,))
+        table = sweep_cohort(c, layers, (sweep,), ablation)
         chosen = best_blocks(table, on="selection").get(sweep)
         if chosen is not None:
             others = [component for component in components if component != sweep]
-            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others)], ignore_index=True)
+            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation)], ignore_index=True)
     run.write_table("repair", table)
     localisation = localisation_summary(table)
     controls = controls_table(localisation)
@@ -338,20 +391,21 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     # each component's own best block (chosen on the selection part): how its answers moved (issue 17)
     best = best_blocks(table, on="selection")
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
-    summary = {**c.summary(REPAIR, run.read_table("recognition"), readout=readout, sweep=sweep,
+    summary = {**c.summary(REPAIR, run.read_table("recognition"), readout=readout, sweep=sweep, ablation=ablation,
                            screen=cell_screen(run, readout)),
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"), **c.readings(best_probes)}
     if permutation_control:
-        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"])
+        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"], ablation)
     return run.write_summary(summary)
 
 
-def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None) -> dict[str, Any]:
+def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None, ablation: str = "zero") -> dict[str, Any]:
     """The permutation control of the chosen MLP block on the held-out failures; says
     why there is none when no block was chosen or nothing is held out."""
     if chosen is None or not c.cohort.parts("failure")[1]:
         why = "no MLP block repaired any selection-part failure" if chosen is None else "no failure is held out"
         return {"skipped": why}
     probe = ablation_probe("mlp", chosen["layer"])
-    return {"block": probe, **c.permutation_control({probe: (Ablate("mlp", chosen["layer"]),)})}
+    silence = silencers(c.lm, c.task, [(chosen["layer"], "mlp")], ablation, c.batch_size)
+    return {"block": probe, **c.permutation_control({probe: (silence[chosen["layer"], "mlp"],)})}
