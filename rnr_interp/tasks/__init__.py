@@ -35,7 +35,7 @@ from .lmeval import PREFIX as LM_EVAL_PREFIX
 from .lmeval import LmEvalGenerationTask, LmEvalMCTask, load_lm_eval, stored_lm_eval_task
 from .logiqa import LogiQA, load_logiqa
 from .piqa import PIQA, load_piqa
-from .synthetic import Arithmetic, ArithmeticMC, arithmetic, arithmetic_mc, parse_source
+from .synthetic import Arithmetic, ArithmeticMC, Copy, arithmetic, arithmetic_mc, copy_numbers, parse_source
 
 # name -> (loader taking a path, default file under shared/data or None)
 _FILE_TASKS: dict[str, tuple[Callable[..., Task], str | None]] = {
@@ -49,7 +49,7 @@ _FILE_TASKS: dict[str, tuple[Callable[..., Task], str | None]] = {
     "hellaswag": (load_hellaswag, "hellaswag/hellaswag_val_full.txt.bz2"),
     "jsonl": (load_jsonl, None),
 }
-_SYNTHETIC: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "arithmetic_mc": arithmetic_mc}
+_SYNTHETIC: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "arithmetic_mc": arithmetic_mc, "copy": copy_numbers}
 #: the most questions a synthetic task generates: ten times the largest benchmark read
 #: here (HellaSwag, 10,042), about 100 MB of questions; more would only fill memory
 MAX_GENERATED = 100_000
@@ -199,7 +199,7 @@ __all__ = [
     "ARC", "GSM8K", "LETTERS", "PIQA", "TASKS", "Arithmetic", "ArithmeticMC", "BoolQ",
     "DataFormatError", "HFLoadError", "HellaSwag", "JsonlMCTask", "JsonlNumberTask", "JsonlTask", "LM_EVAL_PREFIX",
     "LmEvalGenerationTask", "LmEvalMCTask", "LogiQA", "ON_INVALID",
-    "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc",
+    "MultipleChoiceTask", "Question", "Task", "arithmetic", "arithmetic_mc", "Copy", "copy_numbers",
     "default_data_path", "load_arc", "load_boolq", "load_gsm8k", "load_hellaswag", "load_hf",
     "load_hf_disk", "load_jsonl",
     "with_gold", "with_questions", "ANCHORED_FROM", "load_lm_eval", "load_logiqa", "load_piqa", "load_task", "reload_task", "rotate_options",

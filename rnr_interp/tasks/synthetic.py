@@ -3,6 +3,11 @@
 `arithmetic`: "What is 47 + 8?" answered as 'Answer: N', graded numerically.
 `arithmetic_mc`: the same problems as four-option multiple choice with near-miss
 distractors (off by 1, 2, 10, ...), for recognition on small models.
+`copy`: "Repeat this number: 47", answered and graded as `arithmetic` is: a task a small
+chat model does reliably (the demo model answers 23 of 24), so its right answers are
+not guesses that any perturbation moves. Localising a planted failure needs such a
+healthy panel: on `arithmetic` silencing any one MLP block of the demo model changes
+most of its own answers, on `copy` silencing most blocks changes one or none.
 
 Difficulty: the first operand has `digits` digits, the second 1..`digits` (so the
 default, digits=2, mixes 2+2 and 2+1 digit sums: a 135M chat model gets some right
@@ -31,6 +36,10 @@ class Arithmetic(NumericTask):
     instruction = _INSTRUCTION
     # Enough for "Answer: 1234" plus a little preamble; longer only buys rambling.
     max_new_tokens = 24
+
+
+class Copy(Arithmetic):
+    name = "copy"
 
 
 class ArithmeticMC(MultipleChoiceTask):
@@ -84,6 +93,15 @@ def arithmetic(n: int = 200, seed: int = 0, digits: int = 2, ops: str = "+") -> 
         for i, (a, op, b, r) in enumerate(_problems(n, seed, digits, ops))
     ]
     return Arithmetic(questions, source=_source("arithmetic", n=n, seed=seed, digits=digits, ops=ops))
+
+
+def copy_numbers(n: int = 200, seed: int = 0, digits: int = 2) -> Copy:
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    rng = random.Random(seed)
+    numbers = [_operand(rng, digits) for _ in range(n)]
+    return Copy([Question(id=f"copy-{i}", text=f"Repeat this number: {x}", answer=str(x)) for i, x in enumerate(numbers)],
+                source=_source("copy", n=n, seed=seed, digits=digits))
 
 
 def _distractors(rng: random.Random, gold: int, k: int) -> list[int]:
