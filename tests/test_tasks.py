@@ -15,6 +15,7 @@ import rnr_interp.tasks as tasks
 from rnr_interp.tasks import (
     LETTERS,
     TASKS,
+    reload_task,
     BoolQ,
     DataFormatError,
     MultipleChoiceTask,
@@ -312,6 +313,17 @@ def test_arithmetic_deterministic() -> None:
     assert t.grade(t.extract("Answer: 57"), t.questions[0]) == (t.questions[0].answer == "57")
     with pytest.raises(ValueError):
         arithmetic(ops="/")
+
+
+def test_copy_asks_to_repeat_a_number_and_reloads_from_its_source() -> None:
+    t = load_task("copy", n=40, seed=3, digits=3)
+    assert [q.text for q in t.questions] == [q.text for q in load_task("copy", n=40, seed=3, digits=3).questions]
+    assert all(q.text == f"Repeat this number: {q.answer}" and len(q.answer) == 3 for q in t.questions)
+    assert len({q.answer for q in t.questions}) > 30
+    assert t.grade(t.extract("The final answer is " + t.questions[0].answer), t.questions[0])
+    assert reload_task(t.describe()).questions == t.questions
+    with pytest.raises(ValueError, match="digits"):
+        load_task("copy", digits=0)
 
 
 def test_arithmetic_mc() -> None:
