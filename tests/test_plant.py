@@ -117,13 +117,15 @@ def test_plant_never_overwrites_a_folder(tmp_path):
 # -- validate ------------------------------------------------------------------------
 
 
-def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path):
+def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path, monkeypatch):
     from tests.test_localise_freeform import echo_task
 
-    from rnr_interp.analyses.validate import run_validate
+    from rnr_interp.analyses.validate import PROFILES, run_validate
     from rnr_interp.records import RunDir
 
     task = echo_task()
+    # the quick profile's cells with the route check it leaves out
+    monkeypatch.setitem(PROFILES, "quick", replace(PROFILES["quick"], left_out=()))
     summary = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
     run = RunDir(tmp_path / "v")
     recovery = run.read_table("recovery")
@@ -166,6 +168,8 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     assert bad.exit_code == 2 and "--profile must be one of quick, full" in bad.output and not out.exists()
     hot = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--temperature", "nan", "--out", str(out)])
     assert hot.exit_code == 2 and "temperature" in hot.output and not out.exists()
+    blunt = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--ablation", "resample", "--out", str(out)])
+    assert blunt.exit_code == 2 and "--ablation must be one of zero, mean" in blunt.output and not out.exists()
     anchored = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--out", str(out), "-q"])
     # a random-weight model states no answer as 'Answer: N': nothing to anchor the golds to
     assert anchored.exit_code == 2 and "states no answer" in anchored.output

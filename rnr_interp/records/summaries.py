@@ -291,8 +291,9 @@ class RepairSummary(CohortSummary):
     KIND: ClassVar[str] = REPAIR
     readout: str | None = None
     sweep: str | None = None
-    #: how each block was silenced (`interventions.ABLATION_MODES`): the paper's "zero", or "mean"
-    ablation: str = "zero"
+    #: how each block was silenced (`interventions.ABLATION_MODES`): the paper's "zero", or
+    #: "mean"; None in runs from before there was a choice (zero)
+    ablation: str | None = None
     screen: Json | None = None
     choice_rule: str | None = None
     chosen: Json | None = None
@@ -384,8 +385,8 @@ class ValidateSummary(Summary):
     gold: str = "task"
     #: the audits' sampling temperature (the gap and pair kinds; None: a run from before it was set)
     temperature: float | None = None
-    #: how the repair sweeps silenced a block (`RepairSummary.ablation`)
-    ablation: str = "zero"
+    #: how the repair sweeps silenced a block (`RepairSummary.ablation`; None: zero, a run from before)
+    ablation: str | None = None
     #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]
