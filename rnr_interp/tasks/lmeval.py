@@ -232,7 +232,7 @@ def find_task_yaml(name: str) -> Path:
             return path
     index = installed_task_index()
     kind = index[name].kind.name if name in index else None
-    if kind in ("TASK", "PY_TASK"):  # a Python task is refused by LmEvalConfig, naming its class
+    if kind in ("TASK", "PY_TASK"):  # a Python task (class:) is refused by LmEvalConfig.from_yaml
         return Path(index[name].yaml_path)
     if kind in ("GROUP", "TAG"):
         raise DataFormatError(index[name].yaml_path or installed_tasks_dir(), None,
