@@ -307,6 +307,14 @@ def test_bad_task_configs_and_rows_are_one_line_naming_the_file(tmp_path, folder
     assert "mine.yaml: process_results: a generation task with its own scoring code is not supported" in line
     line = _refused(["--task", "lm-eval:arc_eazy", "--data", str(folders["arc_easy"])], tmp_path / "o2")
     assert "unknown lm-eval task 'arc_eazy'" in line and "arc_easy" in line and "lm_eval/tasks" in line
+    # lm-eval's own index tells a group (its YAML named) and a tag from a task
+    line = _refused(["--task", "lm-eval:mmlu", "--data", str(folders["arc_easy"])], tmp_path / "o7")
+    assert "_mmlu.yaml:" in line and "lm-eval group 'mmlu' names several tasks, not one" in line
+    line = _refused(["--task", "lm-eval:ai2_arc", "--data", str(folders["arc_easy"])], tmp_path / "o8")
+    assert "lm-eval tag 'ai2_arc' names several tasks, not one" in line
+    python_task = MINE + "class: !function utils.MyTask\n"
+    line = _refused(["--task-config", str(_config(tmp_path, python_task)), "--data", str(data)], tmp_path / "o9")
+    assert "mine.yaml: a task written as a Python class (class:)" in line
     missing = MINE.replace("{{question}}", "{{stem}}")
     line = _refused(["--task-config", str(_config(tmp_path, missing)), "--data", str(data)], tmp_path / "o3")
     assert f"{data}:1:" in line and "doc_to_text of mine.yaml" in line and "'stem' is undefined" in line
@@ -428,6 +436,13 @@ def test_first_n_sampler_and_a_question_kept_out_of_its_own_examples(tmp_path):
         assert q.text.count("?") == 5 and q.text.count(q.text.rsplit("\n\n", 1)[-1]) == 1
     with pytest.raises(DataFormatError, match="one split"):
         load_task("mine", task_config=config, data=data, num_fewshot=1)
+    # copies of a question in its own split leave too few other rows: lm-eval's sampler refuses, in one line
+    twins = tmp_path / "twins"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list([rows[0], rows[0], rows[1]])}).save_to_disk(str(twins))
+    for sampler in ("first_n", "default"):
+        config = _config(tmp_path, own_split + f"fewshot_config:\n  sampler: {sampler}\n")
+        with pytest.raises(DataFormatError, match="has fewer other rows than that beside a question"):
+            load_task("mine", task_config=config, data=twins, num_fewshot=2)
 
 
 def test_bad_fewshot_options_are_one_line(tmp_path, fewshot_folders):

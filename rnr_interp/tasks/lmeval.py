@@ -8,13 +8,21 @@ lacks is an error, not an empty string) in a bounded sandbox (`templates`: a tem
 reaches no Python object's internals, and a whole task renders in a child process with
 a memory and a CPU limit), with lm-eval's rules
 for a column name, a literal list or an index. Few-shot as lm-eval 0.4.13 does it
-(`fewshot_context`, `api.samplers`): `num_fewshot` examples from the few-shot split
+(`fewshot_context`): `num_fewshot` examples from the few-shot split
 (`fewshot_split`, else `training_split`, else `validation_split`, else `test_split`),
-drawn by the YAML's `fewshot_config.sampler` (`default`: a `random.Random(seed)` shared
-by the questions in order, seed 1234 as lm-eval's `--seed` default; `first_n`), each
-rendered `doc_to_text` + `target_delimiter` + its answer, joined by `fewshot_delimiter`,
-after `description` and before the question. The number of shots is the caller's
-(`num_fewshot`, default 0), not the YAML's, which is recorded beside it.
+drawn by lm-eval's own sampler named in `fewshot_config.sampler` (`default`: one
+`random.Random(seed)` for the questions in order, seed 1234 as lm-eval's `--seed`
+default; `first_n`), each rendered `doc_to_text` + `target_delimiter` + its answer,
+joined by `fewshot_delimiter`, after `description` and before the question. The number
+of shots is the caller's (`num_fewshot`, default 0), not the YAML's, which is recorded beside it.
+
+From the installed lm-eval itself come the index of its tasks (`TaskManager`), the
+few-shot samplers, the whitespace rules at the joins, the filters and `exact_match`.
+The YAML reader and the rendering stay here: lm-eval's `load_yaml` either imports a
+`!function` from any module or flattens the tag into a string that reads as a template,
+and bounds no file; its `ConfigurableTask` renders in lm-eval's unsandboxed Jinja2
+environment, and when built downloads its dataset and renders the first row (a bad one
+refuses the task, where here invalid rows are skipped one by one).
 
 `!function` tags run Python code. They are resolved only when the module lies inside
 the installed lm-eval's own task folder (code that came with the package, as trusted as
@@ -52,9 +60,6 @@ import difflib
 import importlib.util
 import json
 import os
-import re
-from random import Random
-import string
 from dataclasses import MISSING, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -76,8 +81,6 @@ OUTPUT_TYPES = ("multiple_choice", "generate_until")
 STRICT, FLEXIBLE = "strict-match", "flexible-extract"
 #: a rule that is neither a function nor a column name (`Renderer._direct`)
 _UNSET: Any = object()
-#: lm-eval 0.4.13's few-shot samplers (`api.samplers.SAMPLER_REGISTRY`, less its unfinished "balanced")
-SAMPLERS = ("default", "first_n")
 #: lm-eval's default few-shot seed (`evaluator.simple_evaluate(fewshot_random_seed=...)`, `--seed`'s fourth value)
 FEWSHOT_SEED = 1234
 #: the `fewshot_config` keys read here; a YAML with others (its own examples, other templates) is refused at num_fewshot > 0
@@ -94,6 +97,15 @@ def installed_tasks_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise LmEvalUnavailable("lm-eval tasks need the lm_eval package; `make setup` installs lm_eval==0.4.13")
     return Path(list(spec.submodule_search_locations)[0]) / "tasks"
+
+
+def _lm_eval(module: str) -> Any:
+    """lm-eval's `module`, imported when first needed (lm-eval is optional here)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise LmEvalUnavailable(f"{module} is not importable here ({e}); `make setup` installs lm_eval==0.4.13 "
+                                "and the packages it imports") from None
 
 
 # -- the YAML -------------------------------------------------------------------
@@ -197,45 +209,35 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merged
 
 
-_TASK_LINE = re.compile(r"^[\"']?task[\"']?:\s*[\"']?([^\s\"'#]+)[\"']?\s*(?:#.*)?$", re.MULTILINE)
-
-
 @lru_cache(maxsize=1)
 def _installed_yamls() -> tuple[Path, ...]:
     root = installed_tasks_dir()
     return tuple(sorted(Path(d) / f for d, _, files in os.walk(root) for f in files if f.endswith(".yaml")))
 
 
-def _task_name(path: Path) -> str | None:
-    """The name a YAML's top-level `task:` line gives (read as text: lm-eval ships
-    some fourteen thousand YAMLs, too many to parse to find one)."""
-    try:
-        m = _TASK_LINE.search(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None
-    return m.group(1) if m else None
-
-
 @lru_cache(maxsize=1)
-def installed_task_index() -> dict[str, Path]:
-    """Task name -> YAML file for every single-task YAML of the installed lm-eval."""
-    index: dict[str, Path] = {}
-    for path in _installed_yamls():
-        if (name := _task_name(path)) is not None:
-            index.setdefault(name, path)
-    return index
+def installed_task_index() -> dict[str, Any]:
+    """lm-eval's own index of its installed tasks, groups and tags (`TaskManager().task_index`:
+    name -> `Entry`, its kind and YAML), read with includes and no function imported;
+    built once, in about ten seconds (it parses every installed YAML)."""
+    return _lm_eval("lm_eval.tasks").TaskManager().task_index
 
 
 def find_task_yaml(name: str) -> Path:
-    """The installed YAML that defines lm-eval task `name`, or a refusal with close names.
-    Most tasks live in a file named after them, read first; else every YAML is searched."""
+    """The installed YAML that defines lm-eval task `name`, or a refusal (a group or a tag
+    names several tasks; an unknown name, with close names). Most tasks live in a file
+    named after them, read first; else lm-eval's index is asked."""
     for path in _installed_yamls():
-        if path.stem == name and _task_name(path) == name:
+        if path.stem == name and read_yaml(path).get("task") == name:
             return path
     index = installed_task_index()
-    if name in index:
-        return index[name]
-    close = difflib.get_close_matches(name, list(index), n=3)
+    kind = index[name].kind.name if name in index else None
+    if kind in ("TASK", "PY_TASK"):  # a Python task (class:) is refused by LmEvalConfig.from_yaml
+        return Path(index[name].yaml_path)
+    if kind in ("GROUP", "TAG"):
+        raise DataFormatError(index[name].yaml_path or installed_tasks_dir(), None,
+                              f"lm-eval {kind.lower()} {name!r} names several tasks, not one: name one of its tasks")
+    close = difflib.get_close_matches(name, [n for n, e in index.items() if e.kind.name == "TASK"], n=3)
     hint = f"; close: {', '.join(close)}" if close else ""
     raise DataFormatError(installed_tasks_dir(), None, f"unknown lm-eval task {name!r}: no YAML there defines it{hint}")
 
@@ -288,6 +290,8 @@ class LmEvalConfig:
             raise bad("a group of tasks, not one task: name one of its tasks")
         if not isinstance(task, str):
             raise bad("no 'task:' name")
+        if "class" in raw:
+            raise bad("a task written as a Python class (class:), not as templates: not supported")
         output_type = raw.get("output_type", "generate_until")
         if output_type not in OUTPUT_TYPES:
             raise bad(f"output_type {output_type!r} is not supported (supported: {', '.join(OUTPUT_TYPES)})")
@@ -351,9 +355,10 @@ class LmEvalConfig:
         if split is not None and (not isinstance(split, str) or not split.strip()):
             raise ValueError(f"fewshot_split must be a split name, got {split!r}")
         if num_fewshot:
-            if self.fewshot_sampler not in SAMPLERS:
+            samplers = _lm_eval("lm_eval.api.samplers").SAMPLER_REGISTRY
+            if self.fewshot_sampler not in samplers:
                 raise DataFormatError(self.path, None, f"fewshot_config.sampler {self.fewshot_sampler!r} is not supported "
-                                      f"(supported: {', '.join(SAMPLERS)})")
+                                      f"(supported: {', '.join(samplers)})")
             if self.fewshot_unsupported:
                 raise DataFormatError(self.path, None, f"fewshot_config.{self.fewshot_unsupported[0]} is not supported "
                                       "(few-shot examples come from a split, rendered with the task's own templates)")
@@ -424,6 +429,7 @@ class Renderer:
 
     def __init__(self, cfg: LmEvalConfig, features: Sequence[str]):
         self.cfg, self.features = cfg, set(features)
+        self._api = _lm_eval("lm_eval.api.utils")  # lm-eval's whitespace rules at the joins
         self._fns = {k: v.resolve() for k in ("doc_to_text", "doc_to_target", "doc_to_choice", "description")
                      if isinstance(v := getattr(cfg, k), FunctionRef)}
 
@@ -528,10 +534,8 @@ class Renderer:
         if not isinstance(answer, str):
             raise RowError(f"doc_to_target gives {target!r}, not an answer text")
         prefix = self._gen_prefix(doc)
-        join = "" if prefix and not _needs_delimiter(question, prefix) else self.cfg.target_delimiter
-        if prefix:
-            answer = prefix + (" " if _needs_delimiter(prefix, answer) else "") + answer
-        return question + join + answer + self.cfg.fewshot_delimiter
+        join = "" if prefix and not self._api.requires_delimiter(question, prefix) else self.cfg.target_delimiter
+        return question + join + self._api.maybe_delimit(prefix, answer, " ") + self.cfg.fewshot_delimiter
 
     def context(self, doc: dict[str, Any], shots: Sequence[dict[str, Any]] = ()) -> str:
         """lm-eval's context without a chat template: description, the few-shot
@@ -540,38 +544,29 @@ class Renderer:
         `build_qa_turn` does)."""
         text = self.description(doc) + "".join(self.shot(s) for s in shots) + self.text(doc)
         if prefix := self._gen_prefix(doc):
-            text = text + (self.cfg.target_delimiter if _needs_delimiter(text, prefix) else "") + prefix
+            text = text + (self.cfg.target_delimiter if self._api.requires_delimiter(text, prefix) else "") + prefix
         return text
 
 
-def _needs_delimiter(left: str, right: str) -> bool:
-    """lm-eval's `requires_delimiter`: neither side has whitespace at the join."""
-    return bool(left) and bool(right) and not (left[-1].isspace() or right[0].isspace())
+def fewshot_sampler(pool: Sequence[dict[str, Any]], cfg: LmEvalConfig) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+    """The examples of each question in turn, drawn from `pool` by lm-eval's own sampler
+    (`api.samplers`: "default" draws with one `random.Random(seed)` for all the questions
+    in order, so question i's examples depend on the draws before it; "first_n"), the
+    question itself left out when `fewshot_excludes_question`, as `fewshot_context` does."""
+    pool = list(pool)
+    if len(pool) < cfg.num_fewshot + (1 if cfg.fewshot_excludes_question else 0):
+        raise DataFormatError(cfg.path, None, f"num_fewshot {cfg.num_fewshot}: the few-shot split "
+                              f"{cfg.fewshot_pool_split!r} has only {len(pool)} rows")
+    sampler = _lm_eval("lm_eval.api.samplers").get_sampler(cfg.fewshot_sampler)(pool, rnd=cfg.fewshot_seed)
 
-
-class FewshotSampler:
-    """lm-eval 0.4.13's `ContextSampler` ("default") and `FirstNSampler` ("first_n")
-    over `pool`, for the questions in order: one `random.Random(seed)` serves them all,
-    so question i's examples depend on the draws before it, as in lm-eval."""
-
-    def __init__(self, pool: Sequence[dict[str, Any]], cfg: LmEvalConfig):
-        self.pool, self.cfg, self.rnd = list(pool), cfg, Random(cfg.fewshot_seed)
-        if len(self.pool) < cfg.num_fewshot + (1 if cfg.fewshot_excludes_question else 0):
+    def sample(doc: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            return list(sampler.sample(cfg.num_fewshot, eval_doc=doc if cfg.fewshot_excludes_question else None))
+        except (AssertionError, ValueError):  # lm-eval's refusal when copies of the question leave too few
             raise DataFormatError(cfg.path, None, f"num_fewshot {cfg.num_fewshot}: the few-shot split "
-                                  f"{cfg.fewshot_pool_split!r} has only {len(self.pool)} rows")
+                                  f"{cfg.fewshot_pool_split!r} has fewer other rows than that beside a question") from None
 
-    def sample(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
-        n, exclude = self.cfg.num_fewshot, self.cfg.fewshot_excludes_question
-        if n == 0:
-            return []
-        if self.cfg.fewshot_sampler == "first_n":
-            return [x for x in self.pool if not (exclude and x == doc)][:n]
-        if not exclude:
-            return self.rnd.sample(self.pool, n)
-        shots = [x for x in self.rnd.sample(self.pool, n + 1) if x != doc][:n]
-        if len(shots) < n:  # duplicates of the question in the pool: lm-eval resamples without them
-            shots = self.rnd.sample([x for x in self.pool if x != doc], n)
-        return shots
+    return sample
 
 
 def gold_index(target: int | str | list[Any], choices: Sequence[str]) -> int:
@@ -819,27 +814,17 @@ class LmEvalGenerationTask(_PromptMode, Task):
         return {**super().stored(), "lm_eval": self.config.stored()}
 
 
-def exact_match(prediction: str, reference: str, regexes_to_ignore: Sequence[str] | None = None,
-                ignore_case: bool = False, ignore_punctuation: bool = False, ignore_numbers: bool = False) -> bool:
-    """lm-eval 0.4.13's `exact_match_hf_evaluate` for one pair."""
-    for pattern in regexes_to_ignore or ():
-        prediction, reference = re.sub(pattern, "", prediction), re.sub(pattern, "", reference)
-    if ignore_case:
-        prediction, reference = prediction.lower(), reference.lower()
-    for chars, ignored in ((string.punctuation, ignore_punctuation), (string.digits, ignore_numbers)):
-        if ignored:
-            table = str.maketrans("", "", chars)
-            prediction, reference = prediction.translate(table), reference.translate(table)
-    return prediction == reference
+def exact_match(prediction: str, reference: str, **settings: Any) -> bool:
+    """lm-eval's `exact_match_hf_evaluate` for one pair, with the YAML's `settings`
+    (regexes_to_ignore, ignore_case, ignore_punctuation, ignore_numbers)."""
+    metric = _lm_eval("lm_eval.api.metrics").exact_match_hf_evaluate
+    return bool(metric(predictions=[prediction], references=[reference], **settings)["exact_match"] == 1.0)
 
 
 def _filter_pipeline(cfg: LmEvalConfig, entry: dict[str, Any]) -> Callable[[str], str | None]:
     """One named filter of the YAML as a function of one generation, run by lm-eval's
     own filter classes (regex, take_first, lowercase, ...); "[invalid]" becomes None."""
-    try:
-        from lm_eval.filters import build_filter_ensemble
-    except ImportError as e:
-        raise LmEvalUnavailable(f"lm-eval's filters are not importable here ({e})") from None
+    build_filter_ensemble = _lm_eval("lm_eval.filters").build_filter_ensemble
     steps = entry["filter"]
     if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("function"), str) for s in steps):
         raise DataFormatError(cfg.path, None, f"filter {entry['name']!r}: each step needs a 'function' name")
@@ -870,11 +855,11 @@ def _question_id(doc: dict[str, Any], index: int) -> str:
 def _questions(cfg: LmEvalConfig, docs: Any, where: str, row_of: Callable[[int], int],
                pool: Sequence[dict[str, Any]] = ()) -> Iterator[Question]:
     render = Renderer(cfg, _features(docs))
-    sampler = FewshotSampler(pool, cfg) if cfg.num_fewshot else None
+    sampler = fewshot_sampler(pool, cfg) if cfg.num_fewshot else None
     seen: set[str] = set()
     for i, doc in enumerate(docs):
         doc = dict(doc)
-        shots = sampler.sample(doc) if sampler else []  # drawn for every row, valid or not, as lm-eval does
+        shots = sampler(doc) if sampler else []  # drawn for every row, valid or not, as lm-eval does
         try:
             qid = _question_id(doc, i)
             if qid in seen:
@@ -941,7 +926,7 @@ def load_lm_eval(task: str | None = None, *, config: str | Path | None = None, d
     """The lm-eval task `task` (a name in the installed lm-eval) or the one a YAML file
     `config` defines, over `data` (None: the YAML's dataset by name), each question
     after `num_fewshot` examples from `fewshot_split` (None: the YAML's rule) drawn with
-    `fewshot_seed`, as lm-eval builds them (`FewshotSampler`). The default is zero-shot
+    `fewshot_seed`, by lm-eval's own sampler (`fewshot_sampler`). The default is zero-shot
     whatever the YAML's `num_fewshot` (recorded as `yaml_num_fewshot`). The task's
     `raw_prompt` says how a model is to be asked: the raw text (lm-eval's default), or,
     with `apply_chat_template`, the user turn of the model's chat template."""
