@@ -533,3 +533,23 @@ def test_a_mean_ablation_repair_silences_every_row_by_its_mean_and_says_so(tmp_p
     with pytest.raises(ValueError, match="ablation must be one of zero, mean"):
         run_repair(lm, task, tmp_path / "bad", ablation="resample", progress=False)
     assert not (tmp_path / "bad").exists()
+
+
+def test_localisation_reads_right_and_wrong_under_the_grading_asked(tmp_path, lm):
+    from rnr_interp.analyses.localise.steering import run_steer
+
+    task = load_task("arithmetic", n=12)
+    d = deployed_decoding(task, max_new_tokens=6)
+    s = run_repair(lm, task, tmp_path / "r", readout="answer", panel=4, decoding=d, sweep="mlp", grading="flexible",
+                   progress=False)
+    run = RunDir(tmp_path / "r")
+    records = run.read_records()
+    assert run.grading == "flexible" and (records["correct"] == records["correct_flexible"]).all()
+    assert s.n_failure + s.n_panel <= s.n_questions
+    run_repair(lm, task, tmp_path / "s", readout="answer", panel=4, decoding=d, sweep="mlp", progress=False)
+    strict = RunDir(tmp_path / "s")
+    assert strict.grading == "strict" and (strict.read_records()["correct"] == strict.read_records()["correct_strict"]).all()
+    # steering on a repair run's cohort reads right and wrong as that run did, or refuses
+    with pytest.raises(ValueError, match="graded flexible, this run strict: pass --grading flexible"):
+        run_steer(lm, task, tmp_path / "steer", repair_run=tmp_path / "r", readout="answer", panel=4, decoding=d,
+                  progress=False)

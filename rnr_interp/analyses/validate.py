@@ -89,7 +89,7 @@ from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.grading import graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
 from rnr_interp.models import load_model
-from rnr_interp.records import VALIDATE, RepairSummary, RunDir, ValidateSummary
+from rnr_interp.records import DEFAULT_GRADING, GRADINGS, VALIDATE, RepairSummary, RunDir, ValidateSummary
 from rnr_interp.tasks.base import Task
 
 RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score")
@@ -243,15 +243,17 @@ Runner = Callable[[Path, Task, Path, "Cell"], Union[Found, dict[str, Found]]]
 @dataclass(frozen=True)
 class Cell:
     """How every analysis of a validation runs: its batch size, its progress bar, the
-    temperature probe of the audits (the gap and pair kinds) and the repair sweeps'
-    ablation: the commands' defaults unless `rnr validate --temperature` / `--ablation`
-    say otherwise."""
+    temperature probe of the audits (the gap and pair kinds), the repair sweeps'
+    ablation and the grading: the commands' defaults unless `rnr validate --temperature`,
+    `--ablation` or `--grading` say otherwise."""
 
     batch_size: int = 32
     progress: bool = False
     probe: Probe = Probe()
     #: how the repair sweeps silence a block (`rnr repair --ablation`)
     ablation: str = "zero"
+    #: what "right" is for every analysis (`rnr repair --grading`): None, the default (strict)
+    grading: str | None = None
 
 
 def _repair_layer(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
@@ -259,7 +261,7 @@ def _repair_layer(organism: Path, task: Task, out: Path, cell: Cell) -> int | No
         return repair_layer_found(RunDir(out).read_summary())
     summary = run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="layer",
                          decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
-                         ablation=cell.ablation)
+                         ablation=cell.ablation, grading=cell.grading)
     return repair_layer_found(summary)
 
 
@@ -300,7 +302,7 @@ def _audit(model: str, task: Task, out: Path, cell: Cell) -> RunDir:
     """An audit as `rnr audit` runs it (by default K = 32 at T = 1: `Cell.probe`), resumed when begun."""
     if not (out / "summary.json").is_file():
         run_audit(load_model(model), task, out, probe=cell.probe, deployed=deployed_decoding(task),
-                  batch_size=cell.batch_size, progress=cell.progress)
+                  batch_size=cell.batch_size, progress=cell.progress, grading=cell.grading)
     return RunDir(out)
 
 
@@ -328,7 +330,7 @@ def _repair_mlp(organism: Path, task: Task, out: Path, cell: Cell) -> int | None
     if not (out / "summary.json").is_file():
         run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="mlp",
                    decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
-                   ablation=cell.ablation)
+                   ablation=cell.ablation, grading=cell.grading)
     chosen = RunDir(out).read_summary().chosen
     return None if chosen is None else int(chosen["layer"])
 
@@ -349,7 +351,7 @@ def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, ou
         return None
     if not (out / "summary.json").is_file():
         analyse(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
-                decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress)
+                decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress, grading=cell.grading)
     run = RunDir(out)
     return run if run.read_summary().layer is not None else None
 
@@ -399,7 +401,7 @@ GOLDS = ("base", "task")
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
-                 ablation: str = "zero", progress: bool = True) -> ValidateSummary:
+                 ablation: str = "zero", grading: str | None = None, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`)."""
     if profile not in PROFILES:
@@ -411,14 +413,18 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
     check_ablation(ablation)
-    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation)  # a bad temperature refused before any work
+    if grading is not None and grading not in GRADINGS:
+        raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+    # a bad temperature refused before any work
+    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading)
     asked = task
     if gold == "base":
-        task = anchor_task(load_model(model), task, batch_size)
+        task = anchor_task(load_model(model), task, batch_size, grading or DEFAULT_GRADING)
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
                               "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
                               **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),
-                              **({} if ablation == "zero" else {"ablation": ablation})})
+                              **({} if ablation == "zero" else {"ablation": ablation}),
+                              **({} if grading is None else {"grading": grading})})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -433,7 +439,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                 rows.append({**recovery_row(planted, named, one), "strength": strength})
         write_tables(run, rows)
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
-               "temperature": temperature, "ablation": ablation,
+               "temperature": temperature, "ablation": ablation, "grading": grading or DEFAULT_GRADING,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
     NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
@@ -158,8 +158,8 @@ def failures(
     data: DataOpt = None, n: NOpt = 24,
     out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP,
     margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,
-    circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32, on_invalid: OnInvalidOpt = "refuse",
-    quiet: QuietOpt = False,
+    circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
+    on_invalid: OnInvalidOpt = "refuse", quiet: QuietOpt = False,
 ):
     """Failure set (recognised but answered wrong) and healthy panel of a task; over
     several models/tasks, one run per cell under OUT/cells and the cell-level screen
@@ -195,7 +195,8 @@ def failures(
             for t in task:
                 summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout or default_readout(tasks[t]), panel=panel,
                                               decoding=deployed_decoding(tasks[t], max_new_tokens), criterion=criterion,
-                                              batch_size=batch_size, progress=not quiet, circular=circular))
+                                              batch_size=batch_size, progress=not quiet, circular=circular,
+                                              grading=grading))
         screen = write_screen(out, [RunDir(folders[c]) for c in cells], criterion) if len(cells) > 1 else None
         return summaries, screen
 
@@ -229,7 +230,7 @@ def repair(
                                        "then attention and whole layer at the chosen layer only (a third of the cost); "
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     ablation: AblationOpt = "zero",
-    permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
@@ -244,7 +245,7 @@ def repair(
     s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
-                  ablation=ablation, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
+                  ablation=ablation, grading=grading, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s.split
     typer.echo(f"{s.model} on {s.task}: failure set {s.n_failure} ({sp['n_failure_selection']} choose, "
                f"{sp['n_failure_heldout']} held out), panel {s.n_panel} ({sp['n_panel_selection']} / {sp['n_panel_heldout']}); "
@@ -281,7 +282,7 @@ def steer(
     alpha_unit: Annotated[str, typer.Option("--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS "
                                             "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, circular: CircularOpt = False, max_new_tokens: MaxTokOpt = None,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
@@ -307,7 +308,7 @@ def steer(
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
-                  permutation_control=permute_control, circular=circular, site=site,
+                  permutation_control=permute_control, circular=circular, site=site, grading=grading,
                   vector=None if vector is None else _vector_file(vector))
     _print_curve(s, "steering", f"{component} layer {s.layer} ({s.block_choice}), |v| = {s.v_norm or 0:.3f}, "
                  f"residual RMS norm {s.residual_rms or 0:.3f}; alpha in {s.alpha_unit_words}",
@@ -342,7 +343,7 @@ def units(
     seed: SeedOpt = 0,
     draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, circular: CircularOpt = False,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
     task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -358,7 +359,8 @@ def units(
     s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
-                  panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular)
+                  panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular,
+                  grading=grading)
     _print_curve(s, "unit analysis", f"MLP layer {s.layer} ({s.block_choice}), held-out whole-MLP repair "
                  f"{s.whole_block_repair or 0:.3f}",
                  f"  k     top    random: mean (sd; min-max of {s.random_draws} draws)   (fraction of the whole-MLP repair)",

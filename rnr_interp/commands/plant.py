@@ -12,7 +12,7 @@ import typer
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
 )
 
 
@@ -75,7 +75,7 @@ def validate(
                                        "new, units")] = "layer",
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
-    temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero",
+    temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero", grading: GradingOpt = None,
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
@@ -101,7 +101,7 @@ def validate(
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return run_validate(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                            temperature=temperature, ablation=ablation, progress=not quiet)
+                            temperature=temperature, ablation=ablation, grading=grading, progress=not quiet)
 
     summary = execute(body)
     _figures(out)

@@ -387,6 +387,8 @@ class ValidateSummary(Summary):
     temperature: float | None = None
     #: how the repair sweeps silenced a block (`RepairSummary.ablation`; None: zero, a run from before)
     ablation: str | None = None
+    #: what "right" was for every analysis (None: strict, a run from before)
+    grading: str | None = None
     #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]

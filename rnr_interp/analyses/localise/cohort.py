@@ -346,16 +346,18 @@ def check_localisation_options(lm: LoadedModel, *, layer: int | None = None, lay
 
 def localisation_config(kind: str, lm: LoadedModel, task: Task, decoding: Decoding, readout: str,
                         panel: int | None, batch_size: int, split: Split = Split(), circular: bool = False,
-                        **extra: Any) -> dict[str, Any]:
+                        grading: str | None = None, **extra: Any) -> dict[str, Any]:
     """`run_config` with the settings every localisation run shares (the cohort's),
     after refusing bad settings: every localisation run builds its config before it
     creates its folder. The split is recorded as stratified (its questions change with
     the stratification) and `circular` only when on, so a default run's config keeps
-    its other keys."""
+    its other keys. `grading` decides what "right" is for the cohort and every sweep
+    (None: the default, strict: a failure of the stated format is a failure; flexible
+    reads the answer's content whatever its format, `records.GRADINGS`)."""
     check_cohort_options(task, readout, panel, batch_size)
     if circular:
         check_circular(task, readout)
     check_localisation_options(lm, **extra)
-    return run_config(kind, lm, task, deployed=asdict(decoding), readout=readout, panel=panel,
+    return run_config(kind, lm, task, grading=grading, deployed=asdict(decoding), readout=readout, panel=panel,
                       split={**asdict(split), "stratified": True}, batch_size=batch_size,
                       **({"circular": True} if circular else {}), **extra)

@@ -261,13 +261,13 @@ def controls_table(summary: dict[str, Any]) -> pd.DataFrame:
 def run_failures(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "option:mean",
                  panel: int | None = PANEL_CAP, decoding: Decoding | None = None,
                  criterion: FailureCriterion = FailureCriterion(), batch_size: int = 32,
-                 progress: bool = True, circular: bool = False) -> FailuresSummary:
+                 progress: bool = True, circular: bool = False, grading: str | None = None) -> FailuresSummary:
     """Recognition, deployed baseline and the cohort, into a run folder (kind "failures"),
     with the cell's line of the failure screen (`recognition.screen_cell`). With
     `circular`, generation is read under every cyclic shift of the options."""
     decoding = decoding or deployed_decoding(task)
     run = RunDir.create(out, localisation_config(FAILURES, lm, task, decoding, readout, panel, batch_size,
-                                                 circular=circular))
+                                                 circular=circular, grading=grading))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
     return run.write_summary({**c.summary(FAILURES, run.read_table("recognition"), readout=readout,
@@ -350,7 +350,7 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
                permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
-               circular: bool = False, ablation: str = "zero") -> RepairSummary:
+               circular: bool = False, ablation: str = "zero", grading: str | None = None) -> RepairSummary:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
@@ -359,7 +359,8 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     (`readings.run_permutation_control`; twice that part's rows again, so off by default).
     `circular`: the cohort and every sweep row read under every cyclic shift of the
     options (as many rows again as the options, per row). `ablation`: how a block is
-    silenced, "zero" (the paper's) or "mean" (`silencers`)."""
+    silenced, "zero" (the paper's) or "mean" (`silencers`). `grading`: what "right" is
+    (`cohort.localisation_config`)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     check_ablation(ablation)
@@ -372,7 +373,7 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     if ablation != "zero":
         control["ablation"] = ablation
     run = RunDir.create(out, localisation_config(REPAIR, lm, task, decoding, readout, panel, batch_size, split,
-                                                 circular=circular, layers=layers, components=list(components),
+                                                 circular=circular, grading=grading, layers=layers, components=list(components),
                                                  sweep=sweep, **control))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)

@@ -351,6 +351,8 @@ def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedMod
         if src.config.get(key) != run.config.get(key):
             raise ValueError(f"repair run {repair_run} differs from this run in {key!r}: "
                              f"{src.config.get(key)!r} != {run.config.get(key)!r} (use the same options)")
+    if src.grading != run.grading:  # its failures and panel are right and wrong under its grading
+        raise ValueError(f"repair run {repair_run} graded {src.grading}, this run {run.grading}: pass --grading {src.grading}")
     by_id = {q.id: q for q in task.questions}
     f_ids, p_ids, done = src.read_json("failure_set"), src.read_json("healthy_panel"), src.read_summary()
     cohort = Cohort(failure=[by_id[i] for i in f_ids["question_ids"]], panel=[by_id[i] for i in p_ids["question_ids"]],
@@ -383,7 +385,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
-              ) -> SteerSummary:
+              grading: str | None = None) -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
@@ -406,7 +408,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     elif site is not None:
         raise ValueError("a steering site needs a given vector (--vector); without one v is the block's own output")
     run = RunDir.create(out, localisation_config(STEER, lm, task, decoding, readout, panel, batch_size, split,
-                                                 circular=circular, layer=layer, component=component,
+                                                 circular=circular, grading=grading, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, **control))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
@@ -451,7 +453,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, readout: str = "option:mean",
               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
               permutation_control: bool = False, circular: bool = False, batch_size: int = 32,
-              progress: bool = True) -> UnitsSummary:
+              progress: bool = True, grading: str | None = None) -> UnitsSummary:
     """Top-k units by directional contribution (scored on the selection part) vs
     `draws` sets of k random units, silenced on the held-out failures (kind "units").
     `permutation_control` re-scores the whole block and every top-k set on the held-out
@@ -462,7 +464,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     decoding = decoding or deployed_decoding(task)
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
     run = RunDir.create(out, localisation_config(UNITS, lm, task, decoding, readout, panel, batch_size, split,
-                                                 circular=circular, layer=layer,
+                                                 circular=circular, grading=grading, layer=layer,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  ks=[int(k) for k in ks], seed=seed, draws=draws, **control))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
