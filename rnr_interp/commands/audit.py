@@ -60,9 +60,10 @@ def audit(
     quiet: QuietOpt = False,
 ):
     """Realized (deployed) vs reachable (any of K samples) per question: D, O_K, gap, read against a chance null."""
-    from rnr_interp.analyses.audit import run_audit
     from rnr_interp.engine.decoding import Decoding
     from rnr_interp.engine.sampling import Probe, deployed_decoding
+    from rnr_interp.records import AUDIT
+    from rnr_interp.report.kinds import analysis_of
 
     if ci not in ("wilson", "bootstrap"):
         fail(f"--ci must be wilson or bootstrap, got {ci!r}")
@@ -83,8 +84,8 @@ def audit(
         if shared_format is not None:  # else the task's own format (an lm-eval task's raw prompt)
             lm.prompt_override = shared_format
         deployed = deployed_decoding(t, max_new_tokens, temperature=deployed_temperature)
-        return run_audit(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
-                         grading=grading, circular=circular, save_logprobs=save_logprobs)
+        return analysis_of(AUDIT).run(lm, t, out, probe=probe, deployed=deployed, batch_size=batch_size, ci=ci, progress=not quiet,
+                                      grading=grading, circular=circular, save_logprobs=save_logprobs)
 
     print_audit_table(execute(body))
     run_folder(out)
@@ -290,7 +291,8 @@ def route(
     """Random layer routes vs structured search (MCTS, hill climbing, genetic) at a matched budget, plus answer-blind selectors."""
     check_log_to(log_to)
     from rnr_interp.analyses.routing.config import RouteConfig
-    from rnr_interp.analyses.routing.run import run_route_audit
+    from rnr_interp.records import ROUTE
+    from rnr_interp.report.kinds import analysis_of
 
     check_grading_option(grading)
     options = {"samples": "--k", "budget": "--budget", "spaces": "--space", "methods": "--methods",
@@ -304,7 +306,7 @@ def route(
         lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
                             on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"),
                             lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
-        return run_route_audit(lm, t, out, cfg, progress=not quiet, grading=grading)
+        return analysis_of(ROUTE).run(lm, t, out, cfg, progress=not quiet, grading=grading)
 
     print_route_summary(execute(body))
     run_folder(out)
@@ -417,7 +419,8 @@ def temperature_sweep(
     quiet: QuietOpt = False,
 ):
     """One audit per temperature: O_K - majority@K and O_K - greedy per temperature, with paired intervals, read against the null."""
-    from rnr_interp.analyses.sweep import run_temperature_sweep
+    from rnr_interp.records import TEMPERATURE_SWEEP
+    from rnr_interp.report.kinds import analysis_of
 
     try:
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
@@ -430,8 +433,8 @@ def temperature_sweep(
     def body():
         lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
                             size=audit_size(k, batch_size), lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
-        return run_temperature_sweep(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size, progress=not quiet,
-                                     grading=grading)
+        return analysis_of(TEMPERATURE_SWEEP).run(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size,
+                                                  progress=not quiet, grading=grading)
 
     table = execute(body)
     graded_as = table["grading"].iloc[0] if "grading" in table and len(table) else "flexible"
@@ -456,13 +459,14 @@ def route_cells(
 ):
     """The cross-cell table in the paper's units: model-task cells, per-space comparisons where random (and
     random_matched) >= each search, medians, selector gap recovery."""
-    from rnr_interp.analyses.routing.cells import write_route_cells
+    from rnr_interp.records import ROUTE_CELLS
+    from rnr_interp.report.kinds import analysis_of
 
     if not folder.is_dir():
         fail(f"{folder} is not a folder")
     if out is not None:
         check_out(out)
-    run, tables = execute(lambda: write_route_cells(folder, out))
+    run, tables = execute(lambda: analysis_of(ROUTE_CELLS).run(folder, out))
     for r in tables["runs"][~tables["runs"].kept].itertuples():
         typer.echo(f"left out {r.run}: shares {r.shared_questions} questions of {r.model} on {r.task} with {r.overlaps}, "
                    "which is kept (a cell's questions count once)")

@@ -36,8 +36,9 @@ def compare(
     """Base vs trained checkpoint, question by question: gained/lost/kept/never,
     entered/left/stayed/never, propensity bins, McNemar and paired intervals; prompt
     formats, shared-prompt share of the gain, budget control."""
-    from rnr_interp.analyses.checkpoints import DEFAULT_BIN_EDGES, ROLES, check_aligned, check_bin_edges, compare_runs, load_aligned_task
-    from rnr_interp.records import RunDir
+    from rnr_interp.analyses.checkpoints import DEFAULT_BIN_EDGES, ROLES, check_aligned, check_bin_edges, load_aligned_task
+    from rnr_interp.records import COMPARE, RunDir
+    from rnr_interp.report.kinds import analysis_of
 
     at_least("--factor", factor)
     at_least("--budget-control-k", budget_control_k)
@@ -65,8 +66,9 @@ def compare(
                 task = load_aligned_task(base.config, data)
             except (OSError, ValueError):
                 task = None
-        return compare_runs(base, trained, out, edges=edges, control_models=models, control_task=task if models else None,
-                            task=task, factor=factor, budget_k=budget_control_k, shared_prompt=shared, batch_size=batch_size, grading=grading)
+        return analysis_of(COMPARE).run(base, trained, out, edges=edges, control_models=models, control_task=task if models else None,
+                                        task=task, factor=factor, budget_k=budget_control_k, shared_prompt=shared, batch_size=batch_size,
+                                        grading=grading)
 
     s = execute(body)
     print_comparison(s)

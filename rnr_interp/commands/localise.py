@@ -74,14 +74,15 @@ def _figures(out: Path) -> None:
     write_run_figures(RunDir(out))
 
 
-def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
+def _localise(kind: str, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
               per_model=lambda lm: {}, task_config: Optional[Path] = None, on_invalid: str = "refuse",
               lm_eval: Optional[dict] = None, **options) -> "CohortSummary":
-    """The localisation commands' body: load, run `analysis` with the task's deployed
-    decoding (`sampling.deployed_decoding`, as every command), figures into the run
-    folder; `per_model(lm)` gives the options that depend on the loaded model; `lm_eval`
-    an lm-eval task's options (`common.load_inputs`)."""
+    """The localisation commands' body: load, run the registered analysis of `kind`
+    (`report.kinds`) with the task's deployed decoding (`sampling.deployed_decoding`, as
+    every command), figures into the run folder; `per_model(lm)` gives the options that
+    depend on the loaded model; `lm_eval` an lm-eval task's options (`common.load_inputs`)."""
     from rnr_interp.engine.sampling import deployed_decoding
+    from rnr_interp.report.kinds import analysis_of
 
     at_least("--batch-size", batch_size)
     at_least("--panel", options.get("panel"))
@@ -93,8 +94,8 @@ def _localise(analysis, model: str, task: str, data, n, out: Path, max_new_token
                             on_invalid=on_invalid, lm_eval=lm_eval)
         if "readout" in options:
             options["readout"] = options["readout"] or default_readout(t)
-        return analysis(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
-                        progress=not quiet, **per_model(lm), **options)
+        return analysis_of(kind).run(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
+                                     progress=not quiet, **per_model(lm), **options)
 
     summary = execute(body)
     _figures(out)
@@ -165,8 +166,8 @@ def failures(
     several models/tasks, one run per cell under OUT/cells and the cell-level screen
     (recognition vs generation score, the criterion applied) in OUT."""
     from rnr_interp.analyses.localise.recognition import FailureCriterion, default_readout
-    from rnr_interp.records import RunDir
-    from rnr_interp.analyses.localise.repair import run_failures, write_screen
+    from rnr_interp.records import FAILURES, SCREEN, RunDir
+    from rnr_interp.report.kinds import analysis_of
     from rnr_interp.engine.sampling import check_prompts_fit, deployed_decoding
 
     if data is not None and len(task) > 1:
@@ -193,11 +194,11 @@ def failures(
             for t in task:
                 check_prompts_fit(lm, tasks[t], max_new_tokens or tasks[t].max_new_tokens)
             for t in task:
-                summaries.append(run_failures(lm, tasks[t], folders[(m, t)], readout=readout or default_readout(tasks[t]), panel=panel,
-                                              decoding=deployed_decoding(tasks[t], max_new_tokens), criterion=criterion,
-                                              batch_size=batch_size, progress=not quiet, circular=circular,
-                                              grading=grading))
-        screen = write_screen(out, [RunDir(folders[c]) for c in cells], criterion) if len(cells) > 1 else None
+                summaries.append(analysis_of(FAILURES).run(lm, tasks[t], folders[(m, t)], readout=readout or default_readout(tasks[t]),
+                                                           panel=panel, decoding=deployed_decoding(tasks[t], max_new_tokens),
+                                                           criterion=criterion, batch_size=batch_size, progress=not quiet,
+                                                           circular=circular, grading=grading))
+        screen = analysis_of(SCREEN).run(out, [RunDir(folders[c]) for c in cells], criterion) if len(cells) > 1 else None
         return summaries, screen
 
     summaries, screen = execute(body)
@@ -240,9 +241,10 @@ def repair(
     block chosen on half the failures and panel, scored on the other half."""
     check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
-    from rnr_interp.analyses.localise.repair import controls_table, run_repair
+    from rnr_interp.analyses.localise.repair import controls_table
+    from rnr_interp.records import REPAIR
 
-    s = _localise(run_repair, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+    s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
                   ablation=ablation, grading=grading, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
@@ -298,13 +300,13 @@ def steer(
     check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.interventions import COMPONENT_SITE
-    from rnr_interp.analyses.localise.steering import run_steer
+    from rnr_interp.records import STEER
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
     if alpha_unit not in ALPHA_UNITS:
         fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
-    s = _localise(run_steer, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+    s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
@@ -354,9 +356,9 @@ def units(
     block's held-out repair."""
     check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
-    from rnr_interp.analyses.localise.steering import run_units
+    from rnr_interp.records import UNITS
 
-    s = _localise(run_units, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+    s = _localise(UNITS, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular,

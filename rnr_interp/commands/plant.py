@@ -81,8 +81,10 @@ def validate(
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
     each organism as a user would, and score what they found against what was planted:
     recovery per kind, the detection curve, false positives on the nulls."""
-    from rnr_interp.analyses.validate import ANALYSES, GOLDS, PROFILES, run_validate
+    from rnr_interp.analyses.validate import ANALYSES, GOLDS, PROFILES
     from rnr_interp.interventions import ABLATION_MODES
+    from rnr_interp.records import VALIDATE
+    from rnr_interp.report.kinds import analysis_of
     from rnr_interp.tasks import load_task
 
     at_least("--n", n)
@@ -100,8 +102,8 @@ def validate(
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
-        return run_validate(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                            temperature=temperature, ablation=ablation, grading=grading, progress=not quiet)
+        return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
+                                         temperature=temperature, ablation=ablation, grading=grading, progress=not quiet)
 
     summary = execute(body)
     _figures(out)

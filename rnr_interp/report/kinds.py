@@ -5,6 +5,7 @@ run config), its typed summary (`records.summaries`), the dataclass of its setti
 function that runs it, the function that summarises a finished run from its records
 alone (where there is one: what `rnr regrade` calls), its figure sets
 (`report.registry`) and the body of its page's Summary section (`report.sections`).
+The analysis commands run their kind's function (`analysis_of(kind).run`), and
 `rnr regrade`, `rnr report`, the reproduction's index and its findings look a run's kind
 up here instead of testing kind names. docs/contributing.md adds one.
 
