@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                          "records.journal", "records.config", "records.lock", "records.summaries", "records.reference",
                          "records.outdir", "records.rundir", "records", "tasks", "metrics", "grading", "sae", "interventions"]),
     ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
-    ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.recognition", "analyses.localise.circular",
+    ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.defaults", "analyses.localise.recognition", "analyses.localise.circular",
                   "analyses.localise.readings", "analyses.localise.cohort",
                   "analyses.localise.repair", "analyses.localise.steering", "analyses.patching", "analyses.checkpoints", "analyses.finetune", "analyses.sweep",
                   "analyses.organisms", "analyses.anchor", "analyses.validate"]),

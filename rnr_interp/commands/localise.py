@@ -15,8 +15,7 @@ from rnr_interp.commands.common import (
     at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
 )
-from rnr_interp.analyses.localise.cohort import PANEL_CAP
-from rnr_interp.analyses.localise.steering import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
+from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP
 
 if TYPE_CHECKING:
     from rnr_interp.records import CohortSummary, SteerSummary, UnitsSummary

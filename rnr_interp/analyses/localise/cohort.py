@@ -25,6 +25,7 @@ from rnr_interp.analyses.localise.circular import (
     CIRCULAR_RULE, CircularOutcome, answer_from_records, answer_of, check_circular, circular_outcomes, circular_rows,
     letter_bias,
 )
+from rnr_interp.analyses.localise.defaults import PANEL_CAP
 from rnr_interp.analyses.localise.readings import multiple_choice_readings, run_permutation_control
 from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognition_choices, recognize
 from rnr_interp.engine.decoding import Decoding
@@ -37,9 +38,6 @@ from rnr_interp.tasks.base import MultipleChoiceTask, Question, Task
 
 # -- failure set and healthy panel ---------------------------------------------------
 
-#: the healthy panel is every deployed-right question up to this many (task order):
-#: enough to see damage rates of a few percent (the paper's 0-12%)
-PANEL_CAP = 64
 
 
 #: meta keys that name a question's subset (an MMLU subject, a jsonl file's extra

@@ -56,6 +56,7 @@ from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, Cohort, CohortRun, Split, check_localisation_options, localisation_config, open_cohort,
 )
+from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts, rates
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
@@ -71,9 +72,6 @@ from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, sil
 from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
 
-#: how alpha is measured: "rms" (multiples of the residual stream's RMS norm at the
-#: block's layer, along unit v) or "raw" (multiples of the unnormalised v)
-ALPHA_UNITS = ("rms", "raw")
 ALPHA_UNIT_WORDS = {
     "rms": "multiples of the residual stream's RMS norm at the block's layer (hook_resid_post, last prompt position, "
            "selection questions), along v normalised to unit length",
@@ -83,7 +81,6 @@ ALPHA_UNIT_WORDS = {
 #: the default grid per unit: rms alphas are fractions of a typical residual vector's length
 DEFAULT_ALPHAS_BY_UNIT = {"rms": (0.0, 0.125, 0.25, 0.5, 1.0, 2.0), "raw": (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)}
 DEFAULT_ALPHAS = DEFAULT_ALPHAS_BY_UNIT["rms"]
-DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 
 
 # -- activations -----------------------------------------------------------------------
@@ -246,8 +243,6 @@ def random_units(d_mlp: int, k: int, seed: int, draw: int = 0) -> tuple[int, ...
     return tuple(int(i) for i in np.random.default_rng([seed, k, draw]).choice(d_mlp, size=k, replace=False))
 
 
-#: random-k draws per k: the control's spread, not one lucky or unlucky draw
-DEFAULT_DRAWS = 20
 
 
 def units_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, scores: Tensor, *,
