@@ -152,3 +152,14 @@ def test_the_walk_sees_bad_edges(tmp_path):
     sample.write_text("from rnr_interp.records import RunDir\n")
     assert bad_edges(sample, "rnr_interp.report.html") == []
     assert cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"] and cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_cli_starts_without_torch():
+    """`rnr --help` and option parsing import no model stack: commands import their
+    analyses when they run, and the defaults their options name are torch-free."""
+    import subprocess
+    import sys
+
+    probe = "import sys, rnr_interp.cli; print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"importing the CLI loads {loaded}"
