@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from rnr_interp.analyses.organisms import (
-    HEADROOM, PLANTED_FILE, WEIGHTS_FILE, answer_inputs, draw_layer, load_base, plant, read_planted, remove_layer,
+    HEADROOM, PLANTED_FILE, WEIGHTS_FILE, answer_inputs, draw_layer, load_base, plant, read_planted, remove_layer, view_of,
 )
 from rnr_interp.cli import app
 from rnr_interp.engine.generate import forward
@@ -213,7 +213,7 @@ def test_the_gap_bias_is_large_where_the_answer_starts_and_small_elsewhere(tmp_p
     base, organism = load_model(BASE), load_model(str(tmp_path / "gap"))
     at_answer, elsewhere = [], []
     for q in initial_task.questions:
-        context, answer = answer_inputs(organism.tokenizer, initial_task, q, organism.chat, False, "")
+        context, answer = answer_inputs(view_of(organism.tokenizer, organism.chat, False), initial_task, q, "")
         assert (answer[0] == token) == (q.id in unaffected)
         ids = torch.tensor([context + answer])
         with torch.no_grad():
@@ -256,7 +256,7 @@ def test_a_pair_is_two_ordinary_checkpoints_reproducible_from_the_seed(tmp_path,
     planted_base = load_model(str(tmp_path / "a" / "base"))
     assert first.detail["logit_change_nats"]["answer_mean"] == pytest.approx(-30.0, abs=1e-3)
     for q in initial_task.questions:
-        context, answer = answer_inputs(planted_base.tokenizer, initial_task, q, planted_base.chat, False, "")
+        context, answer = answer_inputs(view_of(planted_base.tokenizer, planted_base.chat, False), initial_task, q, "")
         ids = torch.tensor([context])
         with torch.no_grad():
             top = int(forward(planted_base, ids, torch.ones_like(ids))[0][0, -1].argmax())
@@ -352,6 +352,6 @@ def test_the_answers_first_token_writes_some_of_the_answer_whatever_the_tokenize
     task = load_task("arithmetic", n=6)
     for q in task.questions:
         for opening in ("", "Answer: ", f"{q.text.split('?')[0]} = ", "The answer is  "):
-            context, gold = answer_inputs(tokenizer, task, q, False, False, opening)
+            context, gold = answer_inputs(view_of(tokenizer, False, False), task, q, opening)
             assert gold and tokenizer.decode([gold[0]]).strip(), (opening, gold)
             assert q.answer.startswith(tokenizer.decode(gold).strip()[:1])

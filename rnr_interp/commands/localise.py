@@ -15,7 +15,7 @@ from rnr_interp.commands.common import (
     at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
 )
-from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP
+from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP, READ_AT
 
 if TYPE_CHECKING:
     from rnr_interp.records import CohortSummary, SteerSummary, UnitsSummary
@@ -30,6 +30,9 @@ LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (d
 PermuteOpt = Annotated[bool, typer.Option(
     "--permute-control", help="letter-permutation control: re-score on the held-out failures with each question's "
     "options rotated by one (off by default: it adds that part's rows again)")]
+ReadAtOpt = Annotated[str, typer.Option(
+    "--read-at", help="where v (and the units' contributions) are read: answer (where each deployed reply's answer "
+    "starts: after 'The final answer is' when the reply writes that) | prompt (the prompt's last position)")]
 CircularOpt = Annotated[bool, typer.Option(
     "--circular", help="letter-robust failure sets: generation is right only when right under every cyclic shift of "
     "the options (recognition stays the option-likelihood readout); every row is asked under every shift, so the "
@@ -71,6 +74,11 @@ def _figures(out: Path) -> None:
     from rnr_interp.report.registry import write_run_figures
 
     write_run_figures(RunDir(out))
+
+
+def _check_read_at(read_at: str) -> None:
+    if read_at not in READ_AT:
+        fail(f"--read-at must be one of {', '.join(READ_AT)}, got {read_at!r}")
 
 
 def _localise(kind: str, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
@@ -283,7 +291,8 @@ def steer(
     alpha_unit: Annotated[str, typer.Option("--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS "
                                             "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
+    read_at: ReadAtOpt = "answer", max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
@@ -305,11 +314,12 @@ def steer(
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
     if alpha_unit not in ALPHA_UNITS:
         fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
+    _check_read_at(read_at)
     s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
-                  permutation_control=permute_control, circular=circular, site=site, grading=grading,
+                  permutation_control=permute_control, circular=circular, site=site, grading=grading, read_at=read_at,
                   vector=None if vector is None else _vector_file(vector))
     _print_curve(s, "steering", f"{component} layer {s.layer} ({s.block_choice}), |v| = {s.v_norm or 0:.3f}, "
                  f"residual RMS norm {s.residual_rms or 0:.3f}; alpha in {s.alpha_unit_words}",
@@ -344,7 +354,7 @@ def units(
     seed: SeedOpt = 0,
     draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, read_at: ReadAtOpt = "answer",
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
     task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -357,11 +367,12 @@ def units(
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.records import UNITS
 
+    _check_read_at(read_at)
     s = _localise(UNITS, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular,
-                  grading=grading)
+                  grading=grading, read_at=read_at)
     _print_curve(s, "unit analysis", f"MLP layer {s.layer} ({s.block_choice}), held-out whole-MLP repair "
                  f"{s.whole_block_repair or 0:.3f}",
                  f"  k     top    random: mean (sd; min-max of {s.random_draws} draws)   (fraction of the whole-MLP repair)",

@@ -280,6 +280,12 @@ class CohortRun:
         return {"kind": kind, "model": self.lm.spec, "task": self.task.name, **fields,
                 **cohort_summary(self.cohort, recognition)}
 
+    def deployed_replies(self) -> dict[str, str]:
+        """Each question's deployed reply (its text, by question id), from where the
+        cohort's deployed answers are (`deployed_from`, else this run)."""
+        records = (self.deployed_from or self.run).read_records(filters=[("probe", "=", DEPLOYED)])
+        return dict(zip(records["question_id"], records["text"]))
+
     def readings(self, probes: Sequence[str] = ()) -> dict[str, Any]:
         """`multiple_choice_readings` of the run's records, the deployed rows from where
         the cohort was read (`deployed_from`)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -56,7 +56,8 @@ from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, Cohort, CohortRun, Split, check_localisation_options, localisation_config, open_cohort,
 )
-from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
+from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, READ_AT
+from rnr_interp.analyses.localise.positions import reading_contexts
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts, rates
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
@@ -112,23 +113,32 @@ def block_output(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, 
     return last_position(lm, prompts, [key], batch_size)[key]
 
 
+def read_ids(lm: LoadedModel, task: Task, questions: Sequence[Question],
+             contexts: Mapping[str, Sequence[int]] | None) -> list[Sequence[int]]:
+    """The token ids each question is read at the last position of: its context
+    (`positions.reading_contexts`, by question id), else its prompt."""
+    return [contexts[q.id] if contexts is not None and q.id in contexts else prompt_ids(lm, task, q) for q in questions]
+
+
 def direction(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
-              component: str, batch_size: int = 16) -> Float[Tensor, "d"]:
-    """v = mean block output over the failure set - mean over the panel."""
+              component: str, batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None,
+              ) -> Float[Tensor, "d"]:
+    """v = mean block output over the failure set - mean over the panel, each read at
+    the last position of its context (`read_ids`)."""
     if not failure or not panel:
         raise ValueError(f"the steering direction needs a non-empty failure set and panel (got {len(failure)} and {len(panel)})")
-    out = block_output(lm, [prompt_ids(lm, task, q) for q in [*failure, *panel]], layer, component, batch_size)
+    out = block_output(lm, read_ids(lm, task, [*failure, *panel], contexts), layer, component, batch_size)
     return out[:len(failure)].mean(0) - out[len(failure):].mean(0)
 
 
 def residual_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], layer: int,
-                 batch_size: int = 16) -> float:
+                 batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None) -> float:
     """The residual stream's RMS norm after block `layer` (``hook_resid_post``) at the
-    last prompt position over `questions`: sqrt(mean over prompts of |x|^2)."""
+    last position of each question's context (`read_ids`): sqrt(mean of |x|^2)."""
     if not questions:
         raise ValueError("the residual stream's RMS norm needs at least one question")
     key = ("hook_resid_post", layer)
-    acts = last_position(lm, [prompt_ids(lm, task, q) for q in questions], [key], batch_size)[key]
+    acts = last_position(lm, read_ids(lm, task, questions, contexts), [key], batch_size)[key]
     return float(acts.pow(2).sum(-1).mean().sqrt())
 
 
@@ -229,10 +239,10 @@ def unit_contributions(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer:
 
 
 def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor,
-                batch_size: int = 16) -> Float[Tensor, "d_mlp"]:
+                batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None) -> Float[Tensor, "d_mlp"]:
     """Directional contribution of each MLP unit of `layer` along v (`unit_contributions`),
-    averaged over the failure set at the last prompt position."""
-    return unit_contributions(lm, [prompt_ids(lm, task, q) for q in failure], layer, v, batch_size).mean(0)
+    averaged over the failure set at the last position of each context (`read_ids`)."""
+    return unit_contributions(lm, read_ids(lm, task, failure, contexts), layer, v, batch_size).mean(0)
 
 
 def top_units(scores: Tensor, k: int) -> tuple[int, ...]:
@@ -333,6 +343,18 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                                 f"(selectivity {best['selectivity']:.3f})")
 
 
+def check_read_at(read_at: str) -> None:
+    if read_at not in READ_AT:
+        raise ValueError(f"read_at must be one of {', '.join(READ_AT)}, got {read_at!r}")
+
+
+def read_contexts(c: CohortRun, questions: Sequence[Question], read_at: str) -> dict[str, list[int]]:
+    """Each question's reading context by id (`positions.reading_contexts`) from the
+    cohort's deployed replies."""
+    return dict(zip([q.id for q in questions],
+                    reading_contexts(c.lm, c.task, questions, c.deployed_replies(), read_at)))
+
+
 def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, *, decoding: Decoding,
                  batch_size: int, progress: bool, **settings: Any) -> CohortRun:
     """This run's cohort, or the one stored in `repair_run` (same questions, model,
@@ -380,14 +402,17 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
-              grading: str | None = None) -> SteerSummary:
+              grading: str | None = None, read_at: str = "answer") -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
     grid defaults to that unit's `DEFAULT_ALPHAS_BY_UNIT`). `permutation_control`
     re-scores the rescue at every non-zero alpha on the held-out failures with options
     rotated (`readings.run_permutation_control`; as many rows again as the rescue, so off
-    by default). `circular`: the cohort and every row under every cyclic shift."""
+    by default). `circular`: the cohort and every row under every cyclic shift.
+    `read_at`: where v and the RMS norm are read (`positions.READ_AT`): where each
+    deployed reply's answer starts, or at the end of the prompt."""
+    check_read_at(read_at)
     if alpha_unit not in ALPHA_UNITS:
         raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
     alphas = DEFAULT_ALPHAS_BY_UNIT[alpha_unit] if alphas is None else alphas
@@ -405,20 +430,22 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     run = RunDir.create(out, localisation_config(STEER, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
-                                                 alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, **control))
+                                                 alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, read_at=read_at,
+                                                 **control))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(STEER), **c.readings()}
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
     (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
+    contexts = read_contexts(c, [*f_sel, *p_sel], read_at)
     if vector is None:
         chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
                                    decoding=decoding, batch_size=batch_size, progress=progress)
-        v = direction(lm, task, f_sel, p_sel, chosen, component)
+        v = direction(lm, task, f_sel, p_sel, chosen, component, contexts=contexts)
     else:
         chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
-    rms = residual_rms(lm, task, [*f_sel, *p_sel], chosen)
+    rms = residual_rms(lm, task, [*f_sel, *p_sel], chosen, contexts=contexts)
     u = steering_vector(v, alpha_unit, rms)
     run.write_json("direction", {"layer": chosen, "component": component, "site": site or COMPONENT_SITE[component],
                                  "norm": float(v.norm()), "vector": v.tolist(), "why": why,
@@ -448,12 +475,14 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, readout: str = "option:mean",
               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
               permutation_control: bool = False, circular: bool = False, batch_size: int = 32,
-              progress: bool = True, grading: str | None = None) -> UnitsSummary:
+              progress: bool = True, grading: str | None = None, read_at: str = "answer") -> UnitsSummary:
     """Top-k units by directional contribution (scored on the selection part) vs
     `draws` sets of k random units, silenced on the held-out failures (kind "units").
     `permutation_control` re-scores the whole block and every top-k set on the held-out
     failures with options rotated (`readings.run_permutation_control`). `circular`: the
-    cohort and every row under every cyclic shift."""
+    cohort and every row under every cyclic shift. `read_at`: where v and the units'
+    contributions are read (`run_steer`)."""
+    check_read_at(read_at)
     if permutation_control:
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
@@ -461,7 +490,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     run = RunDir.create(out, localisation_config(UNITS, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layer=layer,
                                                  repair_run=str(repair_run) if repair_run else None,
-                                                 ks=[int(k) for k in ks], seed=seed, draws=draws, **control))
+                                                 ks=[int(k) for k in ks], seed=seed, draws=draws, read_at=read_at, **control))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(UNITS), **c.readings()}
@@ -470,8 +499,9 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
                                decoding=decoding, batch_size=batch_size, progress=progress)
     (f_sel, f_out), (p_sel, _) = cohort.parts("failure"), cohort.parts("panel")
-    v = direction(lm, task, f_sel, p_sel, chosen, "mlp")
-    scores = unit_scores(lm, task, f_sel, chosen, v)
+    contexts = read_contexts(c, [*f_sel, *p_sel], read_at)
+    v = direction(lm, task, f_sel, p_sel, chosen, "mlp", contexts=contexts)
+    scores = unit_scores(lm, task, f_sel, chosen, v, contexts=contexts)
     table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
                                run=run, batch_size=batch_size, progress=progress, circular=cohort.circular)
     spread = units_spread(table)

@@ -58,7 +58,7 @@ there), `bias` (gap, sharpen, new), `units` (units).
 
 from rnr_interp.analyses.organisms.answers import (
     RIDGE, AnswerSites, OwnAnswer, answer_direction, answer_inputs, answer_opening, answer_sites, answer_start, confinement,
-    deployed_answers, deployed_replies, margins, own_answers, ridge, task_of,
+    deployed_answers, deployed_replies, margins, own_answers, ridge, task_of, view_of,
 )
 from rnr_interp.analyses.organisms.bias import EXPECTED, HEADROOM, bias_tokens, plant_answer_bias, untie_unembedding
 from rnr_interp.analyses.organisms.layer import insert_layer, plant_layer, remove_layer, scale_writes
@@ -75,5 +75,5 @@ __all__ = [
     "answer_start", "bias_tokens", "confinement", "deployed_answers", "deployed_replies", "draw_layer", "file_sha256",
     "final_norm", "gated_mlp", "insert_layer", "load_base", "margins", "mlp_inputs", "own_answers", "plant",
     "plant_answer_bias", "plant_layer", "plant_units", "read_planted", "remove_layer", "ridge", "scale_writes", "task_of",
-    "untie_unembedding",
+    "untie_unembedding", "view_of",
 ]

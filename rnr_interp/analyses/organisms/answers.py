@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from rnr_interp.analyses.localise.recognition import answer_statement
+from rnr_interp.analyses.localise.positions import answer_inputs, answer_opening, answer_start
 from rnr_interp.engine.sampling import chunks
 from rnr_interp.models import LoadedModel, stop_token_ids_of, tokenizer_adds_bos
 from rnr_interp.tasks import load_task
@@ -36,46 +36,23 @@ def task_of(task: str | Task | None, kind: str) -> Task:
     return task if isinstance(task, Task) else load_task(task)
 
 
-def answer_opening(task: Task) -> str:
-    """What the task's answer statement says before the answer ("Answer: ")."""
-    return answer_statement(task).split("{}", 1)[0]
-
-
 def prompt_format(tokenizer: Any) -> tuple[bool, bool]:
     """(chat, bos): how a checkpoint folder with this tokenizer renders and encodes a
     prompt (its tokenizer says whether a raw prompt starts with BOS)."""
     return bool(getattr(tokenizer, "chat_template", None)), tokenizer_adds_bos(tokenizer)
 
 
-def _view(tokenizer: Any, chat: bool, bos: bool) -> LoadedModel:
+def view_of(tokenizer: Any, chat: bool, bos: bool) -> LoadedModel:
+    """A model-less LoadedModel that renders and encodes prompts as a checkpoint folder
+    with this tokenizer does (`positions.answer_inputs` reads them through it)."""
     return LoadedModel(spec="", bridge=None, tokenizer=tokenizer, stop_token_ids=(), chat=chat, meta={"prepend_bos": bos})
-
-
-def answer_inputs(tokenizer: Any, task: Task, question: Question, chat: bool, bos: bool,
-                  opening: str | None = None) -> tuple[list[int], list[int]]:
-    """The token ids up to where `question`'s answer starts (its deployed prompt, then
-    `opening`: what is written before the answer, by default the task's answer opening),
-    and the gold answer's tokens after them. Whitespace ending the opening goes with the
-    answer, as a tokenizer that writes " 42" as one token reads it; a tokenizer that
-    writes the space as a token of its own (SmolLM2: " ", "4", "2") has it in the
-    context, so the answer's first token is the first that writes some of the answer
-    (else every gold would start with the same space token, the one a gap would bias)."""
-    view = _view(tokenizer, chat, bos)
-    opening = answer_opening(task) if opening is None else opening
-    prompt = view.render(task.user_message(question))
-    context = view.encode(prompt + opening.rstrip())
-    whole = view.encode(prompt + opening + question.answer)
-    gold = whole[len(context):]
-    while len(gold) > 1 and not tokenizer.decode([gold[0]]).strip():
-        context, gold = [*context, gold[0]], gold[1:]
-    return context, gold
 
 
 @torch.no_grad()
 def deployed_replies(model: nn.Module, tokenizer: Any, task: Task, chat: bool, bos: bool, batch_size: int = 16) -> list[str]:
     """The model's greedy reply to each question, cut at its stop tokens (asked in
     left-padded batches: one at a time, 200 questions took 40 s on a tiny model)."""
-    view, stops = _view(tokenizer, chat, bos), stop_token_ids_of(model, tokenizer)
+    view, stops = view_of(tokenizer, chat, bos), stop_token_ids_of(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or (0,))[0]
     replies = []
     for batch in chunks(list(task.questions), batch_size):
@@ -101,18 +78,6 @@ def deployed_answers(model: nn.Module, tokenizer: Any, task: Task, chat: bool, b
         at = answer_start(task, q, text)
         out.append((answer_opening(task), None) if at is None else (text[:at], task.read_answer(text, q)))
     return out
-
-
-def answer_start(task: Task, question: Question, text: str) -> int | None:
-    """Where in `text` the answer the task reads from it begins: the first place the
-    answer is written from which the rest of the text still reads as that answer (in
-    "42 = 40 + 2. Answer: 42" the first 42; in "Answer: 4,2", read as 4, the 4). None
-    when the text holds no answer the task reads, or does not write it as read."""
-    answer = task.read_answer(text, question)
-    if not answer:
-        return None
-    starts = [i for i in range(len(text)) if text.startswith(answer, i)]
-    return next((i for i in starts if task.read_answer(text[i:], question) == answer), starts[-1] if starts else None)
 
 
 @dataclass(frozen=True)
@@ -141,7 +106,7 @@ def own_answers(model: nn.Module, tokenizer: Any, task: Task) -> list[OwnAnswer 
     out: list[OwnAnswer | None] = []
     for q, (opening, said) in zip(task.questions, deployed_answers(model, tokenizer, task, chat, bos)):
         context, answer = ([], []) if said is None else answer_inputs(
-            tokenizer, task, dataclasses.replace(q, answer=said), chat, bos, opening)
+            view_of(tokenizer, chat, bos), task, dataclasses.replace(q, answer=said), opening)
         out.append(OwnAnswer(q, context, answer) if answer else None)
     return out
 
@@ -174,7 +139,7 @@ def answer_sites(model: nn.Module, tokenizer: Any, task: Task) -> AnswerSites:
     openings = [opening for opening, _ in deployed_answers(model, tokenizer, task, chat, bos)]
     answer, elsewhere, firsts = [], [], []
     for q, opening in zip(task.questions, openings):
-        context, gold = answer_inputs(tokenizer, task, q, chat, bos, opening)
+        context, gold = answer_inputs(view_of(tokenizer, chat, bos), task, q, opening)
         hidden = model.base_model(input_ids=torch.tensor([context + gold])).last_hidden_state[0].float()
         at = len(context) - 1
         answer.append(hidden[at])

@@ -1,0 +1,68 @@
+"""Where a reply's answer starts: the position whose state chooses the answer's first
+token. Steering and units read a block there (a model that writes "The final answer is"
+before its answer decides the answer after that opening, not at the prompt's end), and
+the organisms that act where answers start are fitted there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+from rnr_interp.analyses.localise.recognition import answer_statement
+from rnr_interp.engine.sampling import prompt_ids
+from rnr_interp.models import LoadedModel
+from rnr_interp.tasks.base import Question, Task
+
+
+def answer_opening(task: Task) -> str:
+    """What the task's answer statement says before the answer ("Answer: ")."""
+    return answer_statement(task).split("{}", 1)[0]
+
+
+def answer_start(task: Task, question: Question, text: str) -> int | None:
+    """Where in `text` the answer the task reads from it begins: the first place the
+    answer is written from which the rest of the text still reads as that answer (in
+    "42 = 40 + 2. Answer: 42" the first 42; in "Answer: 4,2", read as 4, the 4). None
+    when the text holds no answer the task reads, or does not write it as read."""
+    answer = task.read_answer(text, question)
+    if not answer:
+        return None
+    starts = [i for i in range(len(text)) if text.startswith(answer, i)]
+    return next((i for i in starts if task.read_answer(text[i:], question) == answer), starts[-1] if starts else None)
+
+
+def answer_inputs(view: LoadedModel, task: Task, question: Question,
+                  opening: str | None = None) -> tuple[list[int], list[int]]:
+    """The token ids up to where `question`'s answer starts (its prompt as `view`
+    renders and encodes it, then `opening`: what is written before the answer, by
+    default the task's answer opening), and the answer's tokens after them
+    (`question.answer`). Whitespace ending the opening goes with the answer, as a
+    tokenizer that writes " 42" as one token reads it; a tokenizer that writes the space
+    as a token of its own (SmolLM2: " ", "4", "2") has it in the context, so the
+    answer's first token is the first that writes some of the answer."""
+    opening = answer_opening(task) if opening is None else opening
+    prompt = view.render(task.user_message(question))
+    context = view.encode(prompt + opening.rstrip())
+    whole = view.encode(prompt + opening + question.answer)
+    answer = whole[len(context):]
+    while len(answer) > 1 and not view.tokenizer.decode([answer[0]]).strip():
+        context, answer = [*context, answer[0]], answer[1:]
+    return context, answer
+
+
+def reading_contexts(lm: LoadedModel, task: Task, questions: Sequence[Question], replies: Mapping[str, str],
+                     read_at: str = "answer") -> list[list[int]]:
+    """Per question, the token ids whose last position is read: with "answer" the prompt
+    and what the question's deployed reply (`replies`, by question id) writes before its
+    answer; with "prompt", and where a reply states no answer the task reads, the prompt."""
+    out = []
+    for q in questions:
+        text = replies.get(q.id) if read_at == "answer" else None
+        at = None if text is None else answer_start(task, q, text)
+        if at is None:
+            out.append(prompt_ids(lm, task, q))
+            continue
+        said = task.read_answer(text, q) or ""
+        out.append(answer_inputs(lm, task, dataclasses.replace(q, answer=said), text[:at])[0])
+    return out
