@@ -44,6 +44,7 @@ from rnr_interp.records import (
     SteerSummary, ValidateSummary,
 )
 from rnr_interp.report.kinds import finished_runs
+from rnr_interp.report.repair_figures import steer_alpha_unit
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 from rnr_interp.tasks.synthetic import parse_source
 
@@ -439,8 +440,7 @@ def _beside(at: dict[str, Any]) -> str:
 #: them, would be optimistic. On the RMS scale (`steering.ALPHA_UNITS`): rescue at one
 #: residual RMS norm, induction at half of it, the paper's 2:1 ratio of -8v to +4v; the
 #: paper does not give the scale of v, so its numbers fix the ratio, not the strength.
-#: Raw-unit runs (and runs written before the scale existed) are judged at the paper's
-#: numbers as multiples of v.
+#: Raw-unit runs are judged at the paper's numbers as multiples of v.
 JUDGED_ALPHA = {"rms": {"rescue": 1.0, "induction": 0.5}, "raw": {"rescue": 8.0, "induction": 4.0}}
 STEER_EFFECTS = {"rescue": RESCUE_EFFECT, "induction": INDUCTION_EFFECT}
 
@@ -456,7 +456,7 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
     s: SteerSummary = run.read_summary()
     if s.skipped is not None:
         return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s.skipped}", scope)
-    unit = str(run.config.get("alpha_unit", "raw"))
+    unit = steer_alpha_unit(run)
     table = run.read_table("steering")
     table = table[table["alpha"] > 0]
     if table.empty:
