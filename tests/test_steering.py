@@ -296,7 +296,7 @@ def test_a_steering_run_without_its_alpha_unit_is_refused(tmp_path):
     """Steering runs record their alpha unit; one from before that is refused, never
     read as raw multiples of v."""
     from rnr_interp.records import RunFolderError
-    from rnr_interp.report.repair_figures import steer_alpha_unit
+    from rnr_interp.reproduce.findings import steer_alpha_unit
 
     assert steer_alpha_unit(RunDir.create(tmp_path / "rms", {"kind": "steer", "alpha_unit": "rms"})) == "rms"
     with pytest.raises(RunFolderError, match="before runs recorded their alpha unit .* rerun it"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from rnr_interp.records import RunDir, RunFolderError
+from rnr_interp.records import RunDir
 from rnr_interp.report.figures import Figures, read_table
 
 COMPONENT_ORDER = ("mlp", "attn", "layer")
@@ -94,17 +94,10 @@ def controls_figure(controls: pd.DataFrame, title: str = "") -> go.Figure:
     return fig
 
 
-#: the x-axis label per alpha unit (`steering.ALPHA_UNITS`)
+#: the x-axis label per alpha unit (`steering.ALPHA_UNITS`); runs written before the
+#: unit existed steered in raw multiples of v
 ALPHA_AXIS = {"rms": "alpha (multiples of the residual stream's RMS norm, along unit v)",
               "raw": "alpha (raw multiples of the unnormalised v)"}
-
-
-def steer_alpha_unit(run: RunDir) -> str:
-    """The unit a steering run's alphas are in (its config's `alpha_unit`)."""
-    if "alpha_unit" not in run.config:
-        raise RunFolderError(f"{run.path}: a steering run written before runs recorded their alpha unit "
-                             "(an earlier rnr_interp 0.1); rerun it")
-    return str(run.config["alpha_unit"])
 
 
 def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw") -> go.Figure:
@@ -179,7 +172,7 @@ def figures(run: RunDir, label: str) -> Figures:
     if (t := read_table(run, "controls")) is not None and len(t):
         figs.append(("controls", controls_figure(t, label)))
     if (t := read_table(run, "steering")) is not None and len(t):
-        figs.append(("steering_curves", steering_curves(t, label, steer_alpha_unit(run))))
+        figs.append(("steering_curves", steering_curves(t, label, str(run.config.get("alpha_unit", "raw")))))
     if (t := read_table(run, "units")) is not None and len(t):
         figs.append(("units_curve", units_curve(t, label)))
     return figs

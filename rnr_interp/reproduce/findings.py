@@ -41,10 +41,9 @@ from rnr_interp.metrics import (
 )
 from rnr_interp.records import (
     AUDIT, COMPARE, FAILURES, MANIFEST, REPAIR, ROUTE, VALIDATE, AuditSummary, CompareSummary, RepairSummary, RunDir,
-    SteerSummary, ValidateSummary,
+    RunFolderError, SteerSummary, ValidateSummary,
 )
 from rnr_interp.report.kinds import finished_runs
-from rnr_interp.report.repair_figures import steer_alpha_unit
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
 from rnr_interp.tasks.synthetic import parse_source
 
@@ -447,6 +446,15 @@ STEER_EFFECTS = {"rescue": RESCUE_EFFECT, "induction": INDUCTION_EFFECT}
 
 def _or_nan(value: float | None) -> float:
     return float("nan") if value is None else value
+
+
+def steer_alpha_unit(run: RunDir) -> str:
+    """The unit a steering run's alphas are in (its config's `alpha_unit`), which decides
+    the alphas its verdict is read at."""
+    if "alpha_unit" not in run.config:
+        raise RunFolderError(f"{run.path}: a steering run written before runs recorded their alpha unit "
+                             "(an earlier rnr_interp 0.1); rerun it")
+    return str(run.config["alpha_unit"])
 
 
 def _steering_finding(folder: Path, scope: str) -> Finding:

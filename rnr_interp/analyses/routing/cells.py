@@ -114,7 +114,8 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
 
 
 #: route_cells columns every table this version writes holds (the null's only where the task reloaded)
-_CELL_COLUMNS = ("matched_control", *(f"{c}_two_way_{end}" for c in BASELINES.values() for end in ("lo", "hi")))
+_CELL_COLUMNS = ("matched_control", *(f"{c}{end}" for c in BASELINES.values()
+                                      for end in ("", "_lo", "_hi", "_two_way_lo", "_two_way_hi")))
 
 
 def _route_cells_table(run: RunDir) -> pd.DataFrame:
