@@ -61,7 +61,8 @@ def graded(records: pd.DataFrame, grading: str) -> pd.DataFrame:
 
 def regrade(records: pd.DataFrame, task: Task) -> pd.DataFrame:
     """The records (a copy) with the strict grade read from each candidate's stored text
-    where it is missing (records of runs made before both grades were recorded). Their
+    where it is missing (records of runs made before both grades were recorded, as
+    experiments/runs/gsm8k40's: `rnr regrade` and `rnr route-summary` read them so). Their
     flexible grade stays the one recorded when they were sampled, and strict never
     exceeds it."""
     missing = records["correct_strict"].isna()

@@ -16,6 +16,8 @@ from rnr_interp import records as rec
 from rnr_interp.records import (
     RECORD_COLUMNS,
     RECORD_SCHEMA,
+    MANIFEST,
+    TASK_FILE,
     ConfigMismatchError,
     RunDir,
     RunFolderError,
@@ -336,3 +338,36 @@ def test_a_reader_opened_before_a_part_was_written_reads_it(tmp_path: Path) -> N
     reader = RunDir(tmp_path / "run")  # its manifest has no checksum of the part written next
     run_all(writer, QUESTIONS[:1])
     assert len(reader.read_records()) == len(writer.read_records()) > 0
+
+
+def test_folders_of_earlier_versions_no_committed_run_needs_are_refused(tmp_path: Path) -> None:
+    """Shapes an earlier 0.1 wrote that no run under experiments/runs has: one line each
+    naming the problem and the remedy."""
+    # a manifest hashed with task.questions_hash in (no comparable_hash): its config_hash is not config_hash(config)
+    run = RunDir.create(tmp_path / "hashed", CONFIG)
+    run.release()
+    manifest = json.loads((run.path / MANIFEST).read_text())
+    del manifest["comparable_hash"]
+    manifest["config_hash"] = "0" * 64
+    (run.path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(RunFolderError, match="does not match its config_hash .*questions_hash in: rerun it"):
+        RunDir(run.path)
+    # a comparison whose budget-control rows carry "budget_control" as their run id
+    compare = RunDir.create(tmp_path / "compare", {**CONFIG, "kind": "compare"})
+    run_all(compare, QUESTIONS[:1])
+    compare.release()
+    part = compare.parts()[0]
+    table = pq.read_table(part)
+    table = table.set_column(table.schema.get_field_index("run_id"), "run_id", pa.array(["budget_control"] * len(table)))
+    pq.write_table(table, part)
+    with pytest.raises(RunFolderError, match="budget-control rows written before .* rerun the comparison"):
+        RunDir(compare.path).read_records()
+    # an lm-eval run resumed without the questions runs now store beside it
+    stored = {**CONFIG, "task": {"name": "t", "stored": {"questions": []}}}
+    RunDir.create(tmp_path / "stored", stored).release()
+    (tmp_path / "stored" / TASK_FILE).unlink()
+    manifest = json.loads((tmp_path / "stored" / MANIFEST).read_text())
+    del manifest["task_sha256"]
+    (tmp_path / "stored" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(RunFolderError, match="holds no task.json: written before runs stored their questions"):
+        RunDir.create(tmp_path / "stored", stored)

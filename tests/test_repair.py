@@ -553,3 +553,16 @@ def test_localisation_reads_right_and_wrong_under_the_grading_asked(tmp_path, lm
     with pytest.raises(ValueError, match="graded flexible, this run strict: pass --grading flexible"):
         run_steer(lm, task, tmp_path / "steer", repair_run=tmp_path / "r", readout="answer", panel=4, decoding=d,
                   progress=False)
+
+
+def test_cell_screen_refuses_a_run_without_its_generation_table(tmp_path):
+    """A failures run written before runs stored their generation table (or not
+    finished) is refused naming the table, not read from its deployed records."""
+    from rnr_interp.analyses.localise.repair import cell_screen
+    from rnr_interp.records import RunFolderError
+
+    run = RunDir.create(tmp_path / "cell", {"kind": "failures", "readout": "letter"})
+    run.write_table("recognition", pd.DataFrame({"question_id": ["q0"], "readout": ["letter"], "gold_first": [True],
+                                                 "scores": [[0.0, -1.0]]}))
+    with pytest.raises(RunFolderError, match="no generation table .* rerun it"):
+        cell_screen(run, "letter")

@@ -324,7 +324,9 @@ def _route_run(path: Path, oracle: dict[str, dict[str, float]], excluded=()) -> 
             rows.append({"cell": cell, "model": model, "task": task, "space": space, "method": m, "oracle": v,
                          "random_minus": diff if m != "random" else 0.0, "random_minus_lo": diff - 0.1,
                          "random_minus_hi": diff + 0.1, "k": 32, "n_questions": 40, "deployed": 0.1, "excluded": cell in excluded,
-                         "unparsed_rate": 0.9 if cell in excluded else 0.1})
+                         "unparsed_rate": 0.9 if cell in excluded else 0.1, "matched_control": "",
+                         **dict.fromkeys(("random_minus_two_way_lo", "random_minus_two_way_hi", "matched_minus", "matched_minus_lo",
+                                          "matched_minus_hi", "matched_minus_two_way_lo", "matched_minus_two_way_hi"), float("nan"))})
     run.write_table("route_cells", pd.DataFrame(rows))
     run.write_table("selectors", pd.DataFrame(
         [{"cell": c, "selector": "majority", "source": "routes", "gap_recovery": 0.05} for c in oracle]))
@@ -416,8 +418,8 @@ def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     assert prompt.verdict == REPORTED and prompt.value == pytest.approx(1 / 3) and "no interval of its own" in prompt.why
 
 
-def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10, unit: str | None = None) -> None:
-    run = RunDir.create(path, {"kind": "steer", **({"alpha_unit": unit} if unit else {})})
+def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10, unit: str = "raw") -> None:
+    run = RunDir.create(path, {"kind": "steer", "alpha_unit": unit})
     rows = [{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.3, 0.0), "hi": min(r + 0.3, 1.0), "k": round(r * n),
              "n": n} for (d, a), r in rates.items()]
     run.write_table("steering", pd.DataFrame(rows))

@@ -113,19 +113,22 @@ def test_routing_rows_read_the_route_analyses_of_each_routed_task(tmp_path):
     assert "[gsm8k] no validation run for this model and task: rnr validate --model smollm2 --task gsm8k --n 40" in planted
 
 
-def test_validation_is_opt_in_where_the_profile_says_and_old_roots_resume(tmp_path):
+def test_validation_is_opt_in_where_the_profile_says_and_old_roots_are_refused(tmp_path):
     assert VALIDATION_PART not in default_parts(DEMO)
     assert VALIDATION_PART in default_parts(SMOKE) and VALIDATION_PART in default_parts(FULL)
     assert set(DEMO.opt_in) <= {p.name for p in PARTS}
-    # a demo root made before the validation settings existed resumes; another value is refused
+    # the same profile resumes; another value is refused
     Reproduction.open(tmp_path, DEMO).save()
+    assert Reproduction.open(tmp_path, DEMO).profile == DEMO
+    with pytest.raises(ValueError, match="differing: validate_profile"):
+        Reproduction.open(tmp_path, replace(DEMO, validate_profile="full"))
+    # a root made before the validation settings existed is refused, naming them
     state = json.loads((tmp_path / "reproduce.json").read_text())
     for key in ("validate_profile", "validate_gold"):
         del state["profile"][key]
     (tmp_path / "reproduce.json").write_text(json.dumps(state))
-    assert Reproduction.open(tmp_path, DEMO).profile == DEMO
-    with pytest.raises(ValueError, match="differing: validate_profile"):
-        Reproduction.open(tmp_path, replace(DEMO, validate_profile="full"))
+    with pytest.raises(ValueError, match="made before the profile setting.s. validate_gold, validate_profile existed"):
+        Reproduction.open(tmp_path, DEMO)
 
 
 def test_a_real_validation_run_is_read_beside_a_tiny_models_localisation(tmp_path):

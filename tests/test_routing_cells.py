@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from rnr_interp.records import RunDir
+from rnr_interp.records import RunDir, RunFolderError
 from rnr_interp.analyses.routing.cells import aggregate_route_cells, route_runs, write_route_cells
 
 
@@ -26,6 +26,9 @@ def fake_route_run(path, task, spaces: dict, collapsed=(), matched: dict | None 
                           "oracle_lo": o - 0.1, "oracle_hi": o + 0.1, "random_minus": diff if structured else float("nan"),
                           "random_minus_lo": diff - 0.05, "random_minus_hi": diff + 0.05,
                           "matched_minus": m_diff, "matched_minus_lo": m_diff - 0.05, "matched_minus_hi": m_diff + 0.05,
+                          **dict.fromkeys(("random_minus_two_way_lo", "random_minus_two_way_hi", "matched_minus_two_way_lo",
+                                           "matched_minus_two_way_hi"), float("nan")),
+                          "matched_control": "",
                           "deployed": deployed,
                           "n_questions": 40, "k": 32, "excluded": space in collapsed, "unparsed_rate": 0.9 if space in collapsed else 0.1})
         for source in ("routes", "temperature"):
@@ -123,10 +126,14 @@ def test_comparisons_of_two_oracles_at_chance_are_counted_apart(tmp_path):
     assert comp["informative"].to_dict() == {"mcts": False, "hill_climb": True, "genetic": False}
     counts = t["counts"].set_index(["baseline", "scope", "space", "search"]).sort_index()
     assert counts.loc[("random", "clean", "all", "all"), ["comparisons", "baseline_ge_search", "untested"]].tolist() == [1, 0, 2]
-    # without nulls in the table (older runs) nothing is set apart
+    # without nulls in the table (a run whose task did not reload) nothing is set apart
     cells.drop(columns="oracle_minus_null_lo").pipe(lambda c: run.write_table("route_cells", c))
     t = aggregate_route_cells(route_runs(tmp_path))
     assert not t["comparisons"]["at_chance"].any() and t["comparisons"]["informative"].all()
+    # a table from before the two-way intervals is refused, naming the remedy
+    cells.drop(columns="matched_minus_two_way_lo").pipe(lambda c: run.write_table("route_cells", c))
+    with pytest.raises(RunFolderError, match="'matched_minus_two_way_lo'.*rnr regrade"):
+        aggregate_route_cells(route_runs(tmp_path))
 
 
 def test_overlapping_runs_of_one_cell_count_once():

@@ -310,3 +310,14 @@ def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         choose_block(None, None, None, None, layer=None, component="attn", repair_run=tmp_path / "repair",
                      decoding=None, batch_size=1, progress=False)
+
+
+def test_a_steering_run_without_its_alpha_unit_is_refused(tmp_path):
+    """Steering runs record their alpha unit; one from before that is refused, never
+    read as raw multiples of v."""
+    from rnr_interp.records import RunFolderError
+    from rnr_interp.reproduce.findings import steer_alpha_unit
+
+    assert steer_alpha_unit(RunDir.create(tmp_path / "rms", {"kind": "steer", "alpha_unit": "rms"})) == "rms"
+    with pytest.raises(RunFolderError, match="before runs recorded their alpha unit .* rerun it"):
+        steer_alpha_unit(RunDir.create(tmp_path / "old", {"kind": "steer"}))

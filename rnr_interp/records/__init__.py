@@ -40,7 +40,7 @@ from rnr_interp.records.files import (
 from rnr_interp.records.journal import Journal
 from rnr_interp.records.config import (
     ConfigMismatchError, PROVENANCE_KEYS, UNHASHED_KEYS, comparable, comparable_hash, config_diff, config_grading,
-    config_hash, run_environment, hashes_of, lookup, normalise, stable_key, package_versions,
+    config_hash, run_environment, lookup, normalise, stable_key, package_versions,
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
 from rnr_interp.records.summaries import (

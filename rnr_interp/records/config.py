@@ -54,7 +54,8 @@ def _without(config: dict[str, Any], dotted_keys: Iterable[str]) -> dict[str, An
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
     """The config without its PROVENANCE_KEYS: what two runs must share to be the same
     run (or, for a subset of keys, comparable runs). A run config (one with a `kind`)
-    that records no `grading` was graded flexibly (LEGACY_GRADING)."""
+    that records no `grading` was graded flexibly (LEGACY_GRADING; experiments/runs/gsm8k40
+    records none)."""
     out = _without(config, PROVENANCE_KEYS)
     if "kind" in out:
         out.setdefault("grading", LEGACY_GRADING)
@@ -62,7 +63,8 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_grading(config: dict[str, Any]) -> str:
-    """The headline grading a run config records (LEGACY_GRADING when none)."""
+    """The headline grading a run config records (LEGACY_GRADING when none, as in
+    experiments/runs/gsm8k40)."""
     return config.get("grading") or LEGACY_GRADING
 
 
@@ -86,14 +88,6 @@ def comparable_hash(config: dict[str, Any]) -> str:
     must still hash to when it is read (the data file's path may change, nothing else)."""
     canonical = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def hashes_of(config: dict[str, Any]) -> tuple[str, ...]:
-    """The config hashes a manifest holding `config` may carry: `config_hash`, and the
-    hash with UNHASHED_KEYS in (how manifests of a few days in November 2026 were
-    hashed), so those folders still open."""
-    whole = json.dumps(normalise(config), sort_keys=True, separators=(",", ":"))
-    return config_hash(config), hashlib.sha256(whole.encode()).hexdigest()
 
 
 def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -164,7 +164,7 @@ def read_parquet(path: Path, schema: pa.Schema | None = None, **kw: Any) -> pa.T
     if schema is not None:
         for field in schema:
             i = found.get_field_index(field.name)
-            if i < 0 and records and field.name in LATER_COLUMNS:
+            if i < 0 and records and field.name in LATER_COLUMNS:  # parts from before them: experiments/runs/gsm8k40
                 continue
             if i < 0:
                 raise RunFolderError(f"{path}: not a records part of this format (no column {field.name!r})")

@@ -68,7 +68,11 @@ def _version() -> list[str]:
             f"A run's `{MANIFEST}` records the layout it was written with as `{RECORDS_VERSION_KEY}` "
             f"(this code writes {RECORDS_VERSION}; a manifest without it comes from before it was recorded and is read "
             "as its parts say). A run whose version is newer than the reader's is refused with one line naming it. "
-            "`record_columns` lists the run's columns, the per-token ones included.", ""]
+            "`record_columns` lists the run's columns, the per-token ones included. "
+            "Of the shapes earlier 0.1 versions wrote, this code reads those the runs kept under "
+            "`experiments/runs` have (no records version, parts without checksums, no `comparable_hash`, no "
+            "`grading` or strict grades); other folders of earlier versions are refused with one line saying to "
+            "rerun them.", ""]
 
 
 def _probes() -> list[str]:

@@ -28,7 +28,7 @@ from rnr_interp.records.files import (
 from rnr_interp.records.journal import Journal
 from rnr_interp.records.config import (
     ConfigMismatchError, comparable, comparable_hash, config_diff, config_grading, config_hash, run_environment,
-    hashes_of, normalise, package_versions,
+    normalise, package_versions,
 )
 from rnr_interp.records.lock import WriterLock, writer_lock
 from rnr_interp.records.outdir import make_folder, remove_empty
@@ -65,17 +65,18 @@ class RunDir:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) \
                 or not isinstance(manifest.get("config_hash"), str):
             raise RunFolderError(f"{path}: not a run manifest (needs a 'config' object and a 'config_hash')")
-        version = manifest.get(RECORDS_VERSION_KEY, 0)
+        version = manifest.get(RECORDS_VERSION_KEY, 0)  # none recorded: 0 (every run under experiments/runs)
         if not isinstance(version, int) or isinstance(version, bool) or version > RECORDS_VERSION:
             raise RunFolderError(f"{path}: records version {short_repr(version, 20)}; this rnr_interp reads versions up "
                                  f"to {RECORDS_VERSION} (upgrade it to read this run)")
         # A config edited after the run started (a K, a probe, a seed, the questions)
         # describes records made under another one. Where the data file lives may be
         # edited (PROVENANCE_KEYS): manifests that carry `comparable_hash` allow that.
-        key, allowed = ("comparable_hash", (comparable_hash(manifest["config"]),)) if "comparable_hash" in manifest \
-            else ("config_hash", hashes_of(manifest["config"]))
-        if manifest[key] not in allowed:
-            raise RunFolderError(f"{path}: its config does not match its {key} (edited after the run started?); "
+        # Manifests without it are checked against `config_hash` (experiments/runs/gsm8k40 has none).
+        key, hashed = ("comparable_hash", comparable_hash) if "comparable_hash" in manifest else ("config_hash", config_hash)
+        if manifest[key] != hashed(manifest["config"]):
+            raise RunFolderError(f"{path}: its config does not match its {key} (edited after the run started, or "
+                                 "hashed by an earlier rnr_interp 0.1 with task.questions_hash in: rerun it); "
                                  "the records were made under another config, so the folder is refused")
         return manifest
 
@@ -136,10 +137,13 @@ class RunDir:
                     raise FileExistsError(f"{root} already holds this run; pass resume=True to continue it")
                 run.stored_groups()  # every part must be the run's own before anything is added
                 run._lock = lock
-                if PARTS_SHA256 not in run.manifest:  # a run from before parts had checksums: its parts (checked above) get them
+                if PARTS_SHA256 not in run.manifest:
+                    # a run from before parts had checksums (every run under experiments/runs):
+                    # its parts (checked above) get them
                     run._update_manifest({PARTS_SHA256: {p.name: file_sha256(p) for p in run.parts()}})
-                if stored_task is not None and not (root / TASK_FILE).is_file():  # a run from before runs stored it
-                    run._store_task(stored_task)
+                if stored_task is not None and not (root / TASK_FILE).is_file():
+                    raise RunFolderError(f"{root} holds no {TASK_FILE}: written before runs stored their questions "
+                                         "(an earlier rnr_interp 0.1); rerun it into a new folder")
                 remove_temp_files(root, run.records_dir, run.artefacts_dir)
                 return run
             records = root / RECORDS_DIR
@@ -175,11 +179,6 @@ class RunDir:
         run._lock = lock
         return run
 
-    def _store_task(self, stored: Any) -> None:
-        """Write TASK_FILE into this (locked) run, then the manifest with its checksum."""
-        self._update_manifest({"task_sha256": file_sha256(write_json_atomic(self._writable(self.path / TASK_FILE), stored))})
-        self._attach_stored_task()
-
     def _update_manifest(self, entries: dict[str, Any]) -> None:
         """Rewrite the manifest (atomically; the writer's) with `entries` added."""
         self._manifest.update(entries)
@@ -204,8 +203,9 @@ class RunDir:
 
     def _check_part(self, part: Path) -> None:
         """Refuse a part whose bytes are not those the run wrote (its checksum in the
-        manifest). Runs from before parts had checksums hold none: their parts are read
-        as before (each row's run_id is still checked), unverified."""
+        manifest). Runs from before parts had checksums hold none (every run under
+        experiments/runs): their parts are read as before (each row's run_id is still
+        checked), unverified."""
         sums = self.manifest.get(PARTS_SHA256)
         if sums is None:
             return
@@ -313,18 +313,16 @@ class RunDir:
         edited, are refused naming the part), and its bytes those whose checksum the
         manifest holds (`_check_part`). `kw` goes to pyarrow (columns, filters)."""
         ids = read_parquet(part, RECORD_SCHEMA, columns=["run_id"])["run_id"]
-        foreign = set(ids.unique().to_pylist()) - {self.run_id, *self._legacy_run_ids()}
+        foreign = set(ids.unique().to_pylist()) - {self.run_id}
+        if foreign == {"budget_control"} and self.kind == COMPARE:
+            raise RunFolderError(f"{part}: budget-control rows written before every writer stamped its run's id "
+                                 "(an earlier rnr_interp 0.1); rerun the comparison into a new folder")
         if foreign:
             raise RunFolderError(
                 f"{part}: rows of another run (run_id {short_repr(sorted(foreign)[0], 20)}, this run's is "
                 f"{self.run_id[:12]}...); move the file out of {self.path} to use the folder")
         self._check_part(part)
         return read_parquet(part, self.record_schema, **kw)
-
-    def _legacy_run_ids(self) -> tuple[str, ...]:
-        """run_id values this run's own parts held before every writer stamped the run's
-        id: a checkpoint comparison's budget controls were written as "budget_control"."""
-        return ("budget_control",) if self.kind == COMPARE else ()
 
     def stored_groups(self) -> set[tuple[str, str]]:
         """The (question_id, probe) groups already written (cached after the first read)."""
@@ -533,8 +531,9 @@ def _without_stored_file(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _with_later_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """A part's table in `schema` (the run's): a part written before LATER_COLUMNS gets
-    `correct_flexible` = its `correct` (the only rule then) and a null `correct_strict`."""
+    """A part's table in `schema` (the run's): a part written before LATER_COLUMNS
+    (experiments/runs/gsm8k40's) gets `correct_flexible` = its `correct` (the only rule
+    then) and a null `correct_strict`."""
     if "correct_flexible" not in table.column_names:
         table = table.append_column(RECORD_SCHEMA.field("correct_flexible"), table["correct"])
     if "correct_strict" not in table.column_names:

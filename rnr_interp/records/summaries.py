@@ -84,7 +84,7 @@ class Summary:
         kind = data.pop("kind", cls.KIND)
         if kind != cls.KIND:
             raise SummaryError(f"{where}: field 'kind' is {kind!r}, expected {cls.KIND!r}")
-        version = data.setdefault("schema_version", 0)
+        version = data.setdefault("schema_version", 0)  # none: 0, as in all four runs under experiments/runs
         if isinstance(version, int) and version > SCHEMA_VERSION:
             raise SummaryError(f"{where}: field 'schema_version' is {version}, newer than this version reads "
                                f"({SCHEMA_VERSION}); upgrade rnr_interp")

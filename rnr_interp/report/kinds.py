@@ -114,8 +114,9 @@ def summarize_audit(run: RunDir, *, task: Task | None = None, grading: str | Non
 def summarize_route(run: RunDir, *, task: Task | None = None, grading: str | None = None,
                     target: RunDir | None = None) -> RouteSummary:
     """A route run's summary from its records, its tables into `target`. Runs from before
-    self-verification scores were stored are the one exception to "no model": the model
-    scores their candidates again (the forwards the run itself now makes)."""
+    self-verification scores were stored (experiments/runs/gsm8k40) are the one exception
+    to "no model": the model scores their candidates again (the forwards the run itself
+    now makes)."""
     from rnr_interp.analyses.routing.config import route_config_of
     from rnr_interp.analyses.routing.summary import summarize_routes, verification_stored
 

@@ -13,7 +13,6 @@ that differ. A part that fails is recorded with its error and the next part runs
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import signal
 import threading
@@ -46,8 +45,9 @@ class Reproduction:
         if state:
             # compared as stored (JSON has lists where the profile has tuples)
             old, new = state.get("profile", {}), json.loads(json.dumps(profile.config()))
-            # a root made before a setting existed ran as its default does
-            old = {**{k: v for k, v in _defaults().items() if k in new}, **old}
+            if unknown := sorted(new.keys() - old.keys()):
+                raise ValueError(f"{root} was made before the profile setting(s) {', '.join(unknown)} existed (an earlier "
+                                 "rnr_interp 0.1); use another --out")
             differ = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
             if differ:
                 raise ValueError(f"{root} was made with profile {state.get('profile_name')!r} and other sizes "
@@ -83,12 +83,6 @@ class Reproduction:
             by_device, device = entry.setdefault("seconds_by_device", {}), device_label()
             by_device[device] = round(float(by_device.get(device, 0.0)) + spent, 1)
             self.save()
-
-
-def _defaults() -> dict[str, Any]:
-    """The profile settings that have a plain default, at it, as stored (JSON)."""
-    return json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(Profile)
-                                  if f.default is not dataclasses.MISSING}))
 
 
 def device_label() -> str:

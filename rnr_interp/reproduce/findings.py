@@ -41,7 +41,7 @@ from rnr_interp.metrics import (
 )
 from rnr_interp.records import (
     AUDIT, COMPARE, FAILURES, MANIFEST, REPAIR, ROUTE, VALIDATE, AuditSummary, CompareSummary, RepairSummary, RunDir,
-    SteerSummary, ValidateSummary,
+    RunFolderError, SteerSummary, ValidateSummary,
 )
 from rnr_interp.report.kinds import finished_runs
 from rnr_interp.report.reproduction import ROUTE_CELLS, SCREEN
@@ -439,14 +439,22 @@ def _beside(at: dict[str, Any]) -> str:
 #: them, would be optimistic. On the RMS scale (`steering.ALPHA_UNITS`): rescue at one
 #: residual RMS norm, induction at half of it, the paper's 2:1 ratio of -8v to +4v; the
 #: paper does not give the scale of v, so its numbers fix the ratio, not the strength.
-#: Raw-unit runs (and runs written before the scale existed) are judged at the paper's
-#: numbers as multiples of v.
+#: Raw-unit runs are judged at the paper's numbers as multiples of v.
 JUDGED_ALPHA = {"rms": {"rescue": 1.0, "induction": 0.5}, "raw": {"rescue": 8.0, "induction": 4.0}}
 STEER_EFFECTS = {"rescue": RESCUE_EFFECT, "induction": INDUCTION_EFFECT}
 
 
 def _or_nan(value: float | None) -> float:
     return float("nan") if value is None else value
+
+
+def steer_alpha_unit(run: RunDir) -> str:
+    """The unit a steering run's alphas are in (its config's `alpha_unit`), which decides
+    the alphas its verdict is read at."""
+    if "alpha_unit" not in run.config:
+        raise RunFolderError(f"{run.path}: a steering run written before runs recorded their alpha unit "
+                             "(an earlier rnr_interp 0.1); rerun it")
+    return str(run.config["alpha_unit"])
 
 
 def _steering_finding(folder: Path, scope: str) -> Finding:
@@ -456,7 +464,7 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
     s: SteerSummary = run.read_summary()
     if s.skipped is not None:
         return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s.skipped}", scope)
-    unit = str(run.config.get("alpha_unit", "raw"))
+    unit = steer_alpha_unit(run)
     table = run.read_table("steering")
     table = table[table["alpha"] > 0]
     if table.empty:

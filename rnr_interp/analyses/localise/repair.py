@@ -55,7 +55,7 @@ from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
 from rnr_interp.records import (
-    DEPLOYED, FAILURES, REPAIR, SCREEN, FailuresSummary, ProbeLabel, RepairSummary, RunDir, ScreenSummary,
+    FAILURES, REPAIR, SCREEN, FailuresSummary, ProbeLabel, RepairSummary, RunDir, RunFolderError, ScreenSummary,
 )
 from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
 from rnr_interp.tasks.base import Question, Task
@@ -279,15 +279,15 @@ def cell_screen(run: RunDir, readout: str, criterion: FailureCriterion = Failure
     first under `readout`) against chance (one over each question's option count, read
     off the recognition table) and against its generation score (the cohort's
     `generation` table: greedy deployed right, under every cyclic shift when the run is
-    circular; the deployed records for runs written before that table)."""
+    circular)."""
     recognition = run.read_table("recognition")
     mine = recognition[recognition["readout"] == readout].set_index("question_id")
     ids = list(mine.index)
     try:
         generation = run.read_table("generation").set_index("question_id")["correct"].astype(bool)
     except FileNotFoundError:
-        records = run.read_records(filters=[("probe", "=", DEPLOYED)])
-        generation = records.set_index("question_id")["correct"].astype(bool)
+        raise RunFolderError(f"{run.path}: no generation table (a run not finished, or written before runs stored it: "
+                             "an earlier rnr_interp 0.1); rerun it") from None
     chance = recognition_chance([len(scores) for scores in mine.loc[ids, "scores"]])
     return {**screen_cell(mine.loc[ids, "gold_first"].to_numpy(bool), generation.loc[ids].to_numpy(bool), chance, criterion),
             "readout": readout, "criterion": criterion.describe(), "circular": bool(run.config.get("circular"))}

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rnr_interp.records import ROUTE, ROUTE_CELLS, RunDir, load_runs
+from rnr_interp.records import ROUTE, ROUTE_CELLS, RunDir, RunFolderError, load_runs
 from rnr_interp.analyses.routing.config import STRUCTURED, above_chance
 
 #: baseline -> its columns in a run's route_cells table (baseline - search)
@@ -89,7 +89,7 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
         raise ValueError("no finished route runs (no route_cells table) to aggregate")
     taken = distinct_runs(runs)
     runs = [r for r in runs if str(r.path) in set(taken.loc[taken.kept, "run"])]
-    cells = pd.concat([r.read_table("route_cells").assign(run=str(r.path)) for r in runs], ignore_index=True)
+    cells = pd.concat([_route_cells_table(r).assign(run=str(r.path)) for r in runs], ignore_index=True)
     selectors = pd.concat([r.read_table("selectors").assign(run=str(r.path)) for r in runs], ignore_index=True)
     comparisons = _comparisons(cells)
     clean = cells[~cells.excluded.astype(bool)]
@@ -113,29 +113,44 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
     }
 
 
+#: route_cells columns every table this version writes holds (the null's only where the task reloaded)
+_CELL_COLUMNS = ("matched_control", *(f"{c}{end}" for c in BASELINES.values()
+                                      for end in ("", "_lo", "_hi", "_two_way_lo", "_two_way_hi")))
+
+
+def _route_cells_table(run: RunDir) -> pd.DataFrame:
+    """A run's route_cells table; one from before the two-way intervals and each search's
+    own matched control were written is refused (`rnr regrade` writes it again)."""
+    table = run.read_table("route_cells")
+    if missing := [c for c in _CELL_COLUMNS if c not in table]:
+        raise RunFolderError(f"{run.path}: its route_cells table has no {missing[0]!r} (written by an earlier rnr_interp "
+                             f"0.1); `rnr regrade {run.path}` writes it again")
+    return table
+
+
 def _comparisons(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per (route cell, baseline, structured search) the runs measured.
     `at_chance`: neither oracle of the comparison is above its own chance null (each
     one's oracle - null interval holds 0; False where the run's table has no nulls),
     so the comparison sets one lottery against another; `informative` is false for
     those and where no method of the cell beat greedy."""
-    # Whether any method beat greedy, from the oracles themselves (older tables have no column).
+    # Whether any method beat greedy, from the oracles themselves.
     beat_greedy = cells.groupby("cell").apply(lambda g: bool((g.oracle > g.deployed + 1e-12).any()), include_groups=False)
     above_null = {(r.cell, r.method): above_chance(r.oracle_minus_null_lo) for r in cells.itertuples()
                   if not pd.isna(getattr(r, "oracle_minus_null_lo", np.nan))}
     rows: list[dict[str, Any]] = []
     for r in cells[cells.method.isin(STRUCTURED)].itertuples():
         for baseline, column in BASELINES.items():
-            diff = getattr(r, column, np.nan)
+            diff = getattr(r, column)
             if diff is None or pd.isna(diff):
                 continue  # a run without this baseline
             # the search's own matched control (the pooled one in runs made before each had its own)
             against = baseline
-            if baseline == "random_matched" and isinstance(getattr(r, "matched_control", None), str) and r.matched_control:
+            if baseline == "random_matched" and isinstance(r.matched_control, str) and r.matched_control:
                 against = r.matched_control
             both = [above_null.get((r.cell, m)) for m in (against, r.method)]
             at_chance = None not in both and not any(both)
-            two_way = f"{column}_two_way_lo" in cells and not pd.isna(getattr(r, f"{column}_two_way_lo"))
+            two_way = not pd.isna(getattr(r, f"{column}_two_way_lo"))
             lo, hi = (getattr(r, f"{column}_two_way_lo"), getattr(r, f"{column}_two_way_hi")) if two_way else \
                 (getattr(r, f"{column}_lo"), getattr(r, f"{column}_hi"))
             rows.append({"cell": r.cell, "model": r.model, "task": r.task, "space": r.space, "baseline": baseline,

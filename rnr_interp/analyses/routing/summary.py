@@ -134,7 +134,7 @@ def summarize_routes(run: RunDir, cfg: RouteConfig, grading: str | None = None, 
     qids = list(t_scores.index)
     rand_labels = {space: str(ProbeLabel.route(space, "random")) for space in cfg.spaces}
     if "temperature" not in verify and lm is not None and task is not None:
-        # a run from before the scores were stored: the model scores them now
+        # a run from before the scores were stored (experiments/runs/gsm8k40): the model scores them now
         by_id = {q.id: q for q in task.questions}
         rows = records[records.probe.isin(["temperature", *rand_labels.values()])].to_dict("records")
         verify = _verify_tables(pd.DataFrame(verify_rows(lm, task, [by_id[q] for q in qids], rows,
