@@ -55,19 +55,20 @@ def test_direction_is_difference_of_means(lm, task):
 
 
 def test_a_block_is_read_where_the_deployed_answer_starts(lm):
-    """A reply that writes an opening before its answer is read after the opening (the
-    state that chooses the answer's first token); a reply with no answer the task reads,
-    or read_at="prompt", at the end of the prompt."""
+    """With read_at="answer" a reply that writes an opening before its answer is read
+    after the opening (the state that chooses the answer's first token), a reply with no
+    answer the task reads at the end of the prompt; by default every question is read
+    at the end of its prompt."""
     from rnr_interp.analyses.localise.positions import reading_contexts
 
     arithmetic = load_task("arithmetic", n=3)
     first, second, third = arithmetic.questions
     replies = {first.id: "The final answer is 42.", second.id: "I cannot say.", third.id: "42"}
-    contexts = reading_contexts(lm, arithmetic, arithmetic.questions, replies)
+    contexts = reading_contexts(lm, arithmetic, arithmetic.questions, replies, "answer")
     prompt = prompt_ids(lm, arithmetic, first)
     assert contexts[0][:len(prompt)] == prompt and lm.tokenizer.decode(contexts[0][len(prompt):]).strip() == "The final answer is"
     assert contexts[1] == prompt_ids(lm, arithmetic, second) and contexts[2] == prompt_ids(lm, arithmetic, third)
-    assert reading_contexts(lm, arithmetic, [first], replies, "prompt") == [prompt]
+    assert reading_contexts(lm, arithmetic, [first], replies) == [prompt]
     # read there, v is the difference of the means at those positions, not at the prompts' ends
     at_answer = direction(lm, arithmetic, [first], [second], 1, "mlp", contexts={first.id: contexts[0]})
     at_prompt = direction(lm, arithmetic, [first], [second], 1, "mlp")

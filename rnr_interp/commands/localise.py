@@ -31,8 +31,8 @@ PermuteOpt = Annotated[bool, typer.Option(
     "--permute-control", help="letter-permutation control: re-score on the held-out failures with each question's "
     "options rotated by one (off by default: it adds that part's rows again)")]
 ReadAtOpt = Annotated[str, typer.Option(
-    "--read-at", help="where v (and the units' contributions) are read: answer (where each deployed reply's answer "
-    "starts: after 'The final answer is' when the reply writes that) | prompt (the prompt's last position)")]
+    "--read-at", help="where v (and the units' contributions) are read: prompt (the prompt's last position) | answer "
+    "(where each deployed reply's answer starts: after 'The final answer is' when the reply writes that)")]
 CircularOpt = Annotated[bool, typer.Option(
     "--circular", help="letter-robust failure sets: generation is right only when right under every cyclic shift of "
     "the options (recognition stays the option-likelihood readout); every row is asked under every shift, so the "
@@ -292,7 +292,7 @@ def steer(
                                             "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
-    read_at: ReadAtOpt = "answer", max_new_tokens: MaxTokOpt = None,
+    read_at: ReadAtOpt = "prompt", max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
@@ -354,7 +354,7 @@ def units(
     seed: SeedOpt = 0,
     draws: Annotated[int, typer.Option("--draws", help="random-k draws per k (the control's spread)")] = DEFAULT_DRAWS,
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
-    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, read_at: ReadAtOpt = "answer",
+    permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, read_at: ReadAtOpt = "prompt",
     max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
     task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,

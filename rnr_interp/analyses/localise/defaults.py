@@ -11,6 +11,6 @@ ALPHA_UNITS = ("rms", "raw")
 DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 #: random-k draws per k: the control's spread, not one lucky or unlucky draw
 DEFAULT_DRAWS = 20
-#: where steering and units read a block: where each deployed reply's answer starts, or
-#: at the end of the prompt (before this was a choice, the only place)
-READ_AT = ("answer", "prompt")
+#: where steering and units read a block: at the end of the prompt (the default), or
+#: where each deployed reply's answer starts
+READ_AT = ("prompt", "answer")

@@ -52,10 +52,11 @@ def answer_inputs(view: LoadedModel, task: Task, question: Question,
 
 
 def reading_contexts(lm: LoadedModel, task: Task, questions: Sequence[Question], replies: Mapping[str, str],
-                     read_at: str = "answer") -> list[list[int]]:
-    """Per question, the token ids whose last position is read: with "answer" the prompt
-    and what the question's deployed reply (`replies`, by question id) writes before its
-    answer; with "prompt", and where a reply states no answer the task reads, the prompt."""
+                     read_at: str = "prompt") -> list[list[int]]:
+    """Per question, the token ids whose last position is read: with "prompt" the
+    prompt; with "answer" the prompt and what the question's deployed reply (`replies`,
+    by question id) writes before its answer (the prompt where it states none the task
+    reads)."""
     out = []
     for q in questions:
         text = replies.get(q.id) if read_at == "answer" else None

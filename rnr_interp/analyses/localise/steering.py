@@ -348,6 +348,12 @@ def check_read_at(read_at: str) -> None:
         raise ValueError(f"read_at must be one of {', '.join(READ_AT)}, got {read_at!r}")
 
 
+def read_setting(read_at: str) -> dict[str, str]:
+    """`read_at` for a run config: only when it is not the prompt's end, so a default
+    run's config (and run id) is what it was before there was a choice."""
+    return {} if read_at == "prompt" else {"read_at": read_at}
+
+
 def read_contexts(c: CohortRun, questions: Sequence[Question], read_at: str) -> dict[str, list[int]]:
     """Each question's reading context by id (`positions.reading_contexts`) from the
     cohort's deployed replies."""
@@ -402,7 +408,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
-              grading: str | None = None, read_at: str = "answer") -> SteerSummary:
+              grading: str | None = None, read_at: str = "prompt") -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
@@ -410,8 +416,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     re-scores the rescue at every non-zero alpha on the held-out failures with options
     rotated (`readings.run_permutation_control`; as many rows again as the rescue, so off
     by default). `circular`: the cohort and every row under every cyclic shift.
-    `read_at`: where v and the RMS norm are read (`positions.READ_AT`): where each
-    deployed reply's answer starts, or at the end of the prompt."""
+    `read_at`: where v and the RMS norm are read (`defaults.READ_AT`): at the end of
+    the prompt, or where each deployed reply's answer starts."""
     check_read_at(read_at)
     if alpha_unit not in ALPHA_UNITS:
         raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
@@ -430,8 +436,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     run = RunDir.create(out, localisation_config(STEER, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
-                                                 alphas=[float(a) for a in alphas], alpha_unit=alpha_unit, read_at=read_at,
-                                                 **control))
+                                                 alphas=[float(a) for a in alphas], alpha_unit=alpha_unit,
+                                                 **read_setting(read_at), **control))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(STEER), **c.readings()}
@@ -475,7 +481,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               ks: Sequence[int] = DEFAULT_KS, seed: int = 0, draws: int = DEFAULT_DRAWS, readout: str = "option:mean",
               panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
               permutation_control: bool = False, circular: bool = False, batch_size: int = 32,
-              progress: bool = True, grading: str | None = None, read_at: str = "answer") -> UnitsSummary:
+              progress: bool = True, grading: str | None = None, read_at: str = "prompt") -> UnitsSummary:
     """Top-k units by directional contribution (scored on the selection part) vs
     `draws` sets of k random units, silenced on the held-out failures (kind "units").
     `permutation_control` re-scores the whole block and every top-k set on the held-out
@@ -490,7 +496,8 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     run = RunDir.create(out, localisation_config(UNITS, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layer=layer,
                                                  repair_run=str(repair_run) if repair_run else None,
-                                                 ks=[int(k) for k in ks], seed=seed, draws=draws, read_at=read_at, **control))
+                                                 ks=[int(k) for k in ks], seed=seed, draws=draws, **read_setting(read_at),
+                                                 **control))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(UNITS), **c.readings()}
