@@ -7,8 +7,9 @@ answer right, and what does silencing it break?
   gets right (every one up to `cohort.PANEL_CAP` in task order).
 - Silencing sweep: for every layer and component in {mlp, attn, layer}, silence it
   (zero-ablate, the paper's; or, with ``ablation="mean"``, write its mean write over
-  the task's prompts instead: `silencers`) and re-run the deployed generation on both sets. Repair rate = fraction of the
-  failure set now right; damage rate = fraction of the panel now wrong. Every
+  the task's prompts instead: `silencers`) and re-run the deployed generation on both
+  sets. Repair rate = fraction of the failure set now right; damage rate = fraction of
+  the panel now wrong. Every
   (question, ablation) pair is one batch row with its own intervention set, so the whole
   sweep is a few batched generations, not L x 3 runs.
 - Summary (the paper's table row): the MLP block with the best selectivity on the
