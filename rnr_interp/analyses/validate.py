@@ -86,10 +86,10 @@ from rnr_interp.analyses.routing.spaces import make_space, space_size
 from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
-from rnr_interp.grading import graded, null_summary, question_null
+from rnr_interp.grading import check_grading, graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
 from rnr_interp.models import load_model
-from rnr_interp.records import DEFAULT_GRADING, GRADINGS, VALIDATE, RepairSummary, RunDir, ValidateSummary
+from rnr_interp.records import DEFAULT_GRADING, VALIDATE, RepairSummary, RunDir, ValidateSummary
 from rnr_interp.tasks.base import Task
 
 RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score")
@@ -413,8 +413,8 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
     check_ablation(ablation)
-    if grading is not None and grading not in GRADINGS:
-        raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+    if grading is not None:
+        check_grading(grading)
     # a bad temperature refused before any work
     cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading)
     asked = task
