@@ -355,3 +355,19 @@ def test_the_answers_first_token_writes_some_of_the_answer_whatever_the_tokenize
             context, gold = answer_inputs(view_of(tokenizer, False, False), task, q, opening)
             assert gold and tokenizer.decode([gold[0]]).strip(), (opening, gold)
             assert q.answer.startswith(tokenizer.decode(gold).strip()[:1])
+
+
+def test_validate_runs_its_analyses_with_the_ablation_and_grading_asked(tmp_path, monkeypatch):
+    from tests.test_localise_freeform import echo_task
+
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(1.0,), seeds=(0,), n=30, why="one organism"))
+    summary = run_validate(BASE, echo_task(), tmp_path / "v", profile="one", ablation="mean", grading="flexible",
+                           progress=False)
+    repair = RunDir(tmp_path / "v" / "runs" / "layer-s1-seed0__repair-layer")
+    assert repair.config["ablation"] == "mean" and repair.grading == "flexible"
+    assert repair.read_summary().ablation == "mean"
+    assert (summary.ablation, summary.grading) == ("mean", "flexible")
+    assert RunDir(tmp_path / "v").config["ablation"] == "mean"
