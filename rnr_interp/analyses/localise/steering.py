@@ -354,9 +354,11 @@ def read_setting(read_at: str) -> dict[str, str]:
     return {} if read_at == "prompt" else {"read_at": read_at}
 
 
-def read_contexts(c: CohortRun, questions: Sequence[Question], read_at: str) -> dict[str, list[int]]:
+def read_contexts(c: CohortRun, questions: Sequence[Question], read_at: str) -> dict[str, list[int]] | None:
     """Each question's reading context by id (`positions.reading_contexts`) from the
-    cohort's deployed replies."""
+    cohort's deployed replies; None at the prompt's end (`read_ids` reads the prompts)."""
+    if read_at == "prompt":
+        return None
     return dict(zip([q.id for q in questions],
                     reading_contexts(c.lm, c.task, questions, c.deployed_replies(), read_at)))
 
