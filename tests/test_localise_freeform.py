@@ -114,6 +114,36 @@ def test_the_whole_layer_sweep_chooses_the_planted_layer_and_a_null_gives_no_ver
     assert nothing.failure_empty_reason == "the deployed generation is right on every question"
 
 
+def test_a_layer_doubled_by_hand_is_found_as_the_planted_one_is(tmp_path):
+    """Validation is not a separate path: a checkpoint edited with plain transformers,
+    outside the tool and without planted.json (a copy of layer 1 inserted after it, its
+    writes tripled), is read by the ordinary repair sweep, which names the copy."""
+    import copy
+
+    import torch
+
+    from rnr_interp.models import build_tiny
+
+    model, tokenizer = build_tiny("tiny-llama", n_layers=4)
+    layers = model.model.layers
+    twin = copy.deepcopy(layers[1])
+    with torch.no_grad():
+        twin.self_attn.o_proj.weight.mul_(3.0)
+        twin.mlp.down_proj.weight.mul_(3.0)
+    model.model.layers = torch.nn.ModuleList([*layers[:2], twin, *layers[2:]])
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = i
+    model.config.num_hidden_layers = 5
+    model.config.layer_types = [model.config.layer_types[0]] * 5 if getattr(model.config, "layer_types", None) else None
+    model.save_pretrained(tmp_path / "by-hand")
+    tokenizer.save_pretrained(tmp_path / "by-hand")
+    assert not (tmp_path / "by-hand" / "planted.json").exists()
+    task = echo_task()
+    found = run_repair(load_model(str(tmp_path / "by-hand")), task, tmp_path / "repair", readout="answer", sweep="layer",
+                       decoding=deployed_decoding(task), progress=False)
+    assert found.n_failure >= 2 and found.best["layer"]["layer"] == 2 and found.best["layer"]["repair_rate"] == 1.0
+
+
 def test_the_lucky_share_is_a_share_below_chance_too():
     from rnr_interp.analyses.localise.recognition import screen_cell
 
