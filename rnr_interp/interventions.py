@@ -43,6 +43,11 @@ Component = Literal["mlp", "attn", "layer"]
 AblationMode = Literal["zero", "mean"]
 ABLATION_MODES: tuple[str, ...] = get_args(AblationMode)
 
+
+def check_ablation(mode: str, what: str = "ablation") -> None:
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"{what} must be one of {', '.join(ABLATION_MODES)}, got {mode!r}")
+
 # -- the site table ---------------------------------------------------------------
 #
 # Every hook name the package reads or writes comes from this table. Keys are the
@@ -218,8 +223,7 @@ class Ablate(Intervention):
     def __post_init__(self):
         if self.component not in COMPONENT_SITE:
             raise ValueError(f"Ablate.component must be 'mlp', 'attn' or 'layer', got {self.component!r}")
-        if self.mode not in ABLATION_MODES:
-            raise ValueError(f"Ablate.mode must be one of {', '.join(ABLATION_MODES)}, got {self.mode!r}")
+        check_ablation(self.mode, "Ablate.mode")
         object.__setattr__(self, "mean", tuple(float(x) for x in self.mean))
         if (self.mode == "mean") != bool(self.mean):
             raise ValueError("Ablate.mode 'mean' needs the block's mean write (mean=...), and only it carries one")

@@ -78,7 +78,7 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
-from rnr_interp.analyses.localise.repair import check_ablation, run_repair
+from rnr_interp.analyses.localise.repair import run_repair
 from rnr_interp.analyses.localise.steering import run_steer, run_units
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
@@ -86,6 +86,7 @@ from rnr_interp.analyses.routing.spaces import make_space, space_size
 from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
+from rnr_interp.interventions import check_ablation
 from rnr_interp.grading import check_grading, graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
 from rnr_interp.models import load_model

@@ -1,7 +1,7 @@
 """Where a reply's answer starts: the position whose state chooses the answer's first
-token. Steering and units read a block there (a model that writes "The final answer is"
-before its answer decides the answer after that opening, not at the prompt's end), and
-the organisms that act where answers start are fitted there.
+token. Steering and units read a block there when asked (`--read-at answer`; a model
+that writes "The final answer is" before its answer decides the answer after that
+opening), and the organisms that act where answers start are fitted there.
 """
 
 from __future__ import annotations

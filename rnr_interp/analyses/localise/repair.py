@@ -51,7 +51,7 @@ from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
-from rnr_interp.interventions import ABLATION_MODES, COMPONENT_SITE, Ablate, capturing, site_hook
+from rnr_interp.interventions import COMPONENT_SITE, Ablate, capturing, check_ablation, site_hook
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
@@ -93,11 +93,6 @@ def block_means(lm: LoadedModel, prompts: Sequence[Sequence[int]], blocks: Seque
     mean = {key: total / count for key, total in sums.items()}
     return {(layer, c): (mean["hook_resid_post", layer] - mean["hook_resid_pre", layer] if c == "layer"
                          else mean[COMPONENT_SITE[c], layer]) for layer, c in blocks}
-
-
-def check_ablation(ablation: str) -> None:
-    if ablation not in ABLATION_MODES:
-        raise ValueError(f"ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
 
 
 def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ablation: str = "zero",
