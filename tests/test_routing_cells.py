@@ -155,3 +155,27 @@ def test_overlapping_runs_of_one_cell_count_once():
     t = aggregate_route_cells(runs)
     assert t["model_task"].model_task_cells.max() == 2
     assert set(t["comparisons"].run.map(lambda r: Path(r).name)) == {"arith40", "gsm8k40"}
+
+
+@pytest.mark.parametrize("newer", ["a_first", "b_second"])
+def test_a_re_measurement_of_the_same_questions_supersedes_the_older_run(tmp_path, newer):
+    """Two runs of the same 40 questions: the newer is kept whichever sorts first by path."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from rnr_interp.analyses.routing.cells import distinct_runs
+
+    committed = Path(__file__).resolve().parents[1] / "experiments" / "runs" / "arith40"
+    for name in ("a_first", "b_second"):
+        shutil.copytree(committed, tmp_path / name)
+    for name in ("a_first", "b_second"):
+        manifest = tmp_path / name / "manifest.json"
+        m = json.loads(manifest.read_text())
+        m["created"] = "2026-06-01T00:00:00+00:00" if name == newer else "2026-01-01T00:00:00+00:00"
+        manifest.write_text(json.dumps(m))
+    taken = distinct_runs(route_runs(tmp_path)).set_index("run")
+    kept = {Path(r).name for r in taken.index[taken.kept]}
+    assert kept == {newer}
+    older = ({"a_first", "b_second"} - {newer}).pop()
+    assert Path(taken.loc[str(tmp_path / older), "overlaps"]).name == newer

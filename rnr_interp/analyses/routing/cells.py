@@ -32,8 +32,9 @@ them:
 Results are given with and without the collapsed cells, so an exclusion never decides
 a verdict unseen.
 
-Runs of one model and task that share questions count once: the largest is kept and
-the others are listed in the `runs` table (kept false, and which run they overlap).
+Runs of one model and task that share questions count once: the largest is kept (of
+equal size, the newest: a re-measurement supersedes the run it repeats) and the others
+are listed in the `runs` table (kept false, and which run they overlap).
 A comparison's interval is the two-way one (questions and the baseline's route draw,
 `summary.two_way_ci`) where the run's table has it, else the question-only one
 (`interval` says which); an oracle is above chance only when its oracle - null lower
@@ -62,14 +63,18 @@ def route_runs(folder: str | Path) -> list[RunDir]:
 
 
 def distinct_runs(runs: list[RunDir]) -> pd.DataFrame:
-    """Which runs count: per model and task, runs are taken largest first (then by
-    path), and a run sharing a question with one already taken is left out, so one
+    """Which runs count: per model and task, runs are taken largest first, then newest
+    first (a re-measurement of the same questions supersedes the run it repeats), then
+    by path, and a run sharing a question with one already taken is left out, so one
     model-task cell's questions are counted once (a run of the first 10 questions of
     another is the same evidence again, not more). One row per run: run, model, task,
     n_questions, kept, overlaps (the kept run it shares questions with) and
     shared_questions."""
     facts = [(r, r.config.get("model"), (r.config.get("task") or {}).get("name"), set(r.done_question_ids())) for r in runs]
-    facts.sort(key=lambda f: (-len(f[3]), str(f[0].path)))
+    # stable sorts, last key first: path, then newest first, then largest first
+    facts.sort(key=lambda f: str(f[0].path))
+    facts.sort(key=lambda f: str(f[0].manifest.get("created", "")), reverse=True)
+    facts.sort(key=lambda f: len(f[3]), reverse=True)
     kept: list[tuple[RunDir, Any, Any, set[str]]] = []
     rows = []
     for run, model, task, qids in facts:
