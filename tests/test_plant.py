@@ -129,20 +129,33 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path,
     summary = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
     run = RunDir(tmp_path / "v")
     recovery = run.read_table("recovery")
-    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score"]
+    assert list(recovery.columns) == ["kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score",
+                                      "organism"]
     # three seeds, each planted and null, each read by the repair sweep and the skip-only route check
     assert len(recovery) == 12 and set(recovery["analysis"]) == {"repair:layer", "route:skiponly"}
+    # seeds 0 and 2 draw the same layer of this 4-layer model (2, 1, 2): one organism, analysed once
+    assert [draw_layer(s, 4) for s in (0, 1, 2)] == [2, 1, 2]
+    for strength in (0.0, 1.0):
+        rows = recovery[recovery["strength"] == strength].set_index(["seed", "analysis"])
+        assert (rows.loc[0, "organism"] == rows.loc[2, "organism"]).all() and (rows.loc[0, "organism"] != rows.loc[1, "organism"]).all()
+        assert (rows.loc[0, "found"] == rows.loc[2, "found"]).all()
+        name = "layer-s1-seed2" if strength else "layer-s0-seed2"
+        assert (tmp_path / "v" / "organisms" / name).is_dir() and not list((tmp_path / "v" / "runs").glob(f"{name}__*"))
     assert recovery["score"].isna().all()  # a layer is a location alone
     planted = recovery[recovery["strength"] > 0]
     assert planted["recovered"].all() and (planted["found"] != "").all()
     nulls = recovery[recovery["strength"] == 0]
     assert (nulls["found"] == "").all() and (nulls["planted"] == "").all()
     layer = summary.recovery["layer"]
-    assert layer["rate"] == 1.0 and layer["n"] == 6 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 6
+    # counted over distinct organisms (two analyses x two organisms), the seeds beside
+    assert layer["rate"] == 1.0 and layer["n"] == 4 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 4
+    assert layer["n_seeds"] == 6 and layer["n_null_seeds"] == 6
+    detection = run.read_table("detection")
+    assert set(detection["n"]) == {2} and set(detection["n_seeds"]) == {3}
     # on the tiny model the route check names the planted layer too (a skip of it repairs ~0.9 of
     # the failures, far above chance) and stays silent on the nulls (no skip gains anything there)
     for analysis in ("repair:layer", "route:skiponly"):
-        assert summary.by_analysis[analysis]["rate"] == 1.0 and summary.by_analysis[analysis]["n"] == 3
+        assert summary.by_analysis[analysis]["rate"] == 1.0 and summary.by_analysis[analysis]["n"] == 2
         assert summary.by_analysis[analysis]["null_false_positive_rate"] == 0.0
     # resumed: organisms and analysis runs are read back, nothing is planted or run again
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*.safetensors")}

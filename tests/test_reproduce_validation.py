@@ -64,8 +64,8 @@ def test_the_smallest_strength_detected_is_read_beside_an_untestable_repair(tmp_
     lo, hi = wilson_interval(9, 10)
     null_lo, null_hi = wilson_interval(1, 10)
     assert repair.planted == (f"validation arc_easy (full profile, golds base, 60 questions): repair:layer detects 0.5x "
-                              f"the default plant (recovered 0.90 [{lo:.2f}, {hi:.2f}] of 10); its nulls named the "
-                              f"planted location 0.10 [{null_lo:.2f}, {null_hi:.2f}] of 10")
+                              f"the default plant (recovered 0.90 [{lo:.2f}, {hi:.2f}] of 10 organisms); its nulls named the "
+                              f"planted location 0.10 [{null_lo:.2f}, {null_hi:.2f}] of 10 organisms")
     assert "route:" not in repair.planted  # localisation rows read the repair analyses only
     assert steering.verdict == NOT_TESTABLE and steering.planted == repair.planted
 
@@ -75,7 +75,7 @@ def test_none_detected_names_the_largest_strength_tried(tmp_path):
     _validation_run(tmp_path / VALIDATION_PART / "arc_easy", "smollm2", ARC_EASY,
                     {("repair:layer", 1.0): (3, 3)}, {"repair:layer": (0, 3)})
     planted = localisation_findings(tmp_path / "4_localisation")[0].planted
-    assert "repair:layer none of the strengths tried detected (largest 1x the default plant: recovered 1.00 [0.44, 1.00] of 3)" in planted
+    assert "repair:layer none of the strengths tried detected (largest 1x the default plant: recovered 1.00 [0.44, 1.00] of 3 organisms)" in planted
 
 
 def test_a_finding_without_its_validation_says_so_and_gives_the_command(tmp_path):
@@ -144,11 +144,13 @@ def test_a_real_validation_run_is_read_beside_a_tiny_models_localisation(tmp_pat
     detection = RunDir(tmp_path / VALIDATION_PART / "echo").read_table("detection")
     row = detection[(detection["analysis"] == "repair:layer") & (detection["strength"] == 1.0)].iloc[0]
     null = summary.by_analysis["repair:layer"]
-    # 3 seeds: 3 of 3 has a Wilson lower bound of 0.44, so no strength counts as detected
+    # 3 seeds drawing 2 distinct layers of this model: 2 of 2 has a Wilson lower bound of 0.34,
+    # so no strength counts as detected
+    assert (row["n"], row["n_seeds"]) == (2, 3)
     assert planted == (f"validation echo (quick profile, golds base, {summary.n_questions} questions): repair:layer none "
                        f"of the strengths tried detected (largest 1x the default plant: recovered {row['rate']:.2f} "
-                       f"[{row['lo']:.2f}, {row['hi']:.2f}] of 3); its nulls named the planted location "
-                       f"{null['null_false_positive_rate']:.2f} [{null['null_ci'][0]:.2f}, {null['null_ci'][1]:.2f}] of 3")
+                       f"[{row['lo']:.2f}, {row['hi']:.2f}] of 2 organisms); its nulls named the planted location "
+                       f"{null['null_false_positive_rate']:.2f} [{null['null_ci'][0]:.2f}, {null['null_ci'][1]:.2f}] of 2 organisms")
 
 
 def test_the_findings_page_and_index_show_the_planted_column(tmp_path):

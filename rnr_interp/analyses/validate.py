@@ -16,6 +16,14 @@ A validation run folder holds ``organisms/`` (one checkpoint folder per cell),
 - ``detection``: per kind, analysis and strength, the share recovered with its Wilson
   interval: the detection curve, the end-to-end power at this n.
 
+Two seeds can draw the same organism (the layer kinds' seed only draws the layer, from
+the middle half of the model: ten seeds on a 30-layer model gave five distinct layers).
+Its weights and ``planted.json`` (but the seed) are then the same bit for bit and every
+analysis reads them with the same settings, so the second is one trial counted twice:
+``organism`` (a hash of that ground truth, weights' sha256 included) names it, its analyses run once (a later seed reads the
+first seed's findings) and every rate and interval counts distinct organisms (``n``),
+with the seeds beside (``n_seeds``).
+
 Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero (the
 planted bias is zero), so the organism computes what the base computes. A null's false
 positive is an analysis naming the planted location anyway; a null cell's ``recovered``
@@ -65,6 +73,8 @@ run with its summary is read back, and the tables are rewritten after each cell.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
@@ -93,7 +103,7 @@ from rnr_interp.models import load_model
 from rnr_interp.records import DEFAULT_GRADING, VALIDATE, RepairSummary, RunDir, ValidateSummary
 from rnr_interp.tasks.base import Task
 
-RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score")
+RECOVERY_COLUMNS = ("kind", "strength", "seed", "analysis", "planted", "found", "recovered", "score", "organism")
 #: the share of the planted units among the top k that counts as recovering them
 RECALL_RECOVERED = 0.5
 #: the cosine of the estimated and planted directions that counts as recovering it
@@ -233,7 +243,23 @@ def recovery_row(planted: Planted, analysis: str, found: Found) -> dict[str, Any
     named, score, names_planted = finding(planted, analysis, found, should or null_names(planted, analysis))
     return {"kind": planted.kind, "strength": planted.strength, "seed": planted.seed, "analysis": analysis,
             "planted": "|".join(should), "found": named, "recovered": bool(names_planted if should else not names_planted),
-            "score": score}
+            "score": score, "organism": organism_id(planted)}
+
+
+def organism_id(planted: Planted) -> str:
+    """What makes two organisms one: the same ground truth apart from the seed that drew
+    it (the weights' sha256, both checkpoints' for a pair, and what the analyses read as
+    the truth, e.g. the gap kind's affected questions)."""
+    truth = {k: v for k, v in asdict(planted).items() if k != "seed"}
+    return hashlib.sha256(json.dumps(truth, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def distinct_organisms(recovery: pd.DataFrame) -> pd.DataFrame:
+    """One row per organism and analysis (the first seed's; tables from before the
+    ``organism`` column count every seed)."""
+    if "organism" not in recovery.columns or recovery["organism"].isna().all():
+        return recovery
+    return recovery.drop_duplicates(["kind", "analysis", "strength", "organism"], keep="first")
 
 
 #: kind -> {analysis: run it on an organism folder into a run folder, giving what it
@@ -429,13 +455,19 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
+    # (organism, analysis) -> what it found: a seed that drew an organism already analysed
+    # reads those findings instead of running the same analysis on the same weights again
+    seen: dict[tuple[str, str], Any] = {}
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
         planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
         for analysis, runner in ANALYSES[kind].items():
             if analysis in chosen.left_out:
                 continue
-            found = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}", cell)
+            key = (organism_id(planted), analysis)
+            if key not in seen:
+                seen[key] = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}", cell)
+            found = seen[key]
             for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
                 rows.append({**recovery_row(planted, named, one), "strength": strength})
         write_tables(run, rows)
@@ -453,13 +485,15 @@ def write_tables(run: RunDir, rows: list[dict[str, Any]]) -> None:
 
 def detection_table(recovery: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Share recovered per kind, analysis and strength, with its Wilson interval (at
-    strength 0: the share of nulls that stayed silent)."""
+    strength 0: the share of nulls that stayed silent), over distinct organisms (`n`;
+    the seeds behind them: `n_seeds`)."""
     out = []
-    for (kind, analysis, strength), sub in recovery.groupby(["kind", "analysis", "strength"], sort=True):
+    seeds = recovery.groupby(["kind", "analysis", "strength"], sort=True).size()
+    for (kind, analysis, strength), sub in distinct_organisms(recovery).groupby(["kind", "analysis", "strength"], sort=True):
         p = proportion(int(sub["recovered"].sum()), len(sub), level)
         out.append({"kind": kind, "analysis": analysis, "strength": float(strength), "n": len(sub),
-                    "rate": p["rate"], "lo": p["ci"][0], "hi": p["ci"][1]})
-    return pd.DataFrame(out, columns=["kind", "analysis", "strength", "n", "rate", "lo", "hi"])
+                    "n_seeds": int(seeds[(kind, analysis, strength)]), "rate": p["rate"], "lo": p["ci"][0], "hi": p["ci"][1]})
+    return pd.DataFrame(out, columns=["kind", "analysis", "strength", "n", "n_seeds", "rate", "lo", "hi"])
 
 
 def validation_summary(recovery: pd.DataFrame, level: float = 0.95) -> dict[str, Any]:
@@ -467,14 +501,19 @@ def validation_summary(recovery: pd.DataFrame, level: float = 0.95) -> dict[str,
     > 0) recovered, with its Wilson interval, and the share of its nulls (strength 0)
     where an analysis named the planted location (`null_false_positive_rate`, with
     `null_ci`); the same per analysis under `by_analysis`. NaN where a kind has no such
-    cells."""
+    cells. Counted over distinct organisms (`n`, `n_null`), the seeds beside
+    (`n_seeds`, `n_null_seeds`)."""
     out: dict[str, Any] = {"recovery": {}, "by_analysis": {}}
+    distinct = distinct_organisms(recovery)
     for key, column in (("recovery", "kind"), ("by_analysis", "analysis")):
-        for name, sub in recovery.groupby(column, sort=True):
+        for name, sub in distinct.groupby(column, sort=True):
             planted, nulls = sub[sub["strength"] > 0], sub[sub["strength"] == 0]
+            every = recovery[recovery[column] == name]
             hit = proportion(int(planted["recovered"].sum()), len(planted), level)
             false = proportion(int((~nulls["recovered"].astype(bool)).sum()), len(nulls), level)
             out[key][str(name)] = {"rate": hit["rate"], "ci": hit["ci"], "n": len(planted),
-                                   "null_false_positive_rate": false["rate"], "null_ci": false["ci"], "n_null": len(nulls)}
+                                   "n_seeds": int((every["strength"] > 0).sum()),
+                                   "null_false_positive_rate": false["rate"], "null_ci": false["ci"], "n_null": len(nulls),
+                                   "n_null_seeds": int((every["strength"] == 0).sum())}
     return out
 

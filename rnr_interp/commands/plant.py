@@ -110,13 +110,17 @@ def validate(
     golds = "the base model's own answers" if summary.gold == "base" else "the task's"
     typer.echo(f"{summary.model} on {summary.task} ({summary.n_questions} questions, golds: {golds}), profile {summary.profile}:")
     for kind, r in summary.recovery.items():
-        typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'])}; nulls with a false positive "
-                   f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'])}")
+        typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}; nulls with a false positive "
+                   f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'], r.get('n_null_seeds'))}")
     typer.echo(f"run folder: {out}")
 
 
-def _share(rate: float, ci, n: int) -> str:
-    return "n/a (no cells)" if n == 0 else f"{rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n}"
+def _share(rate: float, ci, n: int, seeds: int | None = None) -> str:
+    """A rate over distinct organisms, with the seeds behind them when some drew the same one."""
+    if n == 0:
+        return "n/a (no cells)"
+    behind = f" (from {seeds} seeds)" if seeds is not None and seeds != n else ""
+    return f"{rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} organisms{behind}"
 
 
 def _figures(out: Path) -> None:

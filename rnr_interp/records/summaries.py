@@ -389,7 +389,8 @@ class ValidateSummary(Summary):
     ablation: str | None = None
     #: what "right" was for every analysis (None: strict, a run from before)
     grading: str | None = None
-    #: kind -> {rate, ci, n, null_false_positive_rate, null_ci, n_null}
+    #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
+    #: distinct organisms (two seeds that drew the same weights are one)
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]
 

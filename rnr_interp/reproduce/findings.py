@@ -164,12 +164,12 @@ def detects(run: RunDir, prefix: str) -> str:
             continue
         hit = planted[planted["lo"] > DETECTED]
         row = (hit if len(hit) else planted).iloc[0 if len(hit) else -1]
-        rate = f"recovered {row['rate']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] of {int(row['n'])}"
+        rate = f"recovered {row['rate']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] of {int(row['n'])} organisms"
         found = (f"detects {row['strength']:g}x the default plant ({rate})" if len(hit) else
                  f"none of the strengths tried detected (largest {row['strength']:g}x the default plant: {rate})")
         null_lo, null_hi = entry["null_ci"]
         said.append(f"{analysis} {found}; its nulls named the planted location {entry['null_false_positive_rate']:.2f} "
-                    f"[{null_lo:.2f}, {null_hi:.2f}] of {entry['n_null']}")
+                    f"[{null_lo:.2f}, {null_hi:.2f}] of {entry['n_null']} organisms")
     head = f"validation {run.path.name} ({s.profile} profile, golds {s.gold}, {s.n_questions} questions)"
     return f"{head}: " + ("; ".join(said) if said else f"no {prefix}* analysis ran")
 
