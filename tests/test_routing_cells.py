@@ -146,12 +146,14 @@ def test_overlapping_runs_of_one_cell_count_once():
 
     folder = Path(__file__).resolve().parents[1] / "experiments" / "runs"
     runs = route_runs(folder)
-    taken = distinct_runs(runs).set_index("run")
-    names = {Path(r).name: r for r in taken.index}
-    assert {n for n in names if taken.loc[names[n], "kept"]} == {"arith40", "gsm8k40"}
+    taken = distinct_runs(runs)
+    taken["name"] = taken["run"].map(lambda r: Path(r).name)
+    assert set(taken.loc[taken.kept, "name"]) == {"arith40", "gsm8k40"}
+    assert (taken.groupby("name").space.apply(sorted) == [["native", "polar", "skiponly"]] * 4).all()
     for small in ("arith10_seq", "arith10_mcts8"):
-        row = taken.loc[names[small]]
-        assert Path(row.overlaps).name == "arith40" and row.shared_questions == 10
+        rows = taken[taken.name == small]
+        assert (~rows.kept).all() and (rows.overlaps.map(lambda r: Path(r).name) == "arith40").all()
+        assert (rows.shared_questions == 10).all()
     t = aggregate_route_cells(runs)
     assert t["model_task"].model_task_cells.max() == 2
     assert set(t["comparisons"].run.map(lambda r: Path(r).name)) == {"arith40", "gsm8k40"}
@@ -174,8 +176,33 @@ def test_a_re_measurement_of_the_same_questions_supersedes_the_older_run(tmp_pat
         m = json.loads(manifest.read_text())
         m["created"] = "2026-06-01T00:00:00+00:00" if name == newer else "2026-01-01T00:00:00+00:00"
         manifest.write_text(json.dumps(m))
-    taken = distinct_runs(route_runs(tmp_path)).set_index("run")
-    kept = {Path(r).name for r in taken.index[taken.kept]}
-    assert kept == {newer}
-    older = ({"a_first", "b_second"} - {newer}).pop()
-    assert Path(taken.loc[str(tmp_path / older), "overlaps"]).name == newer
+    taken = distinct_runs(route_runs(tmp_path))
+    assert {Path(r).name for r in taken.loc[taken.kept, "run"]} == {newer}
+    older = taken[taken.run == str(tmp_path / ({"a_first", "b_second"} - {newer}).pop())]
+    assert len(older) == 3 and (older.overlaps.map(lambda r: Path(r).name) == newer).all()
+
+
+def test_a_re_measurement_of_one_space_supersedes_that_space_only(tmp_path):
+    """A newer run of the same questions in the skip-only space alone: the older run's
+    skip-only cell is left out, its native and polar cells still count."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[1] / "experiments" / "runs" / "arith40"
+    shutil.copytree(committed, tmp_path / "old")
+    shutil.copytree(committed, tmp_path / "new")
+    manifest = tmp_path / "new" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["created"] = "2099-01-01T00:00:00+00:00"
+    manifest.write_text(json.dumps(m))
+    new = RunDir(tmp_path / "new")
+    new.write_table("route_cells", new.read_table("route_cells").query("space == 'skiponly'"))
+    new.write_table("selectors", new.read_table("selectors").query("space == 'skiponly'"))
+    t = aggregate_route_cells(route_runs(tmp_path))
+    counted = set(zip(t["comparisons"].space, t["comparisons"].run.map(lambda r: Path(r).name)))
+    assert counted == {("native", "old"), ("polar", "old"), ("skiponly", "new")}
+    assert set(zip(t["selectors"].space, t["selectors"].run.map(lambda r: Path(r).name))) == counted
+    left = t["runs"][~t["runs"].kept]
+    assert left[["space", "overlaps"]].assign(overlaps=left.overlaps.map(lambda r: Path(r).name)).values.tolist() == [
+        ["skiponly", "new"]]

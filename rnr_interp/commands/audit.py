@@ -468,8 +468,8 @@ def route_cells(
         check_out(out)
     run, tables = execute(lambda: analysis_of(ROUTE_CELLS).run(folder, out))
     for r in tables["runs"][~tables["runs"].kept].itertuples():
-        typer.echo(f"left out {r.run}: shares {r.shared_questions} questions of {r.model} on {r.task} with {r.overlaps}, "
-                   "which is kept (a cell's questions count once)")
+        typer.echo(f"left out {r.run} ({r.space}): shares {r.shared_questions} questions of {r.model} on {r.task} with "
+                   f"{r.overlaps}, which is kept (a cell's questions count once)")
     for r in tables["model_task"].itertuples():
         scope = "format-collapse cells left out" if r.scope == "clean" else "format-collapse cells kept"
         typer.echo(f"{r.baseline} >= every search in {r.holding}/{r.tested} model-task cells ({scope}; "

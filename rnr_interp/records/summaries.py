@@ -215,7 +215,7 @@ class RouteCellsSummary(Summary):
 
     KIND: ClassVar[str] = ROUTE_CELLS
     runs: list[str]
-    #: overlapping runs of a model-task cell that were not counted (run, overlaps, shared_questions)
+    #: overlapping runs' spaces that were not counted (run, space, overlaps, shared_questions)
     left_out: list[Json] = field(default_factory=list)
     clean_cells: int
     collapsed_cells: list[str]

@@ -32,9 +32,10 @@ them:
 Results are given with and without the collapsed cells, so an exclusion never decides
 a verdict unseen.
 
-Runs of one model and task that share questions count once: the largest is kept (of
-equal size, the newest: a re-measurement supersedes the run it repeats) and the others
-are listed in the `runs` table (kept false, and which run they overlap).
+Runs of one cell (model, task and space) that share questions count once: the largest
+is kept (of equal size, the newest: a re-measurement supersedes the run it repeats) and
+the others are listed in the `runs` table (one row per run and space; kept false, and
+which run they overlap).
 A comparison's interval is the two-way one (questions and the baseline's route draw,
 `summary.two_way_ci`) where the run's table has it, else the question-only one
 (`interval` says which); an oracle is above chance only when its oracle - null lower
@@ -63,28 +64,32 @@ def route_runs(folder: str | Path) -> list[RunDir]:
 
 
 def distinct_runs(runs: list[RunDir]) -> pd.DataFrame:
-    """Which runs count: per model and task, runs are taken largest first, then newest
-    first (a re-measurement of the same questions supersedes the run it repeats), then
-    by path, and a run sharing a question with one already taken is left out, so one
-    model-task cell's questions are counted once (a run of the first 10 questions of
-    another is the same evidence again, not more). One row per run: run, model, task,
-    n_questions, kept, overlaps (the kept run it shares questions with) and
-    shared_questions."""
-    facts = [(r, r.config.get("model"), (r.config.get("task") or {}).get("name"), set(r.done_question_ids())) for r in runs]
+    """Which runs count, per route cell (model, task and route space): runs are taken
+    largest first, then newest first (a re-measurement of the same questions supersedes
+    the run it repeats), then by path, and a run's space that shares a question with the
+    same space of one already taken is left out, so each cell's questions are counted
+    once (a run of the first 10 questions of another is the same evidence again, not
+    more), while a re-measurement of one space leaves the earlier run's other spaces
+    counted. One row per run and space: run, model, task, space, n_questions, kept,
+    overlaps (the kept run it shares questions with) and shared_questions."""
+    # the spaces a run's table holds, which are the cells it would add
+    facts = [(r, r.config.get("model"), (r.config.get("task") or {}).get("name"), set(r.done_question_ids()),
+              list(dict.fromkeys(r.read_table("route_cells")["space"]))) for r in runs]
     # stable sorts, last key first: path, then newest first, then largest first
     facts.sort(key=lambda f: str(f[0].path))
     facts.sort(key=lambda f: str(f[0].manifest.get("created", "")), reverse=True)
     facts.sort(key=lambda f: len(f[3]), reverse=True)
-    kept: list[tuple[RunDir, Any, Any, set[str]]] = []
+    kept: list[tuple[RunDir, Any, Any, Any, set[str]]] = []
     rows = []
-    for run, model, task, qids in facts:
-        clash = next((k for k in kept if (k[1], k[2]) == (model, task) and k[3] & qids), None)
-        if clash is None:
-            kept.append((run, model, task, qids))
-        rows.append({"run": str(run.path), "model": model, "task": task, "n_questions": len(qids), "kept": clash is None,
-                     "overlaps": "" if clash is None else str(clash[0].path),
-                     "shared_questions": 0 if clash is None else len(clash[3] & qids)})
-    return pd.DataFrame(rows, columns=["run", "model", "task", "n_questions", "kept", "overlaps", "shared_questions"])
+    for run, model, task, qids, spaces in facts:
+        for space in spaces:
+            clash = next((k for k in kept if k[1:4] == (model, task, space) and k[4] & qids), None)
+            if clash is None:
+                kept.append((run, model, task, space, qids))
+            rows.append({"run": str(run.path), "model": model, "task": task, "space": space, "n_questions": len(qids),
+                         "kept": clash is None, "overlaps": "" if clash is None else str(clash[0].path),
+                         "shared_questions": 0 if clash is None else len(clash[4] & qids)})
+    return pd.DataFrame(rows, columns=["run", "model", "task", "space", "n_questions", "kept", "overlaps", "shared_questions"])
 
 
 def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
@@ -93,9 +98,15 @@ def aggregate_route_cells(runs: list[RunDir]) -> dict[str, pd.DataFrame]:
     if not runs:
         raise ValueError("no finished route runs (no route_cells table) to aggregate")
     taken = distinct_runs(runs)
-    runs = [r for r in runs if str(r.path) in set(taken.loc[taken.kept, "run"])]
+    counted = set(zip(taken.loc[taken.kept, "run"], taken.loc[taken.kept, "space"]))
+    runs = [r for r in runs if any(run == str(r.path) for run, _ in counted)]
+
     cells = pd.concat([_route_cells_table(r).assign(run=str(r.path)) for r in runs], ignore_index=True)
+    cells = cells[[(run, space) in counted for run, space in zip(cells["run"], cells["space"])]]
+    # a selectors row belongs to the cell (model x task x space) it names
+    kept_cells = set(zip(cells["run"], cells["cell"]))
     selectors = pd.concat([r.read_table("selectors").assign(run=str(r.path)) for r in runs], ignore_index=True)
+    selectors = selectors[[(run, cell) in kept_cells for run, cell in zip(selectors["run"], selectors["cell"])]]
     comparisons = _comparisons(cells)
     clean = cells[~cells.excluded.astype(bool)]
     advantage = comparisons[(comparisons.baseline == "random") & ~comparisons.excluded]
@@ -232,8 +243,8 @@ def write_route_cells(folder: str | Path, out: str | Path | None = None) -> tupl
     for name, df in tables.items():
         run.write_table(name, df)
     taken = tables["runs"]
-    run.write_summary({"kind": ROUTE_CELLS, "runs": taken.loc[taken.kept, "run"].tolist(),
-                       "left_out": taken.loc[~taken.kept, ["run", "overlaps", "shared_questions"]].to_dict("records"),
+    run.write_summary({"kind": ROUTE_CELLS, "runs": list(dict.fromkeys(taken.loc[taken.kept, "run"])),
+                       "left_out": taken.loc[~taken.kept, ["run", "space", "overlaps", "shared_questions"]].to_dict("records"),
                        "clean_cells": int(tables["comparisons"].loc[~tables["comparisons"].excluded, "cell"].nunique()),
                        "collapsed_cells": tables["collapsed"].cell.tolist(),
                        "model_task": tables["model_task"].to_dict("records"),
