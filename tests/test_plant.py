@@ -195,6 +195,36 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     assert set(summary["recovery"]["layer"]) >= {"rate", "ci", "null_false_positive_rate"}
 
 
+def test_seeds_drawing_each_layer_cover_the_middle_half_once():
+    from rnr_interp.analyses.organisms import seeds_drawing_each_layer
+
+    seeds = seeds_drawing_each_layer(30)
+    assert sorted(draw_layer(s, 30) for s in seeds) == list(range(7, 22))  # each of the 15 layers once
+    assert seeds[:3] == (23, 30, 11) and seeds == tuple(sorted(seeds, key=lambda s: draw_layer(s, 30)))
+    assert sorted({draw_layer(s, 30) for s in range(10)}) == [13, 14, 17, 19, 21]  # why: seeds 0-9 draw five
+    assert [draw_layer(s, 4) for s in seeds_drawing_each_layer(4)] == [1, 2]
+
+
+def test_validate_takes_seeds_and_one_per_layer(tmp_path):
+    from tests.test_localise_freeform import echo_task
+
+    from rnr_interp.analyses.validate import EVERY_LAYER, run_validate
+    from rnr_interp.records import RunDir
+
+    for bad, says in (("1,x", "--seeds must be comma-separated"), ("", "--seeds must be comma-separated")):
+        r = CliRunner().invoke(app, ["validate", "--model", BASE, "--seeds", bad, "--out", str(tmp_path / "bad")])
+        assert r.exit_code == 2 and says in r.output and not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="seeds must be integers or 'layers'"):
+        run_validate(BASE, echo_task(), tmp_path / "no", seeds="every")
+    summary = run_validate(BASE, echo_task(), tmp_path / "v", seeds=EVERY_LAYER, progress=False)
+    run = RunDir(tmp_path / "v")
+    assert run.config["profile"]["seeds"] == [1, 0]  # layer 1, layer 2 of the 4-layer model
+    assert summary.recovery["layer"]["n"] == 2 and summary.recovery["layer"]["n_seeds"] == 2
+    chosen = run_validate(BASE, echo_task(), tmp_path / "w", seeds=[3, 3, 6], progress=False)
+    assert RunDir(tmp_path / "w").config["profile"]["seeds"] == [3, 6]  # a repeated seed once
+    assert chosen.recovery["layer"]["n"] == 2  # seed 3 draws layer 2, seed 6 layer 1
+
+
 # -- the answer-bias organisms: the realization gap and the checkpoint pairs --------------
 
 

@@ -192,6 +192,24 @@ def test_controls_are_taken_at_the_chosen_mlp_layer_and_own_bests_apart():
     assert nothing["chosen"] is None and controls_table(nothing).empty
 
 
+def test_a_tie_on_the_selection_part_is_named_with_the_layers_it_ties():
+    """One failure and no panel to choose on (a planted layer 18|19 organism on SmolLM2):
+    layers 3, 18 and 19 each repair it; the earliest is named and the tie is stated,
+    never hidden behind the earlier-layer rule."""
+    from rnr_interp.analyses.localise.repair import best_blocks
+
+    nan = float("nan")
+    table = hand_table([(layer, "layer", 1.0 if layer in (3, 18, 19) else 0.0, nan, (1, 1), (0, 1)) for layer in range(24)])
+    best = best_blocks(table)["layer"]
+    assert best["layer"] == 3 and best["tied_with"] == [18, 19]
+    # a block ahead on damage is no tie
+    table.loc[table.layer == 3, "damage_rate_selection"] = 0.5
+    best = best_blocks(table)["layer"]
+    assert best["layer"] == 18 and best["tied_with"] == [19]
+    table.loc[table.layer == 19, "repair_rate_selection"] = 0.5
+    assert best_blocks(table)["layer"]["tied_with"] == []
+
+
 def test_cell_screen_applies_its_stated_criterion():
     """A cell fails when recognition is above chance (Wilson interval of the excess
     above 0), beats generation by the margin AND the paired interval of the difference

@@ -93,7 +93,7 @@ from rnr_interp.analyses.localise.steering import run_steer, run_units
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
-from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted
+from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted, seeds_drawing_each_layer
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.interventions import check_ablation
@@ -424,13 +424,18 @@ def organism(base: str, kind: str, strength: float, seed: int, folder: Path, tas
 
 
 GOLDS = ("base", "task")
+#: `run_validate(seeds=EVERY_LAYER)`: one organism per layer a seed can draw
+EVERY_LAYER = "layers"
 
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
-                 ablation: str = "zero", grading: str | None = None, progress: bool = True) -> ValidateSummary:
+                 ablation: str = "zero", grading: str | None = None, seeds: Sequence[int] | str | None = None,
+                 progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
-    `out` (kind "validate"); returns the summary (`validation_summary`)."""
+    `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
+    the profile's (`EVERY_LAYER`: one seed per layer the layer kinds can draw,
+    `seeds_drawing_each_layer`)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     if gold not in GOLDS:
@@ -439,14 +444,24 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     if unknown:
         raise ValueError(f"validate knows the kinds {', '.join(ANALYSES)}, got {', '.join(unknown)}")
     chosen = PROFILES[profile]
+    if isinstance(seeds, str) and seeds != EVERY_LAYER:
+        raise ValueError(f"seeds must be integers or {EVERY_LAYER!r}, got {seeds!r}")
+    if seeds is not None and not isinstance(seeds, str):
+        if not seeds or any(int(x) < 0 for x in seeds):
+            raise ValueError(f"seeds must be one or more non-negative integers, got {list(seeds)}")
+        chosen = dataclasses.replace(chosen, seeds=tuple(dict.fromkeys(int(x) for x in seeds)))
     check_ablation(ablation)
     if grading is not None:
         check_grading(grading)
     # a bad temperature refused before any work
     cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading)
     asked = task
+    lm = load_model(model) if gold == "base" or seeds == EVERY_LAYER else None
+    if seeds == EVERY_LAYER:
+        chosen = dataclasses.replace(chosen, seeds=seeds_drawing_each_layer(lm.n_layers))
     if gold == "base":
-        task = anchor_task(load_model(model), task, batch_size, grading or DEFAULT_GRADING)
+        task = anchor_task(lm, task, batch_size, grading or DEFAULT_GRADING)
+    del lm  # each analysis loads its organism; the base need not stay beside it
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
                               "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
                               **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),

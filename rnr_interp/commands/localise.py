@@ -271,6 +271,11 @@ def repair(
         typer.echo(f"    {r.block:38s} repair {r.repair_heldout:.3f} [{r.repair_lo:.3f}, {r.repair_hi:.3f}] of {r.n_failure_heldout}"
                    f"{_power({'power': r.repair_power})}   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] "
                    f"of {r.n_panel_heldout}{_power({'power': r.damage_power})}")
+    for component, best in (s.best or {}).items():
+        if best is not None and best.get("tied_with"):
+            typer.echo(f"  the best {component} block is a tie on the selection part ({sp['n_failure_selection']} failures, "
+                       f"{sp['n_panel_selection']} panel): layers {', '.join(map(str, [best['layer'], *best['tied_with']]))} "
+                       f"rank alike and the earliest, {best['layer']}, is named")
     chosen = (s.at_chosen_layer or {}).get("mlp")
     if chosen is not None:
         typer.echo(f"  chosen MLP repair beside the held-out one: selection part {_num(chosen['repair']['selection']['rate'])} "

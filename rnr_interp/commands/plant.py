@@ -76,6 +76,9 @@ def validate(
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
     temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero", grading: GradingOpt = None,
+    seeds: Annotated[Optional[str], typer.Option("--seeds", help="comma-separated seeds replacing the profile's, or "
+                                                 "'layers': one seed per layer the layer kinds can draw (seeds 0-9 "
+                                                 "repeat layers; a repeat is one organism)")] = None,
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
@@ -98,12 +101,14 @@ def validate(
         fail(f"--gold must be one of {', '.join(GOLDS)}, got {gold!r}")
     if ablation not in ABLATION_MODES:
         fail(f"--ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
+    seed_list = _seeds(seeds)
     check_out(out)
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                                         temperature=temperature, ablation=ablation, grading=grading, progress=not quiet)
+                                         temperature=temperature, ablation=ablation, grading=grading, seeds=seed_list,
+                                         progress=not quiet)
 
     summary = execute(body)
     _figures(out)
@@ -113,6 +118,17 @@ def validate(
         typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}; nulls with a false positive "
                    f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'], r.get('n_null_seeds'))}")
     typer.echo(f"run folder: {out}")
+
+
+def _seeds(text: str | None) -> tuple[int, ...] | str | None:
+    from rnr_interp.analyses.validate import EVERY_LAYER
+
+    if text is None or text.strip() == EVERY_LAYER:
+        return None if text is None else EVERY_LAYER
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        fail(f"--seeds must be comma-separated non-negative integers or {EVERY_LAYER!r}, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def _share(rate: float, ci, n: int, seeds: int | None = None) -> str:

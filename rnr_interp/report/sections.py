@@ -107,13 +107,14 @@ def cohort_html(s: CohortSummary) -> str:
     if (bias := s.letter_bias or {}).get("message"):
         body += f'<p class="warning">warning: {escape_html(bias["message"])} (rule: {escape_html(bias["rule"])})</p>'
     if isinstance(s, RepairSummary) and s.best is not None:
-        best = [(c, *(("nothing repaired", "", "", "") if b is None else
+        best = [(c, *(("nothing repaired", "", "", "", "") if b is None else
                       (escape_html(b.get("layer")), number(b.get("repair_rate")), number(b.get("damage_rate")),
-                       number(b.get("selectivity"))))) for c, b in s.best.items()]
+                       number(b.get("selectivity")), escape_html(", ".join(map(str, b.get("tied_with") or []))))))
+                for c, b in s.best.items()]
         # These rates are on the selection half that chose each block (in-sample, so
         # optimistic); the held-out rates are in the controls table.
         body += table_html(["best block (chosen on the selection half)", "layer", "repair, selection half",
-                            "damage, selection half", "selectivity, selection half"], best)
+                            "damage, selection half", "selectivity, selection half", "tied with (the earliest is named)"], best)
     body += chance_section_html(s.chance)
     if s.answer_changes:
         body += "".join(f'<p class="facts">{escape_html(answer_change_line(p, c))}</p>' for p, c in s.answer_changes.items())

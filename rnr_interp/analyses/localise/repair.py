@@ -164,7 +164,9 @@ def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str],
 def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[str, Any] | None]:
     """Per component, the block with the highest selectivity on part `on` ("selection"
     or "all"; ties: higher repair, then lower damage, then the earlier layer); None when
-    it repaired nothing there."""
+    it repaired nothing there. `tied_with`: the other layers equal to it on all three,
+    which the earlier-layer rule alone put behind it (on a selection part of one failure
+    and no panel, every layer that repairs that failure ties)."""
     suffix = "" if on == "all" else f"_{on}"
     out: dict[str, dict[str, Any] | None] = {}
     for c, sub in table.groupby("component", sort=False):
@@ -176,8 +178,11 @@ def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[st
         ranked = sub.assign(_d=damage, _s=sub[f"repair_rate{suffix}"] - damage).sort_values(
             ["_s", f"repair_rate{suffix}", "_d", "layer"], ascending=[False, False, True, True], kind="stable")
         top = ranked.iloc[0]
+        same = ((ranked["_s"] == top["_s"]) & (ranked[f"repair_rate{suffix}"] == top[f"repair_rate{suffix}"])
+                & (ranked["_d"] == top["_d"]))
         out[str(c)] = {"layer": int(top["layer"]), "repair_rate": float(top[f"repair_rate{suffix}"]),
-                       "damage_rate": float(top[f"damage_rate{suffix}"]), "selectivity": float(top["_s"]), "chosen_on": on}
+                       "damage_rate": float(top[f"damage_rate{suffix}"]), "selectivity": float(top["_s"]), "chosen_on": on,
+                       "tied_with": [int(x) for x in ranked.loc[same, "layer"].iloc[1:]]}
     return out
 
 

@@ -64,6 +64,7 @@ from rnr_interp.analyses.organisms.bias import EXPECTED, HEADROOM, bias_tokens, 
 from rnr_interp.analyses.organisms.layer import insert_layer, plant_layer, remove_layer, scale_writes
 from rnr_interp.analyses.organisms.plant import (
     KINDS, PLANTED_FILE, WEIGHTS_FILE, Kind, Planted, draw_layer, file_sha256, load_base, plant, read_planted,
+    seeds_drawing_each_layer,
 )
 from rnr_interp.analyses.organisms.units import (
     DEFAULT_UNITS, GATE_SHARPNESS, add_units, final_norm, gated_mlp, mlp_inputs, plant_units,
@@ -72,7 +73,7 @@ from rnr_interp.analyses.organisms.units import (
 __all__ = [
     "DEFAULT_UNITS", "EXPECTED", "GATE_SHARPNESS", "HEADROOM", "KINDS", "PLANTED_FILE", "RIDGE", "WEIGHTS_FILE", "AnswerSites",
     "Kind", "OwnAnswer", "Planted", "add_units", "answer_direction", "answer_inputs", "answer_opening", "answer_sites",
-    "answer_start", "bias_tokens", "confinement", "deployed_answers", "deployed_replies", "draw_layer", "file_sha256",
+    "answer_start", "bias_tokens", "confinement", "deployed_answers", "deployed_replies", "draw_layer", "file_sha256", "seeds_drawing_each_layer",
     "final_norm", "gated_mlp", "insert_layer", "load_base", "margins", "mlp_inputs", "own_answers", "plant",
     "plant_answer_bias", "plant_layer", "plant_units", "read_planted", "remove_layer", "ridge", "scale_writes", "task_of",
     "untie_unembedding", "view_of",

@@ -79,6 +79,19 @@ def draw_layer(seed: int, n_layers: int) -> int:
     return int(np.random.default_rng(seed).integers(lo, hi))
 
 
+def seeds_drawing_each_layer(n_layers: int) -> tuple[int, ...]:
+    """The smallest seed that draws each layer `draw_layer` can draw, in layer order: one
+    organism per layer, where seeds 0..k-1 repeat layers (ten seeds on a 30-layer model
+    draw five)."""
+    lo, hi = n_layers // 4, max(n_layers // 4 + 1, (3 * n_layers) // 4)
+    first: dict[int, int] = {}
+    seed = 0
+    while len(first) < hi - lo:
+        first.setdefault(draw_layer(seed, n_layers), seed)
+        seed += 1
+    return tuple(first[layer] for layer in sorted(first))
+
+
 @dataclass(frozen=True)
 class Kind:
     planter: Callable[..., dict[str, Any]]
