@@ -137,9 +137,11 @@ def test_comparisons_of_two_oracles_at_chance_are_counted_apart(tmp_path):
 
 
 def test_overlapping_runs_of_one_cell_count_once():
-    """The committed arith10_seq and arith10_mcts8 are the first 10 questions of arith40:
-    route-cells keeps arith40, leaves the two out and says which run they overlap;
-    each model-task cell (arithmetic, GSM8K) is counted once."""
+    """The committed arith10_seq and arith10_mcts8 are the first 10 questions of arith40,
+    and arith40_skiponly, arith40_native, arith40_polar run its spaces again under the
+    new draws: route-cells counts each (model, task, space) cell once, from the newest
+    40-question run of it, and says which run each left-out space overlaps."""
+    import json
     from pathlib import Path
 
     from rnr_interp.analyses.routing.cells import distinct_runs
@@ -148,15 +150,18 @@ def test_overlapping_runs_of_one_cell_count_once():
     runs = route_runs(folder)
     taken = distinct_runs(runs)
     taken["name"] = taken["run"].map(lambda r: Path(r).name)
-    assert set(taken.loc[taken.kept, "name"]) == {"arith40", "gsm8k40"}
-    assert (taken.groupby("name").space.apply(sorted) == [["native", "polar", "skiponly"]] * 4).all()
-    for small in ("arith10_seq", "arith10_mcts8"):
-        rows = taken[taken.name == small]
-        assert (~rows.kept).all() and (rows.overlaps.map(lambda r: Path(r).name) == "arith40").all()
-        assert (rows.shared_questions == 10).all()
+    created = {r.path.name: json.loads((r.path / "manifest.json").read_text())["created"] for r in runs}
+    for _, cell in taken.groupby(["task", "space"]):
+        assert cell.kept.sum() == 1
+        full = cell[cell.n_questions == 40]
+        assert cell.loc[cell.kept, "name"].item() == max(full.name, key=created.get)
+        left = cell[~cell.kept]
+        assert (left.overlaps.map(lambda r: Path(r).name) == cell.loc[cell.kept, "name"].item()).all()
+    assert not taken[taken.name.str.startswith("arith10")].kept.any()
+    assert set(taken.loc[taken.name == "arith10_seq", "shared_questions"]) == {10}
     t = aggregate_route_cells(runs)
     assert t["model_task"].model_task_cells.max() == 2
-    assert set(t["comparisons"].run.map(lambda r: Path(r).name)) == {"arith40", "gsm8k40"}
+    assert len(t["comparisons"].drop_duplicates(["task", "space"])) == 6  # 2 tasks x 3 spaces, each once
 
 
 @pytest.mark.parametrize("newer", ["a_first", "b_second"])
