@@ -76,7 +76,7 @@ reproduce: setup
 # Known answers: plant effects in the demo model and check the analyses find them
 # (quick profile, resumable; docs/organisms.md).
 validate: setup
-	$(BIN)/rnr validate --model smollm2 --task arithmetic --profile quick --out runs/validate
+	$(BIN)/rnr validate --model smollm2 --task arithmetic --profile quick --seeds layers --out runs/validate
 
 test: setup browser vllm
 	# the linter first (rules and line length: pyproject.toml's [tool.ruff])
