@@ -196,18 +196,22 @@ def test_a_tie_on_the_selection_part_is_named_with_the_layers_it_ties():
     """One failure and no panel to choose on (a planted layer 18|19 organism on SmolLM2):
     layers 3, 18 and 19 each repair it; the earliest is named and the tie is stated,
     never hidden behind the earlier-layer rule."""
-    from rnr_interp.analyses.localise.repair import best_blocks
+    from rnr_interp.analyses.localise.repair import best_blocks, tie_note
 
     nan = float("nan")
     table = hand_table([(layer, "layer", 1.0 if layer in (3, 18, 19) else 0.0, nan, (1, 1), (0, 1)) for layer in range(24)])
     best = best_blocks(table)["layer"]
     assert best["layer"] == 3 and best["tied_with"] == [18, 19]
+    assert tie_note("layer", best, {"n_failure_selection": 1, "n_panel_selection": 0}) == (
+        "the best layer block is a tie on the selection part (1 failures, 0 panel): layers 3, 18, 19 rank alike and "
+        "the earliest, 3, is named")
     # a block ahead on damage is no tie
     table.loc[table.layer == 3, "damage_rate_selection"] = 0.5
     best = best_blocks(table)["layer"]
     assert best["layer"] == 18 and best["tied_with"] == [19]
     table.loc[table.layer == 19, "repair_rate_selection"] = 0.5
     assert best_blocks(table)["layer"]["tied_with"] == []
+    assert tie_note("layer", best_blocks(table)["layer"], {}) is None and tie_note("mlp", None, {}) is None
 
 
 def test_cell_screen_applies_its_stated_criterion():

@@ -248,7 +248,7 @@ def repair(
     block chosen on half the failures and panel, scored on the other half."""
     check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
-    from rnr_interp.analyses.localise.repair import controls_table
+    from rnr_interp.analyses.localise.repair import controls_table, tie_note
     from rnr_interp.records import REPAIR
 
     s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
@@ -272,10 +272,8 @@ def repair(
                    f"{_power({'power': r.repair_power})}   damage {r.damage_heldout:.3f} [{r.damage_lo:.3f}, {r.damage_hi:.3f}] "
                    f"of {r.n_panel_heldout}{_power({'power': r.damage_power})}")
     for component, best in (s.best or {}).items():
-        if best is not None and best.get("tied_with"):
-            typer.echo(f"  the best {component} block is a tie on the selection part ({sp['n_failure_selection']} failures, "
-                       f"{sp['n_panel_selection']} panel): layers {', '.join(map(str, [best['layer'], *best['tied_with']]))} "
-                       f"rank alike and the earliest, {best['layer']}, is named")
+        if (note := tie_note(component, best, sp)) is not None:
+            typer.echo(f"  {note}")
     chosen = (s.at_chosen_layer or {}).get("mlp")
     if chosen is not None:
         typer.echo(f"  chosen MLP repair beside the held-out one: selection part {_num(chosen['repair']['selection']['rate'])} "

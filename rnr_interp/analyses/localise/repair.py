@@ -186,6 +186,16 @@ def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[st
     return out
 
 
+def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any]) -> str | None:
+    """One line saying that `best` (a `best_blocks` entry) ties with other layers on the
+    selection part (None when it does not)."""
+    if best is None or not best.get("tied_with"):
+        return None
+    layers = ", ".join(str(x) for x in [best["layer"], *best["tied_with"]])
+    return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
+            f"{split['n_panel_selection']} panel): layers {layers} rank alike and the earliest, {best['layer']}, is named")
+
+
 def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, Any] | None:
     """Held-out repair and damage of one block, each a rate with its Wilson interval on
     its own denominator, its `power` (the probability, at this n, that the findings'
