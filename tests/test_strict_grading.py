@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -339,13 +338,11 @@ def test_regrade_reproduces_the_gsm8k40_route_run_flexibly_but_self_verification
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("RNR_LONG_TESTS"), reason="about an hour of CPU (the model scores self-verification "
-                    "for 40 GSM8K questions); set RNR_LONG_TESTS=1 to run it; the test above checks everything else")
 def test_regrade_reproduces_the_gsm8k40_route_run_flexibly(tmp_path):
     """`rnr regrade` on the committed GSM8K route run, graded flexibly (the run's own
     grading): every number of its summary and every table as they were written, the
     self-verification selector's too (the model is loaded to score the candidates: about
-    an hour on a busy 2-core CPU)."""
+    5 to 7 minutes on 2 CPU cores alone)."""
     from typer.testing import CliRunner
 
     from rnr_interp.cli import app
