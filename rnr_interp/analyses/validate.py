@@ -20,9 +20,9 @@ Two seeds can draw the same organism (the layer kinds' seed only draws the layer
 the middle half of the model: ten seeds on a 30-layer model gave five distinct layers).
 Its weights and ``planted.json`` (but the seed) are then the same bit for bit and every
 analysis reads them with the same settings, so the second is one trial counted twice:
-``organism`` (a hash of that ground truth, weights' sha256 included) names it, its analyses run once (a later seed reads the
-first seed's findings) and every rate and interval counts distinct organisms (``n``),
-with the seeds beside (``n_seeds``).
+``organism`` (a hash of that ground truth, weights' sha256 included) names it, its
+analyses run once (a later seed reads the first seed's findings) and every rate and
+interval counts distinct organisms (``n``), with the seeds beside (``n_seeds``).
 
 Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero (the
 planted bias is zero), so the organism computes what the base computes. A null's false

@@ -71,22 +71,25 @@ def load_base(spec: str) -> tuple[nn.Module, Any]:
     return model.eval(), tok
 
 
+def drawable_layers(n_layers: int) -> range:
+    """The layers `draw_layer` draws from: the middle half of the model (a duplicate of
+    the first or last layers is not the effect under study, and the sweep runs there too)."""
+    return range(n_layers // 4, max(n_layers // 4 + 1, (3 * n_layers) // 4))
+
+
 def draw_layer(seed: int, n_layers: int) -> int:
-    """A layer drawn from `seed`, uniform over the middle half of the model (a
-    duplicate of the first or last layers is not the effect under study, and the sweep
-    runs there too)."""
-    lo, hi = n_layers // 4, max(n_layers // 4 + 1, (3 * n_layers) // 4)
-    return int(np.random.default_rng(seed).integers(lo, hi))
+    """A layer drawn from `seed`, uniform over `drawable_layers`."""
+    layers = drawable_layers(n_layers)
+    return int(np.random.default_rng(seed).integers(layers.start, layers.stop))
 
 
 def seeds_drawing_each_layer(n_layers: int) -> tuple[int, ...]:
     """The smallest seed that draws each layer `draw_layer` can draw, in layer order: one
     organism per layer, where seeds 0..k-1 repeat layers (ten seeds on a 30-layer model
     draw five)."""
-    lo, hi = n_layers // 4, max(n_layers // 4 + 1, (3 * n_layers) // 4)
     first: dict[int, int] = {}
     seed = 0
-    while len(first) < hi - lo:
+    while len(first) < len(drawable_layers(n_layers)):
         first.setdefault(draw_layer(seed, n_layers), seed)
         seed += 1
     return tuple(first[layer] for layer in sorted(first))
