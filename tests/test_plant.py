@@ -4,6 +4,7 @@ seed, and the layer organism undoes exactly."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -157,11 +158,34 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path,
     for analysis in ("repair:layer", "route:skiponly"):
         assert summary.by_analysis[analysis]["rate"] == 1.0 and summary.by_analysis[analysis]["n"] == 2
         assert summary.by_analysis[analysis]["null_false_positive_rate"] == 0.0
+    # each organism's checkpoint is dropped once its analyses are done, its ground truth kept
+    organisms = tmp_path / "v" / "organisms"
+    assert {p.name for p in organisms.rglob("*") if p.is_file()} == {"planted.json"}
     # resumed: organisms and analysis runs are read back, nothing is planted or run again
-    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*.safetensors")}
+    def stamps():
+        return {p: p.stat().st_mtime_ns for part in ("organisms", "runs") for p in (tmp_path / "v" / part).rglob("*")}
+    before = stamps()
     again = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
-    assert again.recovery == summary.recovery
-    assert stamps == {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*.safetensors")}
+    assert again.recovery == summary.recovery and stamps() == before
+    assert not list((tmp_path / "v").rglob("*.safetensors"))
+    # an analysis whose run folder is gone needs its organism again: rebuilt from the seed, the
+    # same bit for bit (its planted.json unchanged), the analysis run again to the same finding
+    shutil.rmtree(tmp_path / "v" / "runs" / "layer-s1-seed0__repair-layer")
+    truth = (organisms / "layer-s1-seed0" / "planted.json").read_text()
+    rerun = run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
+    assert rerun.recovery == summary.recovery and (tmp_path / "v" / "runs" / "layer-s1-seed0__repair-layer" / "summary.json").is_file()
+    assert (organisms / "layer-s1-seed0" / "planted.json").read_text() == truth
+    assert {p.name for p in organisms.rglob("*") if p.is_file()} == {"planted.json"}  # dropped again
+    # a recorded truth the seed does not give back is refused, not analysed
+    shutil.rmtree(tmp_path / "v" / "runs" / "layer-s1-seed0__repair-layer")
+    (organisms / "layer-s1-seed0" / "planted.json").write_text(truth.replace('"weights_sha256": "', '"weights_sha256": "0'))
+    with pytest.raises(RuntimeError, match="layer-s1-seed0.*planting seed 0 again gave other weights"):
+        run_validate(BASE, task, tmp_path / "v", profile="quick", progress=False)
+    assert not (organisms / "layer-s1-seed0.rebuild").exists()
+    # --keep-organisms keeps each checkpoint where every command loads it
+    kept = run_validate(BASE, task, tmp_path / "kept", profile="quick", seeds=[1], keep_organisms=True, progress=False)
+    assert kept.recovery["layer"]["n"] == 2
+    assert (tmp_path / "kept" / "organisms" / "layer-s1-seed1" / "model.safetensors").is_file()
 
 
 def test_the_route_check_reads_the_layer_a_route_run_names():
@@ -187,8 +211,9 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     # a random-weight model states no answer as 'Answer: N': nothing to anchor the golds to
     assert anchored.exit_code == 2 and "states no answer" in anchored.output
     done = CliRunner().invoke(app, ["validate", "--model", BASE, "--task", "arithmetic", "--n", "3", "--gold", "task",
-                                    "--out", str(out), "-q"])
+                                    "--keep-organisms", "--out", str(out), "-q"])
     assert done.exit_code == 0, done.output
+    assert len(list((out / "organisms").glob("*/model.safetensors"))) == 6  # kept: 3 seeds, planted and null
     assert "layer: recovered" in done.output and "nulls with a false positive" in done.output
     assert (out / "figures" / "detection_curve.html").is_file()
     summary = json.loads((out / "summary.json").read_text())

@@ -68,6 +68,11 @@ plant's with the base's own (the user's question, not a test of the instrument).
 
 Every cell resumes: an organism folder with its ``planted.json`` is reused, an analysis
 run with its summary is read back, and the tables are rewritten after each cell.
+
+An organism's checkpoint (0.54 GB for the demo model in float32) is dropped once its
+cell's analyses are done, ``planted.json`` kept (`rnr validate --keep-organisms` keeps
+them all): an analysis that needs it again (a resumed cell whose run folder was deleted)
+rebuilds it from its seed and checks it is the same bit for bit (`Organism.checkpoint`).
 """
 
 from __future__ import annotations
@@ -75,7 +80,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
@@ -93,7 +101,9 @@ from rnr_interp.analyses.localise.steering import run_steer, run_units
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
-from rnr_interp.analyses.organisms import EXPECTED, PLANTED_FILE, Planted, plant, read_planted, seeds_drawing_each_layer
+from rnr_interp.analyses.organisms import (
+    EXPECTED, PLANTED_FILE, WEIGHTS_FILE, Planted, plant, read_planted, seeds_drawing_each_layer,
+)
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
 from rnr_interp.interventions import check_ablation
@@ -262,9 +272,49 @@ def distinct_organisms(recovery: pd.DataFrame) -> pd.DataFrame:
     return recovery.drop_duplicates(["kind", "analysis", "strength", "organism"], keep="first")
 
 
-#: kind -> {analysis: run it on an organism folder into a run folder, giving what it
-#: found, or {analysis: found} for a run that several rows read}
-Runner = Callable[[Path, Task, Path, "Cell"], Union[Found, dict[str, Found]]]
+@dataclass(frozen=True)
+class Organism:
+    """One cell's organism folder: its ground truth (``planted.json``, always there) and
+    its checkpoint, which may have been dropped after the cell's analyses (`drop`)."""
+
+    folder: Path
+    #: plants this organism into an empty folder (`plant` with the cell's arguments)
+    build: Callable[[Path], Planted]
+
+    def checkpoint(self, role: str | None = None) -> str:
+        """The checkpoint to load (`role`: "base" or "trained" of a pair), rebuilt from
+        its seed first when it was dropped."""
+        folder = self.folder / role if role else self.folder
+        if not (folder / WEIGHTS_FILE).is_file():
+            self.rebuild()
+        return str(folder)
+
+    def rebuild(self) -> None:
+        """Plant the organism again beside its folder and put it in place when its ground
+        truth, weights' sha256 included, is the one recorded; refuse when it is not."""
+        recorded = read_planted(self.folder)
+        again = self.folder.with_name(self.folder.name + ".rebuild")
+        shutil.rmtree(again, ignore_errors=True)
+        rebuilt = self.build(again)
+        if organism_id(rebuilt) != organism_id(recorded):
+            shutil.rmtree(again, ignore_errors=True)
+            raise RuntimeError(f"{str(self.folder)!r}: planting seed {recorded.seed} again gave other weights than its "
+                               f"{PLANTED_FILE} records (sha256 {rebuilt.weights_sha256[:12]} against "
+                               f"{recorded.weights_sha256[:12]}); the organism is not reproducible here, so its "
+                               f"checkpoint cannot be rebuilt: plant the cell again in a new run folder")
+        shutil.rmtree(self.folder)
+        os.replace(again, self.folder)
+
+    def drop(self) -> None:
+        """Delete the checkpoint, keeping ``planted.json`` (what every reading needs)."""
+        for entry in self.folder.iterdir():
+            if entry.name != PLANTED_FILE:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+#: kind -> {analysis: run it on an organism into a run folder, giving what it found, or
+#: {analysis: found} for a run that several rows read}
+Runner = Callable[[Organism, Task, Path, "Cell"], Union[Found, dict[str, Found]]]
 
 
 @dataclass(frozen=True)
@@ -283,10 +333,10 @@ class Cell:
     grading: str | None = None
 
 
-def _repair_layer(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
+def _repair_layer(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
     if (out / "summary.json").is_file():
         return repair_layer_found(RunDir(out).read_summary())
-    summary = run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="layer",
+    summary = run_repair(load_model(organism.checkpoint()), task, out, readout=default_readout(task), sweep="layer",
                          decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
                          ablation=cell.ablation, grading=cell.grading)
     return repair_layer_found(summary)
@@ -297,9 +347,9 @@ def _repair_layer(organism: Path, task: Task, out: Path, cell: Cell) -> int | No
 ROUTE_CHECK = RouteConfig(samples=8, budget=8, spaces=("skiponly",), methods=("random", "hill_climb"))
 
 
-def _route_skiponly(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
+def _route_skiponly(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
     if not (out / "summary.json").is_file():
-        lm = load_model(str(organism))
+        lm = load_model(organism.checkpoint())
         # a small model's skip-only space may hold fewer routes than the budget: all of them, then
         budget = min(ROUTE_CHECK.budget, space_size(make_space("skiponly", lm.n_layers)))
         run_route_audit(lm, task, out, dataclasses.replace(ROUTE_CHECK, budget=budget), progress=cell.progress)
@@ -325,18 +375,19 @@ def gap_groups_found(run: RunDir, task: Task, groups: Mapping[str, Sequence[str]
     return "|".join(above)
 
 
-def _audit(model: str, task: Task, out: Path, cell: Cell) -> RunDir:
-    """An audit as `rnr audit` runs it (by default K = 32 at T = 1: `Cell.probe`), resumed when begun."""
+def _audit(checkpoint: Callable[[], str], task: Task, out: Path, cell: Cell) -> RunDir:
+    """An audit as `rnr audit` runs it (by default K = 32 at T = 1: `Cell.probe`) of the
+    model `checkpoint` gives, resumed when begun."""
     if not (out / "summary.json").is_file():
-        run_audit(load_model(model), task, out, probe=cell.probe, deployed=deployed_decoding(task),
+        run_audit(load_model(checkpoint()), task, out, probe=cell.probe, deployed=deployed_decoding(task),
                   batch_size=cell.batch_size, progress=cell.progress, grading=cell.grading)
     return RunDir(out)
 
 
-def _audit_gap(organism: Path, task: Task, out: Path, cell: Cell) -> str:
-    detail = read_planted(organism).detail  # the groups only: the audit itself reads no ground truth
+def _audit_gap(organism: Organism, task: Task, out: Path, cell: Cell) -> str:
+    detail = read_planted(organism.folder).detail  # the groups only: the audit itself reads no ground truth
     groups = {"affected": detail["affected_question_ids"], "unaffected": detail["unaffected_question_ids"]}
-    return gap_groups_found(_audit(str(organism), task, out, cell), task, groups)
+    return gap_groups_found(_audit(organism.checkpoint, task, out, cell), task, groups)
 
 
 def dominant_source(gained_from: Mapping[str, int]) -> str:
@@ -346,16 +397,16 @@ def dominant_source(gained_from: Mapping[str, int]) -> str:
     return "base_reachable" if reachable > unreachable else "base_unreachable" if unreachable > reachable else ""
 
 
-def _compare_pair(pair: Path, task: Task, out: Path, cell: Cell) -> str:
+def _compare_pair(pair: Organism, task: Task, out: Path, cell: Cell) -> str:
     if not (out / "compare" / "summary.json").is_file():
-        runs = [_audit(str(pair / role), task, out / role, cell) for role in ("base", "trained")]
+        runs = [_audit(partial(pair.checkpoint, role), task, out / role, cell) for role in ("base", "trained")]
         compare_runs(*runs, out / "compare")
     return dominant_source(RunDir(out / "compare").read_summary().gained_from)
 
 
-def _repair_mlp(organism: Path, task: Task, out: Path, cell: Cell) -> int | None:
+def _repair_mlp(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
     if not (out / "summary.json").is_file():
-        run_repair(load_model(str(organism)), task, out, readout=default_readout(task), sweep="mlp",
+        run_repair(load_model(organism.checkpoint()), task, out, readout=default_readout(task), sweep="mlp",
                    decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
                    ablation=cell.ablation, grading=cell.grading)
     chosen = RunDir(out).read_summary().chosen
@@ -369,7 +420,7 @@ def _cell_repair(out: Path) -> Path | None:
     return repair if RunDir(repair).read_summary().chosen is not None else None
 
 
-def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, out: Path, cell: Cell) -> RunDir | None:
+def _on_chosen_block(analyse: Callable[..., Any], organism: Organism, task: Task, out: Path, cell: Cell) -> RunDir | None:
     """`analyse` (`run_units`, `run_steer`) on the block the cell's repair run chose,
     with the command's defaults, or its run read back; None when repair chose no block
     or the analysis was skipped (a part of its cohort empty)."""
@@ -377,13 +428,13 @@ def _on_chosen_block(analyse: Callable[..., Any], organism: Path, task: Task, ou
     if repair is None:
         return None
     if not (out / "summary.json").is_file():
-        analyse(load_model(str(organism)), task, out, repair_run=repair, readout=default_readout(task),
+        analyse(load_model(organism.checkpoint()), task, out, repair_run=repair, readout=default_readout(task),
                 decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress, grading=cell.grading)
     run = RunDir(out)
     return run if run.read_summary().layer is not None else None
 
 
-def _units_top(organism: Path, task: Task, out: Path, cell: Cell) -> UnitsFound | None:
+def _units_top(organism: Organism, task: Task, out: Path, cell: Cell) -> UnitsFound | None:
     run = _on_chosen_block(run_units, organism, task, out, cell)
     if run is None:
         return None
@@ -391,7 +442,7 @@ def _units_top(organism: Path, task: Task, out: Path, cell: Cell) -> UnitsFound 
     return UnitsFound(int(run.read_summary().layer), tuple(int(u) for u in scores["unit"]))
 
 
-def _steer(organism: Path, task: Task, out: Path, cell: Cell) -> dict[str, Found]:
+def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, Found]:
     run = _on_chosen_block(run_steer, organism, task, out, cell)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
@@ -414,13 +465,14 @@ def cell_name(kind: str, strength: float, seed: int) -> str:
     return f"{kind}-s{strength:g}-seed{seed}"
 
 
-def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task) -> Planted:
-    """The organism of one cell: read back when its folder is complete, else planted
-    (at the layer the seed draws, as `rnr plant` does without --layer) at `strength`
-    times the kind's default, made for `task`'s questions."""
+def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task) -> tuple[Organism, Planted]:
+    """The organism of one cell and its ground truth: read back when its folder has its
+    ``planted.json``, else planted (at the layer the seed draws, as `rnr plant` does
+    without --layer) at `strength` times the kind's default, made for `task`'s questions."""
+    found = Organism(folder, partial(plant, kind, base, seed=seed, task=task, scale=strength))
     if (folder / PLANTED_FILE).is_file():
-        return read_planted(folder)
-    return plant(kind, base, folder, seed=seed, task=task, scale=strength)
+        return found, read_planted(folder)
+    return found, found.build(folder)
 
 
 GOLDS = ("base", "task")
@@ -431,11 +483,12 @@ EVERY_LAYER = "layers"
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
                  ablation: str = "zero", grading: str | None = None, seeds: Sequence[int] | str | None = None,
-                 progress: bool = True) -> ValidateSummary:
+                 keep_organisms: bool = False, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
     the profile's (`EVERY_LAYER`: one seed per layer the layer kinds can draw,
-    `seeds_drawing_each_layer`)."""
+    `seeds_drawing_each_layer`). `keep_organisms`: keep every organism's checkpoint
+    (by default each is dropped once its cell's analyses are done)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     if gold not in GOLDS:
@@ -475,17 +528,19 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     seen: dict[tuple[str, str], Any] = {}
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
-        planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
+        found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
         for analysis, runner in ANALYSES[kind].items():
             if analysis in chosen.left_out:
                 continue
             key = (organism_id(planted), analysis)
             if key not in seen:
-                seen[key] = runner(root / "organisms" / name, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}", cell)
+                seen[key] = runner(found_in, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}", cell)
             found = seen[key]
             for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
                 rows.append({**recovery_row(planted, named, one), "strength": strength})
         write_tables(run, rows)
+        if not keep_organisms:
+            found_in.drop()
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "temperature": temperature, "ablation": ablation, "grading": grading or DEFAULT_GRADING,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}

@@ -79,6 +79,9 @@ def validate(
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="comma-separated seeds replacing the profile's, or "
                                                  "'layers': one seed per layer the layer kinds can draw (seeds 0-9 "
                                                  "repeat layers; a repeat is one organism)")] = None,
+    keep_organisms: Annotated[bool, typer.Option("--keep-organisms", help="keep every organism's checkpoint in OUT/organisms "
+                                                 "(by default each is dropped once its analyses are done and rebuilt "
+                                                 "from its seed if needed again)")] = False,
     batch_size: BatchOpt = 32, quiet: QuietOpt = False,
 ):
     """Plant known effects in MODEL at several strengths and seeds, run the analyses on
@@ -108,7 +111,7 @@ def validate(
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
                                          temperature=temperature, ablation=ablation, grading=grading, seeds=seed_list,
-                                         progress=not quiet)
+                                         keep_organisms=keep_organisms, progress=not quiet)
 
     summary = execute(body)
     _figures(out)
