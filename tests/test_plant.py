@@ -148,9 +148,9 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path,
     nulls = recovery[recovery["strength"] == 0]
     assert (nulls["found"] == "").all() and (nulls["planted"] == "").all()
     layer = summary.recovery["layer"]
-    # counted over distinct organisms (two analyses x two organisms), the seeds beside
-    assert layer["rate"] == 1.0 and layer["n"] == 4 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 4
-    assert layer["n_seeds"] == 6 and layer["n_null_seeds"] == 6
+    # counted over distinct organisms (two, each read by two analyses), the seeds beside
+    assert layer["rate"] == 1.0 and layer["n"] == 2 and layer["null_false_positive_rate"] == 0.0 and layer["n_null"] == 2
+    assert layer["n_seeds"] == 3 and layer["n_null_seeds"] == 3
     detection = run.read_table("detection")
     assert set(detection["n"]) == {2} and set(detection["n_seeds"]) == {3}
     # on the tiny model the route check names the planted layer too (a skip of it repairs ~0.9 of
@@ -184,8 +184,32 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path,
     assert not (organisms / "layer-s1-seed0.rebuild").exists()
     # --keep-organisms keeps each checkpoint where every command loads it
     kept = run_validate(BASE, task, tmp_path / "kept", profile="quick", seeds=[1], keep_organisms=True, progress=False)
-    assert kept.recovery["layer"]["n"] == 2
+    assert kept.recovery["layer"]["n"] == 1  # one organism, however many analyses read it
     assert (tmp_path / "kept" / "organisms" / "layer-s1-seed1" / "model.safetensors").is_file()
+
+
+def test_a_kind_counts_each_organism_once_found_when_every_analysis_found_it():
+    """Two analyses of one organism are one trial, not two: the kind's rate is over
+    organisms (recovered when every analysis recovered it; a null a false positive when
+    any analysis named the planted location), each analysis's own rate beside."""
+    import pandas as pd
+
+    from rnr_interp.analyses.validate import RECOVERY_COLUMNS, validation_summary
+
+    def row(strength, seed, analysis, recovered, organism):
+        return dict(zip(RECOVERY_COLUMNS, ("units", strength, seed, analysis, "", "", recovered, float("nan"), organism)))
+
+    table = pd.DataFrame([row(1.0, 0, "repair:mlp", True, "a"), row(1.0, 0, "units:top-k", True, "a"),
+                          row(1.0, 1, "repair:mlp", True, "b"), row(1.0, 1, "units:top-k", False, "b"),
+                          row(1.0, 2, "repair:mlp", True, "b"), row(1.0, 2, "units:top-k", False, "b"),  # seed 2 drew b again
+                          row(0.0, 0, "repair:mlp", True, "z"), row(0.0, 0, "units:top-k", False, "z")])
+    summary = validation_summary(table)
+    units = summary["recovery"]["units"]
+    assert (units["rate"], units["n"], units["n_seeds"]) == (0.5, 2, 3)
+    assert (units["null_false_positive_rate"], units["n_null"], units["n_null_seeds"]) == (1.0, 1, 1)
+    assert summary["by_analysis"]["repair:mlp"]["rate"] == 1.0 and summary["by_analysis"]["units:top-k"]["rate"] == 0.5
+    assert summary["by_analysis"]["units:top-k"]["null_false_positive_rate"] == 1.0
+    assert summary["by_analysis"]["repair:mlp"]["null_false_positive_rate"] == 0.0
 
 
 def test_the_route_check_reads_the_layer_a_route_run_names():

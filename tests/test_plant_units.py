@@ -136,7 +136,10 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
     # the null: nothing fails, so no analysis names anything
     null = recovery.loc[0.0]
     assert (null["found"] == "").all() and null["recovered"].all() and (null["planted"] == "").all()
-    assert summary.recovery["units"]["null_false_positive_rate"] == 0.0 and summary.recovery["units"]["n"] == 5
+    # the kind's rate is one organism found end to end: every one of its five analyses recovered it
+    units = summary.recovery["units"]
+    assert units["n"] == 1 and units["rate"] == float(planted["recovered"].all())
+    assert units["null_false_positive_rate"] == 0.0 and units["n_null"] == 1
 
 
 def test_units_findings_are_scored_against_the_planted_truth():

@@ -567,23 +567,37 @@ def detection_table(recovery: pd.DataFrame, level: float = 0.95) -> pd.DataFrame
 
 
 def validation_summary(recovery: pd.DataFrame, level: float = 0.95) -> dict[str, Any]:
-    """The one summary of a validation: per kind, the share of planted cells (strength
-    > 0) recovered, with its Wilson interval, and the share of its nulls (strength 0)
-    where an analysis named the planted location (`null_false_positive_rate`, with
-    `null_ci`); the same per analysis under `by_analysis`. NaN where a kind has no such
-    cells. Counted over distinct organisms (`n`, `n_null`), the seeds beside
-    (`n_seeds`, `n_null_seeds`)."""
+    """The one summary of a validation, counted over distinct organisms (`n`, `n_null`;
+    the seeds behind them beside: `n_seeds`, `n_null_seeds`):
+
+    - ``recovery``, per kind: the share of planted organisms (strength > 0) that every
+      analysis of the kind recovered (found end to end), with its Wilson interval, and the
+      share of its nulls (strength 0) where any analysis named the planted location
+      (`null_false_positive_rate`, with `null_ci`). An organism is one trial however many
+      analyses read it: its analyses' findings are not independent;
+    - ``by_analysis``: the same per analysis, one row per organism.
+
+    NaN where a kind has no such cells."""
     out: dict[str, Any] = {"recovery": {}, "by_analysis": {}}
     distinct = distinct_organisms(recovery)
-    for key, column in (("recovery", "kind"), ("by_analysis", "analysis")):
-        for name, sub in distinct.groupby(column, sort=True):
-            planted, nulls = sub[sub["strength"] > 0], sub[sub["strength"] == 0]
-            every = recovery[recovery[column] == name]
-            hit = proportion(int(planted["recovered"].sum()), len(planted), level)
-            false = proportion(int((~nulls["recovered"].astype(bool)).sum()), len(nulls), level)
-            out[key][str(name)] = {"rate": hit["rate"], "ci": hit["ci"], "n": len(planted),
-                                   "n_seeds": int((every["strength"] > 0).sum()),
-                                   "null_false_positive_rate": false["rate"], "null_ci": false["ci"], "n_null": len(nulls),
-                                   "n_null_seeds": int((every["strength"] == 0).sum())}
+    for name, sub in distinct.groupby("analysis", sort=True):
+        out["by_analysis"][str(name)] = _rates(sub, recovery[recovery["analysis"] == name], level)
+    cells = ["kind", "strength", "seed"] if "organism" not in distinct.columns or distinct["organism"].isna().all() \
+        else ["kind", "strength", "organism"]
+    # one row per organism: recovered when every analysis recovered it (for a null: stayed silent)
+    per_organism = distinct.groupby(cells, sort=True, dropna=False)["recovered"].all().reset_index()
+    seeds = recovery.drop_duplicates(["kind", "strength", "seed"])
+    for name, sub in per_organism.groupby("kind", sort=True):
+        out["recovery"][str(name)] = _rates(sub, seeds[seeds["kind"] == name], level)
     return out
 
+
+def _rates(rows: pd.DataFrame, every: pd.DataFrame, level: float) -> dict[str, Any]:
+    """Recovery over the planted rows of `rows` (one per organism) and false positives over
+    its nulls, with the seeds of `every` (one row per seed) beside."""
+    planted, nulls = rows[rows["strength"] > 0], rows[rows["strength"] == 0]
+    hit = proportion(int(planted["recovered"].sum()), len(planted), level)
+    false = proportion(int((~nulls["recovered"].astype(bool)).sum()), len(nulls), level)
+    return {"rate": hit["rate"], "ci": hit["ci"], "n": len(planted), "n_seeds": int((every["strength"] > 0).sum()),
+            "null_false_positive_rate": false["rate"], "null_ci": false["ci"], "n_null": len(nulls),
+            "n_null_seeds": int((every["strength"] == 0).sum())}

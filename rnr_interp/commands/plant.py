@@ -118,8 +118,11 @@ def validate(
     golds = "the base model's own answers" if summary.gold == "base" else "the task's"
     typer.echo(f"{summary.model} on {summary.task} ({summary.n_questions} questions, golds: {golds}), profile {summary.profile}:")
     for kind, r in summary.recovery.items():
-        typer.echo(f"  {kind}: recovered {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}; nulls with a false positive "
-                   f"{_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'], r.get('n_null_seeds'))}")
+        typer.echo(f"  {kind}: recovered by every analysis {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}; nulls "
+                   f"with a false positive in any {_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'], r.get('n_null_seeds'))}")
+    if len(summary.by_analysis) > 1:  # each analysis on its own beside the end-to-end rate
+        for analysis, r in summary.by_analysis.items():
+            typer.echo(f"    {analysis}: recovered {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}")
     typer.echo(f"run folder: {out}")
 
 
