@@ -264,10 +264,16 @@ def organism_id(planted: Planted) -> str:
     return hashlib.sha256(json.dumps(truth, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def names_organisms(recovery: pd.DataFrame) -> bool:
+    """Whether a recovery table names its organisms (tables from before the ``organism``
+    column do not: each seed is then its own)."""
+    return "organism" in recovery.columns and not recovery["organism"].isna().all()
+
+
 def distinct_organisms(recovery: pd.DataFrame) -> pd.DataFrame:
     """One row per organism and analysis (the first seed's; tables from before the
     ``organism`` column count every seed)."""
-    if "organism" not in recovery.columns or recovery["organism"].isna().all():
+    if not names_organisms(recovery):
         return recovery
     return recovery.drop_duplicates(["kind", "analysis", "strength", "organism"], keep="first")
 
@@ -582,8 +588,7 @@ def validation_summary(recovery: pd.DataFrame, level: float = 0.95) -> dict[str,
     distinct = distinct_organisms(recovery)
     for name, sub in distinct.groupby("analysis", sort=True):
         out["by_analysis"][str(name)] = _rates(sub, recovery[recovery["analysis"] == name], level)
-    cells = ["kind", "strength", "seed"] if "organism" not in distinct.columns or distinct["organism"].isna().all() \
-        else ["kind", "strength", "organism"]
+    cells = ["kind", "strength", "organism" if names_organisms(distinct) else "seed"]
     # one row per organism: recovered when every analysis recovered it (for a null: stayed silent)
     per_organism = distinct.groupby(cells, sort=True, dropna=False)["recovered"].all().reset_index()
     seeds = recovery.drop_duplicates(["kind", "strength", "seed"])
