@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import json
@@ -263,22 +264,65 @@ class Ablate(Intervention):
                 (site_hook(lm, "hook_resid_post", self.layer), rows.edit(lambda act, hook: (kept := saved.pop()) + self._written(kept)))]
 
 
+# -- where a forward call sits in its sequence ------------------------------------
+#
+# A hook sees one call's activations, [batch, pos, d], not where those positions are in
+# the sequence: a cached decoding step holds one position, a prefill the whole prompt.
+# The engine says so around each call (`sequence_span`): the absolute index of the
+# call's first position, and of the prompt's last position (left padding puts every
+# row's prompt end at the same index).
+
+_SPAN: contextvars.ContextVar[tuple[int, int | None]] = contextvars.ContextVar("rnr_sequence_span", default=(0, None))
+
+
+@contextlib.contextmanager
+def sequence_span(offset: int, prompt_end: int | None) -> Iterator[None]:
+    """Within this block a forward call's first position is sequence position `offset`,
+    and the prompt ends at `prompt_end` (None: at the call's last position)."""
+    token = _SPAN.set((offset, prompt_end))
+    try:
+        yield
+    finally:
+        _SPAN.reset(token)
+
+
+def prompt_end_in_call(n_pos: int) -> int | None:
+    """The index, among a forward call's `n_pos` positions, of the prompt's last
+    position; None when this call does not hold it (a decoding step after the prompt).
+    Outside the engine's generation a call is read as one whole prompt."""
+    offset, end = _SPAN.get()
+    at = n_pos - 1 if end is None else end - offset
+    return at if 0 <= at < n_pos else None
+
+
+#: where `Steer` adds its vector: at every position, or at the prompt's last position
+#: alone (the state that chooses the reply's first token)
+SteerAt = Literal["every", "prompt"]
+STEER_AT: tuple[str, ...] = get_args(SteerAt)
+
+
 @register
 @dataclass(frozen=True)
 class Steer(Intervention):
     """Add ``alpha * vector`` at site `site` (a key of the site table, e.g.
-    ``hook_mlp_out``) of block `layer`, at every position."""
+    ``hook_mlp_out``) of block `layer`: at every position (`at` "every"), or at the
+    prompt's last position alone (`at` "prompt": generated tokens are left as the
+    steered prompt makes them)."""
 
     layer: int
     vector: tuple[float, ...]
     alpha: float
     site: str = "hook_resid_post"
+    at: SteerAt = "every"
 
     def __post_init__(self):
         object.__setattr__(self, "vector", tuple(float(x) for x in self.vector))
+        if self.at not in STEER_AT:
+            raise ValueError(f"Steer at must be one of {', '.join(STEER_AT)}, got {self.at!r}")
 
     def label(self) -> str:
-        return f"steer:{self.layer}:{self.site}:{self.alpha:g}:{digest(self.vector)}"
+        where = "" if self.at == "every" else f":at-{self.at}"
+        return f"steer:{self.layer}:{self.site}:{self.alpha:g}:{digest(self.vector)}{where}"
 
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
@@ -298,7 +342,14 @@ class Steer(Intervention):
             v = torch.tensor(self.vector, device=act.device, dtype=act.dtype)
             if v.shape[-1] != act.shape[-1]:
                 raise ValueError(f"Steer vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
-            return act + self.alpha * v
+            if self.at == "every":
+                return act + self.alpha * v
+            at = prompt_end_in_call(act.shape[1])
+            if at is None:
+                return act
+            act = act.clone()
+            act[:, at] += self.alpha * v
+            return act
 
         return [(site_hook(lm, self.site, self.layer), add)]
 

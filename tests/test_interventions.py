@@ -315,6 +315,34 @@ def test_cached_equals_uncached_generation(lm):
         assert [[g.tokens for g in r] for r in a] == [[g.tokens for g in r] for r in b], iv
 
 
+def test_a_steer_at_the_prompt_end_moves_that_position_alone_in_every_decoding_path(lm):
+    v = tuple(torch.randn(lm.bridge.cfg.d_model, generator=torch.Generator().manual_seed(1)).tolist())
+    at_end, everywhere = Steer(1, v, 8.0, at="prompt"), Steer(1, v, 8.0)
+    base, steered, every_position = logits_of(lm), logits_of(lm, [at_end]), logits_of(lm, [everywhere])
+    # one forward over the prompts: the last position is the prompt's end, and only it moves (padding is not read)
+    before_end = real_positions(lm).clone()
+    before_end[:, -1] = False
+    assert torch.equal(steered[before_end], base[before_end]) and not torch.allclose(steered[:, -1], base[:, -1], atol=1e-4)
+    assert not torch.allclose(every_position[before_end], base[before_end], atol=1e-4)
+    prompts = [lm.encode(lm.render(p)) for p in PROMPTS]
+    dec = Decoding(max_new_tokens=8)
+    cached, uncached, every = (generate(lm, prompts, decoding=dec, interventions=[s], use_cache=c)
+                               for s, c in ((at_end, True), (at_end, False), (everywhere, True)))
+    tokens = [[g.tokens for g in row] for row in cached]
+    # a decoding step after the prompt is not steered, cached (one position a call) or not (the whole sequence)
+    assert tokens == [[g.tokens for g in row] for row in uncached]
+    ids, mask = batch(lm)
+    with torch.inference_mode(), applied(lm, [at_end]):
+        first = forward(lm, ids, mask, last_only=True)[0][:, -1].argmax(-1).tolist()
+    assert [row[0][0] for row in tokens if row[0]] == [t for t, row in zip(first, tokens) if row[0]]
+    # steering the prompt's end alone is another intervention than steering every position
+    assert [[(g.tokens, g.token_logprobs) for g in row] for row in cached] != [[(g.tokens, g.token_logprobs) for g in row] for row in every]
+    assert at_end.label().endswith(":at-prompt") and everywhere.label() == Steer(1, v, 8.0, "hook_resid_post", "every").label()
+    assert loads(dumps([at_end])) == (at_end,) and from_json({k: w for k, w in to_json(everywhere).items() if k != "at"}) == everywhere
+    with pytest.raises(ValueError, match="at must be one of every, prompt"):
+        Steer(1, v, 1.0, at="answer")
+
+
 def test_specs_serialise_round_trip():
     specs = [Ablate("attn", 3), Steer(2, (0.5, -1.0), 2.0, "hook_mlp_out"), AblateUnits(1, (9, 2)), Route((0, 1, 1, 2))]
     assert loads(dumps(specs)) == tuple(specs)

@@ -245,6 +245,16 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     held = set(run.read_json("failure_set")["heldout_ids"])
     steered = run.read_records()
     assert set(steered.loc[steered["probe"].str.startswith("steer:rescue"), "question_id"]) == held
+    assert s.steer_at == "every" and "steer_at" not in run.config  # a default run's config is what it always was
+    # the same run steering the prompt's last position alone: the same v, recorded as such, another sweep
+    at_end = run_steer(lm, t, tmp_path / "s-end", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
+                       steer_at="prompt")
+    end_run = RunDir(tmp_path / "s-end")
+    assert at_end.steer_at == "prompt" and end_run.config["steer_at"] == "prompt"
+    assert end_run.read_json("direction")["vector"] == run.read_json("direction")["vector"]
+    assert end_run.read_records()["intervention"].str.endswith(":at-prompt").any()
+    with pytest.raises(ValueError, match="steer_at must be one of every, prompt"):
+        run_steer(lm, t, tmp_path / "s-bad", layer=1, decoding=d, progress=False, steer_at="answer")
     u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=6, decoding=d, progress=False)
     ur = RunDir(tmp_path / "u")
     units = ur.read_table("units")

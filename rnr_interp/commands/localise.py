@@ -295,7 +295,11 @@ def steer(
                                             "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
-    read_at: ReadAtOpt = "prompt", max_new_tokens: MaxTokOpt = None,
+    read_at: ReadAtOpt = "prompt",
+    steer_at: Annotated[str, typer.Option("--steer-at", help="where the vector is added: every (every position, the "
+                                          "default) | prompt (the prompt's last position alone: the state that "
+                                          "chooses the reply's first token; generated tokens are not steered)")] = "every",
+    max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
     num_fewshot: NumFewshotOpt = 0, fewshot_split: FewshotSplitOpt = None, fewshot_seed: FewshotSeedOpt = 1234,
@@ -310,7 +314,7 @@ def steer(
     held-out failures, induce failures in the held-out panel."""
     check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
-    from rnr_interp.interventions import COMPONENT_SITE
+    from rnr_interp.interventions import COMPONENT_SITE, STEER_AT
     from rnr_interp.records import STEER
 
     if component not in COMPONENT_SITE:
@@ -318,12 +322,14 @@ def steer(
     if alpha_unit not in ALPHA_UNITS:
         fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
     _check_read_at(read_at)
+    if steer_at not in STEER_AT:
+        fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
     s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
                   permutation_control=permute_control, circular=circular, site=site, grading=grading, read_at=read_at,
-                  vector=None if vector is None else _vector_file(vector))
+                  steer_at=steer_at, vector=None if vector is None else _vector_file(vector))
     _print_curve(s, "steering", f"{component} layer {s.layer} ({s.block_choice}), |v| = {s.v_norm or 0:.3f}, "
                  f"residual RMS norm {s.residual_rms or 0:.3f}; alpha in {s.alpha_unit_words}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from rnr_interp.engine.decoding import Decoding, Generation, cut_at_stop, plan_columns
 from rnr_interp.engine.batch import Batch, batch_applied, replaying
-from rnr_interp.interventions import Intervention, applied, capturing, site_hook
+from rnr_interp.interventions import Intervention, applied, capturing, sequence_span, site_hook
 from rnr_interp.models import LoadedModel
 
 
@@ -47,20 +47,24 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[I
 
 
 def forward(
-    lm: LoadedModel, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None, last_only: bool = False
+    lm: LoadedModel, ids: Int[Tensor, "b t"], mask: Int[Tensor, "b total"], cache=None, last_only: bool = False,
+    prompt_end: int | None = None,
 ) -> tuple[Float[Tensor, "b t_out v"], object]:
     """One bridge forward over `ids` (the last t positions of `mask`), extending `cache`.
     Positions come from the mask, so left padding does not shift them. `last_only`
     unembeds the last position alone (t_out = 1): a prefill needs nothing else, and the
-    vocabulary projection of every prompt position dominates its cost."""
+    vocabulary projection of every prompt position dominates its cost. `prompt_end`:
+    the sequence index of the prompt's last position, for interventions confined to it
+    (`interventions.sequence_span`; None: the call's last position)."""
     lm.check_fits(mask.shape[1], "a sequence")
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
     extra = {"logits_to_keep": 1} if last_only else {}
-    if cache is None:
-        logits = lm.bridge(ids, attention_mask=mask, position_ids=positions, **extra)
-        return logits, None
-    logits, cache = lm.bridge(ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                              return_type="logits_and_cache", **extra)
+    with sequence_span(mask.shape[1] - ids.shape[1], prompt_end):
+        if cache is None:
+            logits = lm.bridge(ids, attention_mask=mask, position_ids=positions, **extra)
+            return logits, None
+        logits, cache = lm.bridge(ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                                  return_type="logits_and_cache", **extra)
     return logits, cache
 
 
@@ -369,6 +373,7 @@ def generate(
     stop_ids = torch.tensor(sorted(lm.stop_token_ids), dtype=torch.long, device=device)
 
     ids, mask = left_pad(prompts, lm.pad_id, device)
+    prompt_end = ids.shape[1] - 1  # left padding ends every prompt here
     with batch_applied(lm, interventions, batch_size=B, sparse_slots=sparse_slots) as active:
         if use_cache:
             last, cache = _prefill(lm, ids, mask, active, reuse)
@@ -414,10 +419,10 @@ def generate(
                 active.select(keep, cache if use_cache else None)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             if use_cache:
-                logits, cache = forward(lm, tok[:, None], mask, cache)
+                logits, cache = forward(lm, tok[:, None], mask, cache, prompt_end=prompt_end)
             else:
                 ids = torch.cat([ids, tok[:, None]], dim=1)
-                logits, _ = forward(lm, ids, mask, None, last_only=True)
+                logits, _ = forward(lm, ids, mask, None, last_only=True, prompt_end=prompt_end)
             last = logits[:, -1].float()
 
     results = []

@@ -327,6 +327,8 @@ class SteerSummary(ChosenBlockSummary):
     v_norm: float | None = None
     residual_rms: float | None = None
     steered_norm_per_alpha: float | None = None
+    #: where the vector was added: at every position, or at the prompt's last one
+    steer_at: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,7 +64,7 @@ from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
 from rnr_interp.interventions import (
-    SITES, COMPONENT_SITE, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook, split_hook_name,
+    SITES, COMPONENT_SITE, STEER_AT, Ablate, AblateUnits, Steer, capturing, family, set_id, site_hook, split_hook_name,
 )
 from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
@@ -157,9 +157,10 @@ def steering_vector(v: Tensor, unit: str, rms: float) -> Tensor:
 # -- steering --------------------------------------------------------------------------
 
 
-def steer_spec(layer: int, component: str, v: Tensor, alpha: float, site: str | None = None) -> Steer:
-    """Steering along v at block `layer`: at `site` if given, else where `component` writes."""
-    return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=site or COMPONENT_SITE[component])
+def steer_spec(layer: int, component: str, v: Tensor, alpha: float, site: str | None = None, at: str = "every") -> Steer:
+    """Steering along v at block `layer`: at `site` if given, else where `component`
+    writes; at every position, or at the prompt's last one (`at`, `STEER_AT`)."""
+    return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=site or COMPONENT_SITE[component], at=at)
 
 
 def given_vector(lm: LoadedModel, vector: Tensor, site: str | None, layer: int | None, component: str) -> tuple[int, str]:
@@ -185,16 +186,17 @@ def given_vector(lm: LoadedModel, vector: Tensor, site: str | None, layer: int |
 def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
                    run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
-                   level: float = 0.95, circular: bool = False, site: str | None = None) -> pd.DataFrame:
+                   level: float = 0.95, circular: bool = False, site: str | None = None, at: str = "every") -> pd.DataFrame:
     """Table (alpha, direction, rate, lo, hi, k, n): rescue = -alpha v on `failure`
     (rate: now right), induction = +alpha v on `panel` (rate: now wrong); Wilson
     interval on each rate's own denominator. Pass the held-out parts: v is chosen on
     the selection parts. `v` is the vector alpha multiplies (`steering_vector`).
-    `circular`: right means right under every cyclic shift of the options."""
+    `circular`: right means right under every cyclic shift of the options. `at`: where
+    the vector is added (`STEER_AT`)."""
     rows = []
     for alpha in alphas:
-        rows += [Row(q, (steer_spec(layer, component, v, -alpha, site),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
-        rows += [Row(q, (steer_spec(layer, component, v, alpha, site),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
+        rows += [Row(q, (steer_spec(layer, component, v, -alpha, site, at),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
+        rows += [Row(q, (steer_spec(layer, component, v, alpha, site, at),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
                        desc="steer", progress=progress)
     table = []
@@ -410,7 +412,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
-              grading: str | None = None, read_at: str = "prompt") -> SteerSummary:
+              grading: str | None = None, read_at: str = "prompt", steer_at: str = "every") -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
@@ -419,8 +421,11 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     rotated (`readings.run_permutation_control`; as many rows again as the rescue, so off
     by default). `circular`: the cohort and every row under every cyclic shift.
     `read_at`: where v and the RMS norm are read (`defaults.READ_AT`): at the end of
-    the prompt, or where each deployed reply's answer starts."""
+    the prompt, or where each deployed reply's answer starts. `steer_at`: where the
+    vector is added (`STEER_AT`): at every position, or at the prompt's last one."""
     check_read_at(read_at)
+    if steer_at not in STEER_AT:
+        raise ValueError(f"steer_at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
     if alpha_unit not in ALPHA_UNITS:
         raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
     alphas = DEFAULT_ALPHAS_BY_UNIT[alpha_unit] if alphas is None else alphas
@@ -439,7 +444,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                                  circular=circular, grading=grading, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  alphas=[float(a) for a in alphas], alpha_unit=alpha_unit,
-                                                 **read_setting(read_at), **control))
+                                                 **read_setting(read_at), **control,
+                                                 **({} if steer_at == "every" else {"steer_at": steer_at})))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(STEER), **c.readings()}
@@ -460,13 +466,13 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                  "from": "selection parts of the failure set and panel" if vector is None else "given",
                                  "alpha_unit": alpha_unit, "residual_rms": rms, "steered_norm_per_alpha": float(u.norm())})
     table = steering_sweep(lm, task, f_out, p_out, chosen, component, u, alphas=alphas, decoding=decoding, run=run,
-                           batch_size=batch_size, progress=progress, circular=cohort.circular, site=site)
+                           batch_size=batch_size, progress=progress, circular=cohort.circular, site=site, at=steer_at)
     for effect, direction_name in ((RESCUE_EFFECT, "rescue"), (INDUCTION_EFFECT, "induction")):
         mine = table["direction"] == direction_name
         table.loc[mine, "power"] = [wilson_power(effect, int(n)) for n in table.loc[mine, "n"]]
     run.write_table("steering", table)
     summary.update({"layer": chosen, "component": component, "block_choice": why,
-                    "alpha_unit": alpha_unit, "alpha_unit_words": ALPHA_UNIT_WORDS[alpha_unit],
+                    "alpha_unit": alpha_unit, "alpha_unit_words": ALPHA_UNIT_WORDS[alpha_unit], "steer_at": steer_at,
                     "v_norm": float(v.norm()), "residual_rms": rms, "steered_norm_per_alpha": float(u.norm()),
                     "scored_on": "held-out parts (v and the RMS norm from the selection parts)",
                     "table": table.to_dict(orient="records")})
@@ -474,7 +480,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     summary.update(c.readings(rescues))
     if permutation_control:
         # every non-zero alpha: the sweep reports them all and chooses none
-        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a, site),) for a in alphas if a != 0}
+        steered = {str(ProbeLabel.steer("rescue", a)): (steer_spec(chosen, component, u, -a, site, steer_at),)
+                   for a in alphas if a != 0}
         summary["permutation_control"] = c.permutation_control(steered)
     return run.write_summary(summary)
 
