@@ -214,6 +214,15 @@ def test_steer_and_units_commands(tmp_path):
     if sp.read_summary().skipped is None:
         assert set(sp.read_summary().permutation_control["probes"]) == {"steer:rescue:4"}
         assert "permutation control: the same held-out failures" in res.output
+    res = CliRunner().invoke(app, ["steer", *common, "--layer", "1", "--alphas", "0,4", "--random-control",
+                                   "--steer-at", "prompt", "--out", str(tmp_path / "sr")])
+    assert res.exit_code == 0, res.output
+    sr = RunDir(tmp_path / "sr")
+    assert sr.config["random_control"] == {"seed": 0} and sr.config["steer_at"] == "prompt"
+    if sr.read_summary().skipped is None:
+        assert "the same along a random direction" in res.output
+    res = CliRunner().invoke(app, ["steer", *common, "--steer-at", "answer", "--out", str(tmp_path / "sbad")])
+    assert res.exit_code != 0 and "--steer-at must be one of every, prompt" in res.output
     res = CliRunner().invoke(app, ["units", *common, "--layer", "1", "--ks", "2,32", "--out", str(tmp_path / "u")])
     assert res.exit_code == 0, res.output
     u = RunDir(tmp_path / "u")
@@ -253,6 +262,20 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     assert at_end.steer_at == "prompt" and end_run.config["steer_at"] == "prompt"
     assert end_run.read_json("direction")["vector"] == run.read_json("direction")["vector"]
     assert end_run.read_records()["intervention"].str.endswith(":at-prompt").any()
+    assert s.random_control is None and "random_control" not in run.config
+    # the random-direction control: the same alphas and held-out questions along a seeded random vector as long as u
+    ctl = run_steer(lm, t, tmp_path / "s-random", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
+                    random_control=True)
+    ctl_run = RunDir(tmp_path / "s-random")
+    random_table, steered_table = ctl_run.read_table("steering_random"), ctl_run.read_table("steering")
+    assert ctl_run.config["random_control"] == {"seed": 0} and ctl.random_control["seed"] == 0
+    assert ctl.random_control["norm"] == pytest.approx(s.steered_norm_per_alpha, rel=1e-5)
+    assert abs(ctl.random_control["cosine_with_v"]) < 0.5  # a random direction in 64 dimensions, not v
+    assert random_table[["alpha", "direction", "n"]].equals(steered_table[["alpha", "direction", "n"]])
+    assert (random_table[random_table["alpha"] == 0]["rate"] == 0).all()
+    probes = set(ctl_run.read_records()["probe"])
+    assert {"steer:rescue-random:8", "steer:induction-random:8", "steer:rescue:8"} <= probes
+    assert table.equals(steered_table.drop(columns=[c for c in steered_table if c not in table]))  # v's sweep unchanged
     with pytest.raises(ValueError, match="steer_at must be one of every, prompt"):
         run_steer(lm, t, tmp_path / "s-bad", layer=1, decoding=d, progress=False, steer_at="answer")
     u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=6, decoding=d, progress=False)

@@ -299,6 +299,9 @@ def steer(
     steer_at: Annotated[str, typer.Option("--steer-at", help="where the vector is added: every (every position, the "
                                           "default) | prompt (the prompt's last position alone: the state that "
                                           "chooses the reply's first token; generated tokens are not steered)")] = "every",
+    random_control: Annotated[bool, typer.Option(
+        "--random-control", help="the same sweep along a random direction as long as the steered vector, printed "
+        "beside: a rescue or induction any push of that size gives is not the direction's (as many rows again)")] = False,
     max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -329,11 +332,19 @@ def steer(
                   component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
                   permutation_control=permute_control, circular=circular, site=site, grading=grading, read_at=read_at,
-                  steer_at=steer_at, vector=None if vector is None else _vector_file(vector))
+                  steer_at=steer_at, random_control=random_control, vector=None if vector is None else _vector_file(vector))
     _print_curve(s, "steering", f"{component} layer {s.layer} ({s.block_choice}), |v| = {s.v_norm or 0:.3f}, "
                  f"residual RMS norm {s.residual_rms or 0:.3f}; alpha in {s.alpha_unit_words}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
                  lambda alpha, r: f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
+    if s.skipped is None and s.random_control:
+        import pandas as pd
+
+        typer.echo(f"  the same along a random direction (seed {s.random_control['seed']}, as long as the steered vector, "
+                   f"cosine {s.random_control['cosine_with_v']:+.3f} with it):")
+        for alpha, sub in pd.DataFrame(s.random_control["table"]).groupby("alpha"):
+            r = {d: row for d, row in zip(sub["direction"], sub.to_dict("records"))}
+            typer.echo(f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     print_multiple_choice(s)
     run_folder(out)
     log_finished(out, log_to)

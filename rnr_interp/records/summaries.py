@@ -329,6 +329,8 @@ class SteerSummary(ChosenBlockSummary):
     steered_norm_per_alpha: float | None = None
     #: where the vector was added: at every position, or at the prompt's last one
     steer_at: str | None = None
+    #: the same sweep along a random direction as long as the steered vector (seed, norm, cosine with v, table)
+    random_control: Json | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

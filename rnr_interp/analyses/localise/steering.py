@@ -183,26 +183,41 @@ def given_vector(lm: LoadedModel, vector: Tensor, site: str | None, layer: int |
     return layer, site
 
 
+#: the seed of the random direction a steering run's control steers along (`random_direction`)
+RANDOM_DIRECTION_SEED = 0
+
+
+def random_direction(like: Float[Tensor, " d"], seed: int = RANDOM_DIRECTION_SEED) -> Float[Tensor, " d"]:
+    """A direction drawn uniformly from the sphere (a seeded Gaussian, normalised), as
+    long as `like`: what steering along v is compared with, so a rescue or an induction
+    that any push of that size gives is not read as the direction's."""
+    r = torch.randn(like.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return (r / r.norm() * like.double().norm()).to(like.dtype)
+
+
 def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
                    run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
-                   level: float = 0.95, circular: bool = False, site: str | None = None, at: str = "every") -> pd.DataFrame:
+                   level: float = 0.95, circular: bool = False, site: str | None = None, at: str = "every",
+                   control: str = "") -> pd.DataFrame:
     """Table (alpha, direction, rate, lo, hi, k, n): rescue = -alpha v on `failure`
     (rate: now right), induction = +alpha v on `panel` (rate: now wrong); Wilson
     interval on each rate's own denominator. Pass the held-out parts: v is chosen on
     the selection parts. `v` is the vector alpha multiplies (`steering_vector`).
     `circular`: right means right under every cyclic shift of the options. `at`: where
-    the vector is added (`STEER_AT`)."""
+    the vector is added (`STEER_AT`). `control`: a suffix of the probes' directions
+    ("-random": ``steer:rescue-random:A``), for a control vector's sweep beside v's."""
+    rescue, induction = f"rescue{control}", f"induction{control}"
     rows = []
     for alpha in alphas:
-        rows += [Row(q, (steer_spec(layer, component, v, -alpha, site, at),), str(ProbeLabel.steer("rescue", alpha))) for q in failure]
-        rows += [Row(q, (steer_spec(layer, component, v, alpha, site, at),), str(ProbeLabel.steer("induction", alpha))) for q in panel]
+        rows += [Row(q, (steer_spec(layer, component, v, -alpha, site, at),), str(ProbeLabel.steer(rescue, alpha))) for q in failure]
+        rows += [Row(q, (steer_spec(layer, component, v, alpha, site, at),), str(ProbeLabel.steer(induction, alpha))) for q in panel]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
-                       desc="steer", progress=progress)
+                       desc=f"steer{control}", progress=progress)
     table = []
     for alpha in alphas:
-        fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer("rescue", alpha)), circular)
-        right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer("induction", alpha)), circular)
+        fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer(rescue, alpha)), circular)
+        right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer(induction, alpha)), circular)
         for direction, p in (("rescue", proportion(fixed, n_f, level)), ("induction", proportion(n_p - right, n_p, level))):
             table.append({"alpha": float(alpha), "direction": direction, "rate": p["rate"], "lo": p["ci"][0],
                           "hi": p["ci"][1], "k": p["k"], "n": p["n"]})
@@ -412,7 +427,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
-              grading: str | None = None, read_at: str = "prompt", steer_at: str = "every") -> SteerSummary:
+              grading: str | None = None, read_at: str = "prompt", steer_at: str = "every",
+              random_control: bool = False) -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
@@ -422,7 +438,10 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     by default). `circular`: the cohort and every row under every cyclic shift.
     `read_at`: where v and the RMS norm are read (`defaults.READ_AT`): at the end of
     the prompt, or where each deployed reply's answer starts. `steer_at`: where the
-    vector is added (`STEER_AT`): at every position, or at the prompt's last one."""
+    vector is added (`STEER_AT`): at every position, or at the prompt's last one.
+    `random_control`: the same sweep along a random direction as long as the steered
+    vector (`random_direction`), table ``steering_random`` and the summary's
+    ``random_control`` (as many rows again, so off by default)."""
     check_read_at(read_at)
     if steer_at not in STEER_AT:
         raise ValueError(f"steer_at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
@@ -445,7 +464,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  alphas=[float(a) for a in alphas], alpha_unit=alpha_unit,
                                                  **read_setting(read_at), **control,
-                                                 **({} if steer_at == "every" else {"steer_at": steer_at})))
+                                                 **({} if steer_at == "every" else {"steer_at": steer_at}),
+                                                 **({"random_control": {"seed": RANDOM_DIRECTION_SEED}} if random_control else {})))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(STEER), **c.readings()}
@@ -471,6 +491,15 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         mine = table["direction"] == direction_name
         table.loc[mine, "power"] = [wilson_power(effect, int(n)) for n in table.loc[mine, "n"]]
     run.write_table("steering", table)
+    if random_control:
+        r = random_direction(u)
+        random_table = steering_sweep(lm, task, f_out, p_out, chosen, component, r, alphas=alphas, decoding=decoding, run=run,
+                                      batch_size=batch_size, progress=progress, circular=cohort.circular, site=site,
+                                      at=steer_at, control="-random")
+        run.write_table("steering_random", random_table)
+        summary["random_control"] = {"seed": RANDOM_DIRECTION_SEED, "norm": float(r.norm()),
+                                     "cosine_with_v": float(r.double() @ u.double() / (r.double().norm() * u.double().norm())),
+                                     "table": random_table.to_dict(orient="records")}
     summary.update({"layer": chosen, "component": component, "block_choice": why,
                     "alpha_unit": alpha_unit, "alpha_unit_words": ALPHA_UNIT_WORDS[alpha_unit], "steer_at": steer_at,
                     "v_norm": float(v.norm()), "residual_rms": rms, "steered_norm_per_alpha": float(u.norm()),
