@@ -132,7 +132,15 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
     assert repair.best["mlp"]["damage_rate"] == 0.0  # silencing the block hurts none of the healthy answers
     assert planted.loc["units:top-k", "found"].startswith(f"{layer}:") and planted.loc["units:top-k", "score"] >= 0.5
     assert planted.loc["steer:direction", "score"] > 0.75 and planted.loc["steer:direction", "recovered"]
-    assert planted.loc["steer:induction", "recovered"]
+    # induction is read against a random direction of v's length: on this model the random
+    # direction breaks the healthy answers as often (2 of 2 from alpha 0.25), so the
+    # induction is not v's, though its own interval lies above 0
+    steer = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__steer")
+    along_v, random = (steer.read_table(t).set_index(["direction", "alpha"]) for t in ("steering", "steering_random"))
+    induction = along_v.loc["induction"]
+    assert steer.config["random_control"] == {"seed": 0} and (induction["lo"] > 0).any()
+    above = induction["lo"] > random.loc["induction", "rate"]
+    assert bool(planted.loc["steer:induction", "recovered"]) == bool(above.any())
     # the null: nothing fails, so no analysis names anything
     null = recovery.loc[0.0]
     assert (null["found"] == "").all() and null["recovered"].all() and (null["planted"] == "").all()
@@ -159,6 +167,10 @@ def test_units_findings_are_scored_against_the_planted_truth():
     assert abs(aligned["score"] - 0.5 ** 0.5) < 1e-9 and aligned["recovered"]
     assert not recovery_row(planted, "steer:rescue", RateFound(2, 0.5, 0.0))["recovered"]  # interval touches 0
     assert recovery_row(planted, "steer:induction", RateFound(2, 1.0, 0.6))["recovered"]
+    # a random direction of the same length that induces as much: the induction is not v's
+    assert not recovery_row(planted, "steer:induction", RateFound(2, 1.0, 0.6, control=1.0))["recovered"]
+    assert not recovery_row(planted, "steer:induction", RateFound(2, 1.0, 0.6, control=0.6))["recovered"]
+    assert recovery_row(planted, "steer:rescue", RateFound(2, 1.0, 0.72, control=0.0))["recovered"]
     # a null is a false positive only when it names the planted units or block
     assert recovery_row(null, "units:top-k", None)["recovered"] and recovery_row(null, "steer:direction", None)["recovered"]
     assert not recovery_row(null, "units:top-k", UnitsFound(2, (128, 129)))["recovered"]

@@ -50,9 +50,11 @@ Analyses per kind (`ANALYSES`):
   scored, recovered when at least `RECALL_RECOVERED`. `rnr steer --repair-run` the same
   run gives three rows: ``steer:direction`` (score = cosine of the estimated v with
   the planted direction, recovered when at least `COSINE_RECOVERED`),
-  ``steer:rescue`` and ``steer:induction`` (score = the best held-out rate over the
-  alpha grid; recovered when its Wilson interval lies above 0). An analysis of another
-  block than the planted one scores 0.
+  ``steer:rescue`` and ``steer:induction`` (the run steers a random direction of the
+  same length beside v, `--random-control`; score = the held-out rate at the alpha where
+  it most exceeds the random direction's; recovered when its Wilson interval lies above
+  the random direction's rate there). An analysis of another block than the planted one
+  scores 0.
 
 A null of these kinds names its location when the analysis says what it says of the
 effect: "affected" alone (a gap on every question is the base model's own, not the
@@ -177,12 +179,14 @@ class DirectionFound:
 
 @dataclass(frozen=True)
 class RateFound:
-    """A steer run's best held-out rate over its alphas (rescue or induction), with its
-    Wilson interval's lower bound."""
+    """A steer run's held-out rate (rescue or induction) at the alpha where it most
+    exceeds a random direction's of the same length (`run_steer(random_control=True)`),
+    with its Wilson interval's lower bound and that random direction's rate."""
 
     layer: int
     rate: float
     lo: float
+    control: float = 0.0
 
 
 Found = Union[int, str, UnitsFound, DirectionFound, RateFound, None]
@@ -242,7 +246,7 @@ def finding(planted: Planted, analysis: str, found: Found, names: Sequence[str])
         cosine = _cosine(found.vector, planted.detail["direction"]) if same else 0.0
         return str(found.layer), cosine, cosine >= COSINE_RECOVERED
     if isinstance(found, RateFound):
-        return str(found.layer), found.rate, str(found.layer) in names and found.lo > 0
+        return str(found.layer), found.rate, str(found.layer) in names and found.lo > found.control
     named = "" if found is None else str(found)
     return named, float("nan"), named in names
 
@@ -426,16 +430,18 @@ def _cell_repair(out: Path) -> Path | None:
     return repair if RunDir(repair).read_summary().chosen is not None else None
 
 
-def _on_chosen_block(analyse: Callable[..., Any], organism: Organism, task: Task, out: Path, cell: Cell) -> RunDir | None:
+def _on_chosen_block(analyse: Callable[..., Any], organism: Organism, task: Task, out: Path, cell: Cell,
+                     **options: Any) -> RunDir | None:
     """`analyse` (`run_units`, `run_steer`) on the block the cell's repair run chose,
-    with the command's defaults, or its run read back; None when repair chose no block
-    or the analysis was skipped (a part of its cohort empty)."""
+    with the command's defaults but `options`, or its run read back; None when repair
+    chose no block or the analysis was skipped (a part of its cohort empty)."""
     repair = _cell_repair(out)
     if repair is None:
         return None
     if not (out / "summary.json").is_file():
         analyse(load_model(organism.checkpoint()), task, out, repair_run=repair, readout=default_readout(task),
-                decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress, grading=cell.grading)
+                decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress, grading=cell.grading,
+                **options)
     run = RunDir(out)
     return run if run.read_summary().layer is not None else None
 
@@ -449,15 +455,25 @@ def _units_top(organism: Organism, task: Task, out: Path, cell: Cell) -> UnitsFo
 
 
 def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, Found]:
-    run = _on_chosen_block(run_steer, organism, task, out, cell)
+    """The steer run on the chosen block, with its random-direction control: a rescue or
+    an induction any push of that length gives is not the direction's (on the units
+    organism a random direction induces as much as v from alpha 0.25: docs/findings.md)."""
+    run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
+    if run.read_summary().random_control is None:
+        raise ValueError(f"{str(out)!r} is a steer run without the random-direction control (made by an older "
+                         "validation): delete that folder and run the validation again to redo it")
     layer = int(run.read_summary().layer)
-    table = run.read_table("steering")
-    best = {d: table[table["direction"] == d].sort_values(["rate", "alpha"], ascending=[False, True]).iloc[0]
+    table = run.read_table("steering").merge(
+        run.read_table("steering_random")[["alpha", "direction", "rate"]].rename(columns={"rate": "control"}),
+        on=["alpha", "direction"])
+    table["above"] = table["rate"] - table["control"]
+    best = {d: table[table["direction"] == d].sort_values(["above", "alpha"], ascending=[False, True]).iloc[0]
             for d in ("rescue", "induction")}
     return {"steer:direction": DirectionFound(layer, tuple(run.read_json("direction")["vector"])),
-            **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"])) for d, r in best.items()}}
+            **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"]), float(r["control"]))
+               for d, r in best.items()}}
 
 
 ANALYSES: dict[str, dict[str, Runner]] = {
