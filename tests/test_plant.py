@@ -188,6 +188,33 @@ def test_validate_recovers_the_planted_layer_and_its_nulls_stay_silent(tmp_path,
     assert (tmp_path / "kept" / "organisms" / "layer-s1-seed1" / "model.safetensors").is_file()
 
 
+def test_an_organism_is_rebuilt_under_the_thread_count_it_was_planted_under(tmp_path):
+    """The fits sum in another order under another torch thread count, and on the demo
+    model the weights then differ in their last bits (a units organism planted under one
+    thread did not rebuild under two): planted.json records the count and a rebuild
+    plants under it, then gives the caller's count back."""
+    from rnr_interp.analyses.validate import Organism, organism_id
+
+    threads, seen = torch.get_num_threads(), []
+
+    def build(folder):
+        seen.append(torch.get_num_threads())
+        return plant("layer", BASE, folder, seed=0)
+
+    try:
+        torch.set_num_threads(1)
+        planted = build(tmp_path / "o")
+        assert planted.torch_threads == 1 and read_planted(tmp_path / "o").torch_threads == 1
+        (tmp_path / "o" / WEIGHTS_FILE).unlink()
+        torch.set_num_threads(2)
+        assert Organism(tmp_path / "o", build).checkpoint() == str(tmp_path / "o")
+        assert seen == [1, 1] and torch.get_num_threads() == 2 and (tmp_path / "o" / WEIGHTS_FILE).is_file()
+    finally:
+        torch.set_num_threads(threads)
+    # the count is a condition of the planting, not part of what was planted
+    assert organism_id(replace(planted, torch_threads=4)) == organism_id(planted)
+
+
 def test_a_kind_counts_each_organism_once_found_when_every_analysis_found_it():
     """Two analyses of one organism are one trial, not two: the kind's rate is over
     organisms (recovered when every analysis recovered it; a null a false positive when

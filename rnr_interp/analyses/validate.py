@@ -90,8 +90,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
-
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from rnr_interp.analyses.audit import run_audit
@@ -262,9 +262,10 @@ def recovery_row(planted: Planted, analysis: str, found: Found) -> dict[str, Any
 
 def organism_id(planted: Planted) -> str:
     """What makes two organisms one: the same ground truth apart from the seed that drew
-    it (the weights' sha256, both checkpoints' for a pair, and what the analyses read as
-    the truth, e.g. the gap kind's affected questions)."""
-    truth = {k: v for k, v in asdict(planted).items() if k != "seed"}
+    it and the thread count it was planted under (the weights' sha256, both checkpoints'
+    for a pair, and what the analyses read as the truth, e.g. the gap kind's affected
+    questions)."""
+    truth = {k: v for k, v in asdict(planted).items() if k not in ("seed", "torch_threads")}
     return hashlib.sha256(json.dumps(truth, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -305,13 +306,22 @@ class Organism:
         recorded = read_planted(self.folder)
         again = self.folder.with_name(self.folder.name + ".rebuild")
         shutil.rmtree(again, ignore_errors=True)
-        rebuilt = self.build(again)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(recorded.torch_threads or threads)  # the fits' sums in the order they were planted in
+        try:
+            rebuilt = self.build(again)
+        finally:
+            torch.set_num_threads(threads)
         if organism_id(rebuilt) != organism_id(recorded):
             shutil.rmtree(again, ignore_errors=True)
+            counts = (f"planted under {recorded.torch_threads} torch threads, rebuilt under as many"
+                      if recorded.torch_threads else
+                      f"rebuilt under {threads} torch threads; its {PLANTED_FILE} does not record the count it was "
+                      "planted under, and another count gives weights that differ in their last bits")
             raise RuntimeError(f"{str(self.folder)!r}: planting seed {recorded.seed} again gave other weights than its "
                                f"{PLANTED_FILE} records (sha256 {rebuilt.weights_sha256[:12]} against "
-                               f"{recorded.weights_sha256[:12]}); the organism is not reproducible here, so its "
-                               f"checkpoint cannot be rebuilt: plant the cell again in a new run folder")
+                               f"{recorded.weights_sha256[:12]}; {counts}); the organism is not reproducible here, so "
+                               f"its checkpoint cannot be rebuilt: plant the cell again in a new run folder")
         shutil.rmtree(self.folder)
         os.replace(again, self.folder)
 

@@ -49,6 +49,9 @@ class Planted:
     detail: dict[str, Any] = field(default_factory=dict)
     #: sha256 of the weights file, so a rebuild from the seed can be checked bit for bit
     weights_sha256: str = ""
+    #: torch's CPU threads while planting: the fits sum in another order under another
+    #: count, and the weights differ in their last bits (a rebuild plants under this count)
+    torch_threads: int | None = None
 
 
 def load_base(spec: str) -> tuple[nn.Module, Any]:
@@ -148,6 +151,7 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
             raise ValueError(f"--strength must be a finite number, got {strength}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not an empty folder (an organism is written to a new folder)")
+    threads = torch.get_num_threads()
     model, tokenizer = load_base(base)
     n_base = len(decoder_blocks(model))
     if layer is None:
@@ -166,7 +170,7 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
         unchanged.save_pretrained(building / "trained")
         tokenizer.save_pretrained(building / "trained")
         found["detail"]["trained_weights_sha256"] = file_sha256(building / "trained" / WEIGHTS_FILE)
-    planted = Planted(kind=kind, base=base, strength=strength, seed=seed, n_layers_base=n_base,
+    planted = Planted(kind=kind, base=base, strength=strength, seed=seed, n_layers_base=n_base, torch_threads=threads,
                       n_layers=len(decoder_blocks(model)), task=task.name if isinstance(task, Task) else task,
                       weights_sha256=file_sha256(planted_folder / WEIGHTS_FILE), **found)
     (building / PLANTED_FILE).write_text(json.dumps(asdict(planted), indent=1) + "\n")
