@@ -125,6 +125,20 @@ def test_every_section_the_run_holds_is_shown(full_run, tmp_path):
     assert "failure_set.json" in _without_scripts(page)
 
 
+def test_the_steering_figure_draws_the_random_direction_dashed_beside_v():
+    from rnr_interp.report.repair_figures import steering_curves
+
+    rows = [{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.2, 0), "hi": min(r + 0.2, 1), "n": 6}
+            for a, r in ((0.0, 0.0), (1.0, 0.8)) for d in ("rescue", "induction")]
+    table = pd.DataFrame(rows)
+    random = table.assign(rate=[0.0, 0.0, 0.0, 1.0])
+    alone, beside = steering_curves(table, "t", "rms"), steering_curves(table, "t", "rms", random)
+    assert len(alone.data) == 2 and len(beside.data) == 4
+    dashed = [t for t in beside.data if t.line.dash == "dash"]
+    assert [t.name for t in dashed] == ["rescue along a random direction, n=6", "induction along a random direction, n=6"]
+    assert list(dashed[1].y) == [0.0, 1.0] and all(t.error_y.array is None for t in dashed)
+
+
 def test_cell_difference_is_random_minus_each_structured_method_over_kept_cells():
     cells = pd.DataFrame({
         "cell": ["a", "a", "a", "b", "b", "b", "c", "c"],

@@ -100,18 +100,30 @@ ALPHA_AXIS = {"rms": "alpha (multiples of the residual stream's RMS norm, along 
               "raw": "alpha (raw multiples of the unnormalised v)"}
 
 
-def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw") -> go.Figure:
+#: one colour per steering direction, so v's curve and its random control pair up
+STEERING_COLOURS = {"rescue": "#1f77b4", "induction": "#d62728"}
+
+
+def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw",
+                    random: pd.DataFrame | None = None) -> go.Figure:
     """Rescue rate (-alpha v on the failure set) and induction rate (+alpha v on the
-    panel) against alpha, in `alpha_unit`."""
+    panel) against alpha, in `alpha_unit`; dashed beside them, the same along a random
+    direction of the same length (`random`: the run's ``steering_random`` table)."""
     names = {"rescue": "rescue (failure set, -alpha v)", "induction": "induction (panel, +alpha v)"}
     fig = go.Figure()
-    for direction, sub in table.groupby("direction", sort=False):
-        sub = sub.sort_values("alpha")
-        n = int(sub["n"].iloc[0]) if len(sub) else 0
-        bars = ({"error_y": {"type": "data", "symmetric": False, "array": sub["hi"] - sub["rate"],
-                             "arrayminus": sub["rate"] - sub["lo"]}} if {"lo", "hi"} <= set(sub.columns) else {})
-        fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["rate"], mode="lines+markers",
-                                 name=f"{names.get(str(direction), direction)}, n={n}", **bars))
+    for kind, frame in (("v", table), ("random", random)):
+        if frame is None:
+            continue
+        for direction, sub in frame.groupby("direction", sort=False):
+            sub = sub.sort_values("alpha")
+            n = int(sub["n"].iloc[0]) if len(sub) else 0
+            bars = ({"error_y": {"type": "data", "symmetric": False, "array": sub["hi"] - sub["rate"],
+                                 "arrayminus": sub["rate"] - sub["lo"]}} if {"lo", "hi"} <= set(sub.columns) and kind == "v"
+                    else {})
+            name = names.get(str(direction), direction) if kind == "v" else f"{direction} along a random direction"
+            line = {"color": STEERING_COLOURS.get(str(direction))} | ({"dash": "dash"} if kind == "random" else {})
+            fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["rate"], mode="lines+markers", name=f"{name}, n={n}",
+                                     line=line, **bars))
     fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title=ALPHA_AXIS.get(alpha_unit, alpha_unit),
                       yaxis_title="fraction of questions flipped", yaxis_range=[-0.05, 1.05])
     return fig
@@ -172,7 +184,9 @@ def figures(run: RunDir, label: str) -> Figures:
     if (t := read_table(run, "controls")) is not None and len(t):
         figs.append(("controls", controls_figure(t, label)))
     if (t := read_table(run, "steering")) is not None and len(t):
-        figs.append(("steering_curves", steering_curves(t, label, str(run.config.get("alpha_unit", "raw")))))
+        where = " · steered at the prompt's end" if run.config.get("steer_at") == "prompt" else ""
+        figs.append(("steering_curves", steering_curves(t, label + where, str(run.config.get("alpha_unit", "raw")),
+                                                         read_table(run, "steering_random"))))
     if (t := read_table(run, "units")) is not None and len(t):
         figs.append(("units_curve", units_curve(t, label)))
     return figs
