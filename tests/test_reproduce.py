@@ -418,12 +418,35 @@ def test_checkpoint_verdicts_follow_the_comparisons(tmp_path):
     assert prompt.verdict == REPORTED and prompt.value == pytest.approx(1 / 3) and "no interval of its own" in prompt.why
 
 
-def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10, unit: str = "raw") -> None:
+def _steer_run(path: Path, rates: dict[tuple[str, float], float], n: int = 10, unit: str = "raw",
+               random: dict[tuple[str, float], float] | None = None) -> None:
     run = RunDir.create(path, {"kind": "steer", "alpha_unit": unit})
-    rows = [{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.3, 0.0), "hi": min(r + 0.3, 1.0), "k": round(r * n),
-             "n": n} for (d, a), r in rates.items()]
-    run.write_table("steering", pd.DataFrame(rows))
-    run.write_summary({"kind": "steer", **COHORT, "layer": 3, "v_norm": 2.5, "residual_rms": 10.0})
+
+    def table(rates):
+        return pd.DataFrame([{"alpha": a, "direction": d, "rate": r, "lo": max(r - 0.3, 0.0), "hi": min(r + 0.3, 1.0),
+                              "k": round(r * n), "n": n} for (d, a), r in rates.items()])
+
+    run.write_table("steering", table(rates))
+    control = {}
+    if random is not None:
+        run.write_table("steering_random", table(random))
+        control = {"random_control": {"seed": 0, "norm": 1.0, "cosine_with_v": 0.0, "table": table(random).to_dict("records")}}
+    run.write_summary({"kind": "steer", **COHORT, "layer": 3, "v_norm": 2.5, "residual_rms": 10.0, **control})
+
+
+def test_steering_flips_that_a_random_direction_of_the_same_length_gives_too_are_not_v_s(tmp_path):
+    rates = {("rescue", 1.0): 0.95, ("induction", 0.5): 0.95}
+    _steer_run(tmp_path / "alone", rates, n=40, unit="rms")
+    alone = _steering_finding(tmp_path / "alone", "m / t")
+    assert alone.verdict == REPRODUCED and "no random-direction control" in alone.measured
+    _steer_run(tmp_path / "quiet", rates, n=40, unit="rms", random={("rescue", 1.0): 0.0, ("induction", 0.5): 0.1})
+    quiet = _steering_finding(tmp_path / "quiet", "m / t")
+    assert quiet.verdict == REPRODUCED and "(a random direction of the same length: 0.10)" in quiet.measured
+    # the induction a random push gives as well is not v's: no verdict for it, and so none for the claim
+    _steer_run(tmp_path / "any", rates, n=40, unit="rms", random={("rescue", 1.0): 0.0, ("induction", 0.5): 0.9})
+    any_push = _steering_finding(tmp_path / "any", "m / t")
+    assert any_push.verdict == NOT_TESTABLE and "a random direction of the same length flips 0.90 at +0.5 RMS" in any_push.why
+    assert "rescue: the whole interval is at or above" in any_push.why  # the rescue stands on its own
 
 
 def test_steering_is_judged_at_the_papers_alphas_not_the_best_of_the_grid(tmp_path):

@@ -471,6 +471,8 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
         return _untestable(STEER_CLAIM, STEER_PAPER, "no alpha > 0 in the steering grid", scope)
     parts, verdicts, lows, best, judged = [], [], [], [], []
     symbol = " RMS" if unit == "rms" else "v"
+    random = (run.read_table("steering_random").set_index(["direction", "alpha"])["rate"]
+              if s.random_control is not None else None)
     for direction in ("rescue", "induction"):
         sub = table[table["direction"] == direction]
         # the alpha fixed in advance when the grid has it, else the grid's largest
@@ -479,11 +481,19 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
         rate, n = float(row["rate"]), int(row["n"])
         ci = ((float(row["lo"]), float(row["hi"])) if {"lo", "hi"} <= set(sub.columns)
               else wilson_interval(round(rate * n), n))
-        verdicts.append(with_power(*at_least(rate, ci, MOST_FLIPPED), STEER_EFFECTS[direction], n))
-        lows.append((rate, ci, n))
+        verdict = with_power(*at_least(rate, ci, MOST_FLIPPED), STEER_EFFECTS[direction], n)
         sign = "-" if direction == "rescue" else "+"
         judged.append(f"{sign}{row['alpha']:g}{symbol}")
-        parts.append(f"{direction} {rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {judged[-1]}")
+        measured = f"{direction} {rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {judged[-1]}"
+        if random is not None:
+            chance = float(random[(direction, row["alpha"])])
+            measured += f" (a random direction of the same length: {chance:.2f})"
+            if verdict[0] == REPRODUCED and ci[0] <= chance:
+                verdict = (NOT_TESTABLE, f"a random direction of the same length flips {chance:.2f} at {judged[-1]}, "
+                                         f"within v's interval: the flips are not v's ({verdict[1]})")
+        verdicts.append(verdict)
+        lows.append((rate, ci, n))
+        parts.append(measured)
         top = sub.loc[sub["rate"].idxmax()]
         best.append(f"{direction} {float(top['rate']):.2f} at {sign}{top['alpha']:g}{symbol}")
     verdict = combine([v for v, _ in verdicts])
@@ -496,8 +506,9 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
              if unit == "rms" else
              f"judged at {' and '.join(judged)}: alpha in raw multiples of the unnormalised v (no stated scale: |v| "
              "varies by cell), the paper's -8v and +4v, or the grid's largest alpha without them, fixed in advance")
+    control = "" if random is not None else "; no random-direction control (a run made before it)"
     return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.layer}",
-                   "; ".join(parts) + f" (best over the grid, picked on the same questions: {'; '.join(best)})",
+                   "; ".join(parts) + f" (best over the grid, picked on the same questions: {'; '.join(best)}){control}",
                    weaker[0], weaker[1], weaker[2], verdict,
                    "; ".join(f"{d}: {w}" for d, (_, w) in zip(("rescue", "induction"), verdicts)) + f" ({scale})")
 

@@ -10,7 +10,7 @@ folder does (a killed part redoes no finished question, and no finished run).
 4. ``4_localisation``: the failures run of each multiple-choice cell (`repair.run_failures`)
    and the cell-level screen over them (``4_localisation/screen``, `repair.write_screen`),
    then, on every cell the screen keeps, repair (`run_repair`), reciprocal steering
-   (`run_steer`) and top-k units (`run_units`) on the repair run's cohort and block;
+   (`run_steer`, beside a random direction of the same length) and top-k units (`run_units`) on the repair run's cohort and block;
 5. ``5_checkpoints``: GRPO and SFT checkpoints (trained by ``analyses.finetune``
    when absent), base and trained audits, `compare.compare_runs` with the budget control
    (both models at K and 2K) and, when the runs asked in different prompt formats, the
@@ -138,7 +138,7 @@ def localisation_part(ctx: Context, folder: Path) -> None:
         common = dict(circular=circular[out.name], batch_size=p.rows_batch_size, progress=ctx.progress)
         run_repair(lm, task, out / "repair", permutation_control=permute, **common)
         run_steer(lm, task, out / "steer", repair_run=out / "repair", alphas=p.alphas, alpha_unit="rms",
-                  permutation_control=permute, **common)
+                  permutation_control=permute, random_control=True, **common)
         run_units(lm, task, out / "units", repair_run=out / "repair", ks=p.unit_ks, permutation_control=permute, **common)
 
 
