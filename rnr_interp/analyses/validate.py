@@ -99,7 +99,7 @@ from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.localise.steering import run_steer, run_units
+from rnr_interp.analyses.localise.steering import run_steer, run_units, steering_beside_control
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
@@ -471,18 +471,16 @@ def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, F
     run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
-    if run.read_summary().random_control is None:
+    table = steering_beside_control(run)
+    if table is None:
         raise ValueError(f"{str(out)!r} is a steer run without the random-direction control (made by an older "
                          "validation): delete that folder and run the validation again to redo it")
     layer = int(run.read_summary().layer)
-    table = run.read_table("steering").merge(
-        run.read_table("steering_random")[["alpha", "direction", "rate"]].rename(columns={"rate": "control"}),
-        on=["alpha", "direction"])
-    table["above"] = table["rate"] - table["control"]
+    table["above"] = table["rate"] - table["random_rate"]
     best = {d: table[table["direction"] == d].sort_values(["above", "alpha"], ascending=[False, True]).iloc[0]
             for d in ("rescue", "induction")}
     return {"steer:direction": DirectionFound(layer, tuple(run.read_json("direction")["vector"])),
-            **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"]), float(r["control"]))
+            **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"]), float(r["random_rate"]))
                for d, r in best.items()}}
 
 

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from rnr_interp.analyses.localise.steering import steering_beside_control
 from rnr_interp.metrics import (
     DAMAGE_EFFECT, INDUCTION_EFFECT, MIN_POWER, REPAIR_EFFECT, RESCUE_EFFECT, PaperEffect, wilson_interval, wilson_power,
 )
@@ -465,14 +466,13 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
     if s.skipped is not None:
         return _untestable(STEER_CLAIM, STEER_PAPER, f"steering skipped: {s.skipped}", scope)
     unit = steer_alpha_unit(run)
-    table = run.read_table("steering")
+    beside = steering_beside_control(run)
+    table = beside if beside is not None else run.read_table("steering")
     table = table[table["alpha"] > 0]
     if table.empty:
         return _untestable(STEER_CLAIM, STEER_PAPER, "no alpha > 0 in the steering grid", scope)
     parts, verdicts, lows, best, judged = [], [], [], [], []
     symbol = " RMS" if unit == "rms" else "v"
-    random = (run.read_table("steering_random").set_index(["direction", "alpha"])["rate"]
-              if s.random_control is not None else None)
     for direction in ("rescue", "induction"):
         sub = table[table["direction"] == direction]
         # the alpha fixed in advance when the grid has it, else the grid's largest
@@ -485,8 +485,8 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
         sign = "-" if direction == "rescue" else "+"
         judged.append(f"{sign}{row['alpha']:g}{symbol}")
         measured = f"{direction} {rate:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] of {n} at {judged[-1]}"
-        if random is not None:
-            chance = float(random[(direction, row["alpha"])])
+        if beside is not None:
+            chance = float(row["random_rate"])
             measured += f" (a random direction of the same length: {chance:.2f})"
             if verdict[0] == REPRODUCED and ci[0] <= chance:
                 verdict = (NOT_TESTABLE, f"a random direction of the same length flips {chance:.2f} at {judged[-1]}, "
@@ -506,7 +506,7 @@ def _steering_finding(folder: Path, scope: str) -> Finding:
              if unit == "rms" else
              f"judged at {' and '.join(judged)}: alpha in raw multiples of the unnormalised v (no stated scale: |v| "
              "varies by cell), the paper's -8v and +4v, or the grid's largest alpha without them, fixed in advance")
-    control = "" if random is not None else "; no random-direction control (a run made before it)"
+    control = "" if beside is not None else "; no random-direction control (a run made before it)"
     return Finding(STEER_CLAIM, STEER_PAPER, f"{scope}, layer {s.layer}",
                    "; ".join(parts) + f" (best over the grid, picked on the same questions: {'; '.join(best)}){control}",
                    weaker[0], weaker[1], weaker[2], verdict,

@@ -422,6 +422,16 @@ def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, colu
     return run.write_summary(summary)
 
 
+def steering_beside_control(run: RunDir) -> pd.DataFrame | None:
+    """A steer run's table (`steering_sweep`) with the random direction's rate at the same
+    alpha and direction beside v's (column ``random_rate``); None for a run made without
+    the control (`run_steer(random_control=False)`)."""
+    if run.read_summary().random_control is None:
+        return None
+    control = run.read_table("steering_random")[["alpha", "direction", "rate"]].rename(columns={"rate": "random_rate"})
+    return run.read_table("steering").merge(control, on=["alpha", "direction"], how="left")
+
+
 def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, component: str = "mlp",
               repair_run: Path | None = None, alphas: Sequence[float] | None = None, alpha_unit: str = "rms",
               readout: str = "option:mean", panel: int | None = PANEL_CAP, split: Split = Split(),
