@@ -213,6 +213,13 @@ def test_an_organism_is_rebuilt_under_the_thread_count_it_was_planted_under(tmp_
         torch.set_num_threads(threads)
     # the count is a condition of the planting, not part of what was planted
     assert organism_id(replace(planted, torch_threads=4)) == organism_id(planted)
+    # a handed planted.json cannot ask a rebuild for any thread count it likes
+    truth = json.loads((tmp_path / "o" / PLANTED_FILE).read_text())
+    for bad in (10 ** 9, 0, -2, "4", 2.5, True):
+        (tmp_path / "o" / PLANTED_FILE).write_text(json.dumps({**truth, "torch_threads": bad}))
+        with pytest.raises(ValueError, match="torch_threads must be a whole number from 1 to 4096"):
+            read_planted(tmp_path / "o")
+        assert torch.get_num_threads() == threads
 
 
 def test_a_kind_counts_each_organism_once_found_when_every_analysis_found_it():

@@ -28,6 +28,8 @@ from rnr_interp.tasks.base import Task
 PLANTED_FILE = "planted.json"
 #: the weights file `save_pretrained` writes (one shard at these sizes)
 WEIGHTS_FILE = "model.safetensors"
+#: the most torch threads a planted.json may record (a rebuild runs under that count)
+MAX_TORCH_THREADS = 4096
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ class Planted:
     #: torch's CPU threads while planting: the fits sum in another order under another
     #: count, and the weights differ in their last bits (a rebuild plants under this count)
     torch_threads: int | None = None
+
+    def __post_init__(self):
+        # a rebuild sets torch's thread count from this: a handed planted.json must not ask for a million threads
+        t = self.torch_threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= MAX_TORCH_THREADS):
+            raise ValueError(f"torch_threads must be a whole number from 1 to {MAX_TORCH_THREADS}, got {t!r}")
 
 
 def load_base(spec: str) -> tuple[nn.Module, Any]:
