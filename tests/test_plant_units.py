@@ -175,3 +175,30 @@ def test_units_findings_are_scored_against_the_planted_truth():
     assert recovery_row(null, "units:top-k", None)["recovered"] and recovery_row(null, "steer:direction", None)["recovered"]
     assert not recovery_row(null, "units:top-k", UnitsFound(2, (128, 129)))["recovered"]
     assert recovery_row(null, "repair:mlp", 1)["recovered"] and not recovery_row(null, "repair:mlp", 2)["recovered"]
+
+
+def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path, monkeypatch, quiet_mlp_base):
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(1.0,), seeds=(0,), n=30, why="one seed"))
+    task = echo_task(quiet_mlp_base)
+    with pytest.raises(ValueError, match="steer_at must be one of every, prompt"):
+        run_validate(quiet_mlp_base, task, tmp_path / "bad", profile="one", kinds=("units",), steer_at="end", progress=False)
+    assert not (tmp_path / "bad").exists()  # refused before any work
+    summary = run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), steer_at="prompt",
+                           progress=False)
+    run = RunDir(tmp_path / "v")
+    assert summary.steer_at == "prompt" and run.config["steer_at"] == "prompt"
+    steer = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__steer")
+    assert steer.config["steer_at"] == "prompt" and steer.config["random_control"] == {"seed": 0}
+    steered = steer.read_records()
+    steered = steered[steered["probe"].str.startswith("steer:")]
+    assert len(steered) and steered["intervention"].str.endswith(":at-prompt").all()
+    # the same folder resumed steering at every position would mix two protocols: refused, naming the key
+    with pytest.raises(ValueError, match="steer_at"):
+        run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), progress=False)
+    done = CliRunner().invoke(app, ["validate", "--model", BASE, "--kinds", "units", "--steer-at", "end",
+                                    "--out", str(tmp_path / "cli")])
+    assert done.exit_code == 2 and "--steer-at must be one of every, prompt" in done.output
+    assert not (tmp_path / "cli").exists()

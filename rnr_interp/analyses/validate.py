@@ -53,7 +53,8 @@ Analyses per kind (`ANALYSES`):
   ``steer:rescue`` and ``steer:induction`` (the run steers a random direction of the
   same length beside v, `--random-control`; score = the held-out rate at the alpha where
   it most exceeds the random direction's; recovered when its Wilson interval lies above
-  the random direction's rate there). An analysis of another block than the planted one
+  the random direction's rate there; the vector added where `rnr validate --steer-at`
+  says, at every position by default). An analysis of another block than the planted one
   scores 0.
 
 A null of these kinds names its location when the analysis says what it says of the
@@ -108,7 +109,7 @@ from rnr_interp.analyses.organisms import (
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
-from rnr_interp.interventions import check_ablation
+from rnr_interp.interventions import STEER_AT, check_ablation
 from rnr_interp.grading import check_grading, graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
 from rnr_interp.models import load_model
@@ -351,6 +352,8 @@ class Cell:
     ablation: str = "zero"
     #: what "right" is for every analysis (`rnr repair --grading`): None, the default (strict)
     grading: str | None = None
+    #: where the steer runs add the vector (`rnr steer --steer-at`)
+    steer_at: str = "every"
 
 
 def _repair_layer(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
@@ -468,7 +471,7 @@ def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, F
     """The steer run on the chosen block, with its random-direction control: a rescue or
     an induction any push of that length gives is not the direction's (on the units
     organism a random direction induces as much as v from alpha 0.25: docs/findings.md)."""
-    run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True)
+    run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True, steer_at=cell.steer_at)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
     table = steering_beside_control(run)
@@ -512,7 +515,7 @@ EVERY_LAYER = "layers"
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
-                 ablation: str = "zero", grading: str | None = None, seeds: Sequence[int] | str | None = None,
+                 ablation: str = "zero", grading: str | None = None, steer_at: str = "every", seeds: Sequence[int] | str | None = None,
                  keep_organisms: bool = False, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
@@ -536,8 +539,10 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     check_ablation(ablation)
     if grading is not None:
         check_grading(grading)
+    if steer_at not in STEER_AT:
+        raise ValueError(f"steer_at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
     # a bad temperature refused before any work
-    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading)
+    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at)
     asked = task
     lm = load_model(model) if gold == "base" or seeds == EVERY_LAYER else None
     if seeds == EVERY_LAYER:
@@ -549,7 +554,8 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                               "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
                               **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),
                               **({} if ablation == "zero" else {"ablation": ablation}),
-                              **({} if grading is None else {"grading": grading})})
+                              **({} if grading is None else {"grading": grading}),
+                              **({} if steer_at == "every" else {"steer_at": steer_at})})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -573,6 +579,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
             found_in.drop()
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "temperature": temperature, "ablation": ablation, "grading": grading or DEFAULT_GRADING,
+               **({} if steer_at == "every" else {"steer_at": steer_at}),
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 

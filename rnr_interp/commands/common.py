@@ -65,6 +65,9 @@ SaveLogprobsOpt = Annotated[bool, typer.Option(
 AblationOpt = Annotated[str, typer.Option(
     "--ablation", help="how a block is silenced: zero (the paper's: it writes nothing) | mean (it writes its mean write "
     "over the task's prompts: removes only the block's deviation from its usual output)")]
+SteerAtOpt = Annotated[str, typer.Option(
+    "--steer-at", help="where the vector is added: every (every position, the default) | prompt (the prompt's last "
+                       "position alone: the state that chooses the reply's first token; generated tokens are not steered)")]
 LogToOpt = Annotated[Optional[str], typer.Option(
     "--log-to", help="when the run ends, log its config, summary and tables to wandb (an offline run under WANDB_DIR, "
                      "else ./wandb) or mlflow (MLFLOW_TRACKING_URI, else the file store ./mlruns)")]

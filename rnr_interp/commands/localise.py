@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, SteerAtOpt, TaskConfigOpt, TaskOpt,
     NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
@@ -296,9 +296,7 @@ def steer(
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
     read_at: ReadAtOpt = "prompt",
-    steer_at: Annotated[str, typer.Option("--steer-at", help="where the vector is added: every (every position, the "
-                                          "default) | prompt (the prompt's last position alone: the state that "
-                                          "chooses the reply's first token; generated tokens are not steered)")] = "every",
+    steer_at: SteerAtOpt = "every",
     random_control: Annotated[bool, typer.Option(
         "--random-control", help="the same sweep along a random direction as long as the steered vector, printed "
         "beside: a rescue or induction any push of that size gives is not the direction's (as many rows again)")] = False,

@@ -12,7 +12,7 @@ import typer
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, GradingOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, SteerAtOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
 )
 
 
@@ -76,6 +76,7 @@ def validate(
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
     temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero", grading: GradingOpt = None,
+    steer_at: SteerAtOpt = "every",
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="comma-separated seeds replacing the profile's, or "
                                                  "'layers': one seed per layer the layer kinds can draw (seeds 0-9 "
                                                  "repeat layers; a repeat is one organism)")] = None,
@@ -88,7 +89,7 @@ def validate(
     each organism as a user would, and score what they found against what was planted:
     recovery per kind, the detection curve, false positives on the nulls."""
     from rnr_interp.analyses.validate import ANALYSES, GOLDS, PROFILES
-    from rnr_interp.interventions import ABLATION_MODES
+    from rnr_interp.interventions import ABLATION_MODES, STEER_AT
     from rnr_interp.records import VALIDATE
     from rnr_interp.report.kinds import analysis_of
     from rnr_interp.tasks import load_task
@@ -104,13 +105,15 @@ def validate(
         fail(f"--gold must be one of {', '.join(GOLDS)}, got {gold!r}")
     if ablation not in ABLATION_MODES:
         fail(f"--ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
+    if steer_at not in STEER_AT:
+        fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
     seed_list = _seeds(seeds)
     check_out(out)
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                                         temperature=temperature, ablation=ablation, grading=grading, seeds=seed_list,
+                                         temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, seeds=seed_list,
                                          keep_organisms=keep_organisms, progress=not quiet)
 
     summary = execute(body)

@@ -393,6 +393,8 @@ class ValidateSummary(Summary):
     ablation: str | None = None
     #: what "right" was for every analysis (None: strict, a run from before)
     grading: str | None = None
+    #: where the steer runs added the vector (`SteerSummary.steer_at`; None: every position)
+    steer_at: str | None = None
     #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
     #: distinct organisms (two seeds that drew the same weights are one)
     recovery: Mapping[str, Json]
