@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, SteerAtOpt, TaskConfigOpt, TaskOpt,
-    NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
+    SteerAtOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
 )
