@@ -16,7 +16,8 @@ from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.commands.localise import steer as steer_command
 from rnr_interp.commands.localise import units as units_command
-from rnr_interp.analyses.localise.steering import direction, random_units, steer_spec, top_units, unit_scores, units_sweep
+from rnr_interp.analyses.localise.directions import direction, top_units, unit_scores
+from rnr_interp.analyses.localise.steering import random_units, steer_spec, units_sweep
 from rnr_interp.tasks import load_task
 
 
@@ -149,7 +150,7 @@ def test_unit_contributions_are_in_the_residual_basis(family, task):
     """Per prompt, the units' contributions sum to what the block writes into the
     residual stream along v (after Gemma-2's or OLMo 2's post-MLP norm, when there is one); with a
     non-trivial norm gain the plain W_out . v scores would not."""
-    from rnr_interp.analyses.localise.steering import block_output, unit_contributions
+    from rnr_interp.analyses.localise.directions import block_output, unit_contributions
 
     model = load_model(family)
     if family.startswith(POST_MLP_NORM):
@@ -163,7 +164,7 @@ def test_unit_contributions_are_in_the_residual_basis(family, task):
     written = block_output(model, ps, 1, "mlp") @ v.float()
     torch.testing.assert_close(contrib.sum(-1), written, atol=1e-3, rtol=1e-3)
     if family.startswith(POST_MLP_NORM):
-        from rnr_interp.analyses.localise.steering import last_position
+        from rnr_interp.analyses.localise.directions import last_position
 
         post = last_position(model, ps, [("mlp.hook_post", 1)])[("mlp.hook_post", 1)]
         naive = (post * (model.bridge.blocks[1].mlp.W_out.detach().float() @ v.float())).sum(-1)
