@@ -202,3 +202,45 @@ def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path
                                     "--out", str(tmp_path / "cli")])
     assert done.exit_code == 2 and "--steer-at must be one of every, prompt" in done.output
     assert not (tmp_path / "cli").exists()
+
+
+def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monkeypatch, echo):
+    """On tiny-llama:4 as it is, silencing any whole MLP breaks most answers, so the
+    paper's sweep repairs nothing and names no block; silencing each block's top 3 units
+    along its own failure direction names the planted block with the planted units,
+    repairing every failure and breaking nothing."""
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1.0), seeds=(0,), n=30, why="one seed"))
+    layer = draw_layer(0, 4)
+    whole = run_validate(BASE, echo, tmp_path / "whole", profile="one", kinds=("units",), progress=False)
+    assert whole.units is None and "units" not in RunDir(tmp_path / "whole").config
+    missed = RunDir(tmp_path / "whole").read_table("recovery").set_index(["strength", "analysis"]).loc[1.0]
+    assert missed.loc["repair:mlp", "found"] == ""  # no block repaired any failure
+    blind = RunDir(tmp_path / "whole" / "runs" / "units-s1-seed0__repair-mlp").read_table("repair")
+    assert (blind[blind["component"] == "mlp"]["repair_rate"] == 0).all() and "silenced_units" not in blind
+
+    summary = run_validate(BASE, echo, tmp_path / "units", profile="one", kinds=("units",), units=3, progress=False)
+    assert summary.units == 3 and RunDir(tmp_path / "units").config["units"] == 3
+    recovery = RunDir(tmp_path / "units").read_table("recovery").set_index(["strength", "analysis"])
+    assert recovery.loc[(1.0, "repair:mlp"), "found"] == str(layer) and recovery.loc[(1.0, "repair:mlp"), "recovered"]
+    repair = RunDir(tmp_path / "units" / "runs" / "units-s1-seed0__repair-mlp")
+    assert repair.read_summary().units == 3 and repair.config["units"] == 3
+    table = repair.read_table("repair").set_index(["component", "layer"])
+    planted = json.loads((tmp_path / "units" / "organisms" / "units-s1-seed0" / PLANTED_FILE).read_text())
+    assert table.loc[("mlp", layer), "silenced_units"] == "|".join(str(u) for u in sorted(planted["location"]["units"]))
+    assert table.loc[("mlp", layer), "repair_rate"] == 1.0 and table.loc[("mlp", layer), "damage_rate"] == 0.0
+    # three units everywhere else: each MLP row names its own three, the controls none
+    mlp = table.loc["mlp"]
+    assert len(mlp) == 4 and (mlp["silenced_units"].str.count(r"\|") == 2).all()
+    assert (table.drop(index="mlp", level="component")["silenced_units"] == "").all()
+    assert (recovery.loc[0.0, "found"] == "").all()  # the null: no failure, nothing named
+
+    done = CliRunner().invoke(app, ["repair", "--model", BASE, "--task", "arithmetic", "--units", "0",
+                                    "--out", str(tmp_path / "cli")])
+    assert done.exit_code == 2 and "--units must be >= 1" in done.output and not (tmp_path / "cli").exists()
+    from rnr_interp.analyses.localise.repair import run_repair
+    with pytest.raises(ValueError, match="units must be a whole number"):
+        run_repair(load_model(BASE), echo, tmp_path / "api", units=True)
+    assert not (tmp_path / "api").exists()

@@ -44,8 +44,9 @@ Analyses per kind (`ANALYSES`):
 - sharpen, new -> ``compare``: `rnr audit` on the pair's ``base/`` and ``trained/`` as
   above, then `rnr compare`; found = the dominant source of the gained answers
   (``gained_from``: "base_reachable" or "base_unreachable", "" with no gains or a tie).
-- units -> ``repair:mlp``: `rnr repair --sweep mlp`; found = the MLP block it chooses
-  on the selection part. ``units:top-k``: `rnr units --repair-run` that repair run
+- units -> ``repair:mlp``: `rnr repair --sweep mlp` (with `rnr validate --units K`,
+  `--units K`: each MLP block silenced in its top K units alone); found = the MLP block
+  it chooses on the selection part. ``units:top-k``: `rnr units --repair-run` that repair run
   (the block it chose); score = recall at k of the planted units among the k best
   scored, recovered when at least `RECALL_RECOVERED`. `rnr steer --repair-run` the same
   run gives three rows: ``steer:direction`` (score = cosine of the estimated v with
@@ -99,7 +100,7 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
-from rnr_interp.analyses.localise.repair import run_repair
+from rnr_interp.analyses.localise.repair import check_units, run_repair
 from rnr_interp.analyses.localise.steering import run_steer, run_units, steering_beside_control
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
@@ -354,6 +355,8 @@ class Cell:
     grading: str | None = None
     #: where the steer runs add the vector (`rnr steer --steer-at`)
     steer_at: str = "every"
+    #: the MLP sweep silences each block's top units alone (`rnr repair --units`); None: whole blocks
+    units: int | None = None
 
 
 def _repair_layer(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
@@ -431,7 +434,7 @@ def _repair_mlp(organism: Organism, task: Task, out: Path, cell: Cell) -> int | 
     if not (out / "summary.json").is_file():
         run_repair(load_model(organism.checkpoint()), task, out, readout=default_readout(task), sweep="mlp",
                    decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
-                   ablation=cell.ablation, grading=cell.grading)
+                   ablation=cell.ablation, grading=cell.grading, units=cell.units)
     chosen = RunDir(out).read_summary().chosen
     return None if chosen is None else int(chosen["layer"])
 
@@ -515,7 +518,8 @@ EVERY_LAYER = "layers"
 
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
-                 ablation: str = "zero", grading: str | None = None, steer_at: str = "every", seeds: Sequence[int] | str | None = None,
+                 ablation: str = "zero", grading: str | None = None, steer_at: str = "every", units: int | None = None,
+                 seeds: Sequence[int] | str | None = None,
                  keep_organisms: bool = False, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
@@ -541,8 +545,9 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         check_grading(grading)
     if steer_at not in STEER_AT:
         raise ValueError(f"steer_at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
+    check_units(units)
     # a bad temperature refused before any work
-    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at)
+    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at, units)
     asked = task
     lm = load_model(model) if gold == "base" or seeds == EVERY_LAYER else None
     if seeds == EVERY_LAYER:
@@ -555,7 +560,8 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                               **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),
                               **({} if ablation == "zero" else {"ablation": ablation}),
                               **({} if grading is None else {"grading": grading}),
-                              **({} if steer_at == "every" else {"steer_at": steer_at})})
+                              **({} if steer_at == "every" else {"steer_at": steer_at}),
+                              **({} if units is None else {"units": units})})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -579,7 +585,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
             found_in.drop()
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "temperature": temperature, "ablation": ablation, "grading": grading or DEFAULT_GRADING,
-               **({} if steer_at == "every" else {"steer_at": steer_at}),
+               **({} if steer_at == "every" else {"steer_at": steer_at}), **({} if units is None else {"units": units}),
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     return run.write_summary(summary)
 

@@ -65,6 +65,10 @@ SaveLogprobsOpt = Annotated[bool, typer.Option(
 AblationOpt = Annotated[str, typer.Option(
     "--ablation", help="how a block is silenced: zero (the paper's: it writes nothing) | mean (it writes its mean write "
     "over the task's prompts: removes only the block's deviation from its usual output)")]
+UnitsSilencedOpt = Annotated[Optional[int], typer.Option(
+    "--units", help="silence each MLP block in its K units most along that block's own failure direction alone "
+                    "(scored on the selection part, as `rnr units` scores a block), not the whole block (the paper's); "
+                    "attention and whole layers as --ablation says")]
 SteerAtOpt = Annotated[str, typer.Option(
     "--steer-at", help="where the vector is added: every (every position, the default) | prompt (the prompt's last "
                        "position alone: the state that chooses the reply's first token; generated tokens are not steered)")]

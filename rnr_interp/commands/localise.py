@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
-    SteerAtOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
+    SteerAtOpt, UnitsSilencedOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
     at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
 )
@@ -237,7 +237,7 @@ def repair(
     sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
                                        "then attention and whole layer at the chosen layer only (a third of the cost); "
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
-    ablation: AblationOpt = "zero",
+    ablation: AblationOpt = "zero", units: UnitsSilencedOpt = None,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -247,6 +247,7 @@ def repair(
     """Silence every layer's MLP / attention / whole layer: repair and damage rates; the
     block chosen on half the failures and panel, scored on the other half."""
     check_log_to(log_to)
+    at_least("--units", units)
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.repair import controls_table, tie_note
     from rnr_interp.records import REPAIR
@@ -254,12 +255,16 @@ def repair(
     s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
-                  ablation=ablation, grading=grading, per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
+                  ablation=ablation, units=units, grading=grading,
+                  per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s.split
     typer.echo(f"{s.model} on {s.task}: failure set {s.n_failure} ({sp['n_failure_selection']} choose, "
                f"{sp['n_failure_heldout']} held out), panel {s.n_panel} ({sp['n_panel_selection']} / {sp['n_panel_heldout']}); "
                f"split stratified by {', '.join(sp['stratified_by'])}{'; circular' if s.circular['on'] else ''}")
     _print_cohort_warnings(s)
+    if s.units is not None:
+        typer.echo(f"  each MLP block silenced in its {s.units} units most along its own failure direction (the units "
+                   "are in the repair table's silenced_units column)")
     if s.failure_empty_reason:
         typer.echo(f"  no repair to find: {s.failure_empty_reason}")
     controls = controls_table(s.to_json())

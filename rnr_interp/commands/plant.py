@@ -12,7 +12,8 @@ import typer
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, GradingOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, SteerAtOpt, TaskOpt, at_least, check_out, execute, fail, out_folder,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, SteerAtOpt, TaskOpt, UnitsSilencedOpt,
+    at_least, check_out, execute, fail, out_folder,
 )
 
 
@@ -76,7 +77,7 @@ def validate(
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
     temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero", grading: GradingOpt = None,
-    steer_at: SteerAtOpt = "every",
+    steer_at: SteerAtOpt = "every", units: UnitsSilencedOpt = None,
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="comma-separated seeds replacing the profile's, or "
                                                  "'layers': one seed per layer the layer kinds can draw (seeds 0-9 "
                                                  "repeat layers; a repeat is one organism)")] = None,
@@ -96,6 +97,7 @@ def validate(
 
     at_least("--n", n)
     at_least("--batch-size", batch_size)
+    at_least("--units", units)
     if profile not in PROFILES:
         fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     chosen = [k.strip() for k in kinds.split(",") if k.strip()]
@@ -113,7 +115,7 @@ def validate(
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
-                                         temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, seeds=seed_list,
+                                         temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, units=units, seeds=seed_list,
                                          keep_organisms=keep_organisms, progress=not quiet)
 
     summary = execute(body)

@@ -294,6 +294,9 @@ class RepairSummary(CohortSummary):
     #: how each block was silenced (`interventions.ABLATION_MODES`): the paper's "zero", or
     #: "mean"; None in runs from before there was a choice (zero)
     ablation: str | None = None
+    #: units silenced per MLP block (`run_repair(units=K)`): its K units most along its own failure
+    #: direction; None: the whole block (the paper's)
+    units: int | None = None
     screen: Json | None = None
     choice_rule: str | None = None
     chosen: Json | None = None
@@ -395,6 +398,8 @@ class ValidateSummary(Summary):
     grading: str | None = None
     #: where the steer runs added the vector (`SteerSummary.steer_at`; None: every position)
     steer_at: str | None = None
+    #: the MLP sweeps silenced each block's top K units alone (`RepairSummary.units`; None: whole blocks)
+    units: int | None = None
     #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
     #: distinct organisms (two seeds that drew the same weights are one)
     recovery: Mapping[str, Json]

@@ -99,3 +99,27 @@ def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer:
 
 def top_units(scores: Tensor, k: int) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.argsort(scores, descending=True, stable=True)[:k])
+
+
+def check_units(units: int | None) -> None:
+    if units is not None and (isinstance(units, bool) or not isinstance(units, int) or units < 1):
+        raise ValueError(f"units must be a whole number of at least 1 (units silenced per MLP block), got {units!r}")
+
+
+def mlp_unit_sets(lm: LoadedModel, task: Task, layers: Sequence[int], k: int, failure: Sequence[Question],
+                  panel: Sequence[Question], batch_size: int = 16) -> dict[int, tuple[tuple[int, ...], list[float]]]:
+    """Per MLP block of `layers`: its k units with the largest directional contribution
+    along that block's own failure direction (`directions.direction` and `unit_scores`,
+    read at the prompt's end, as `rnr units` scores the chosen block), with their scores.
+    `failure` and `panel` are the selection parts: the sets are chosen without the
+    held-out questions they are scored on."""
+    if not failure or not panel:
+        raise ValueError(f"silencing units needs a failure set and a panel in the selection part to score them "
+                         f"(got {len(failure)} and {len(panel)}): silence whole blocks instead, or ask more questions")
+    out = {}
+    for layer in layers:
+        scores = unit_scores(lm, task, failure, layer, direction(lm, task, failure, panel, layer, "mlp", batch_size),
+                             batch_size)
+        chosen = top_units(scores, k)
+        out[layer] = (chosen, [float(scores[u]) for u in chosen])
+    return out

@@ -46,12 +46,13 @@ from torch import Tensor
 
 from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
+from rnr_interp.analyses.localise.directions import check_units, mlp_unit_sets
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.engine.generate import forward, left_pad
-from rnr_interp.interventions import COMPONENT_SITE, Ablate, capturing, check_ablation, site_hook
+from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Intervention, capturing, check_ablation, site_hook
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
@@ -96,35 +97,45 @@ def block_means(lm: LoadedModel, prompts: Sequence[Sequence[int]], blocks: Seque
 
 
 def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ablation: str = "zero",
-              batch_size: int = 16) -> dict[tuple[int, str], Ablate]:
+              batch_size: int = 16, units: int | None = None,
+              selection: tuple[Sequence[Question], Sequence[Question]] = ((), ())) -> dict[tuple[int, str], Intervention]:
     """The spec that silences each block (layer, component) under `ablation`
     (`interventions.ABLATION_MODES`): "zero", or "mean", its mean write over every
     prompt position of the task's questions as deployed (`block_means`: all of them,
-    failures and panel alike, so the reference does not depend on the cohort)."""
+    failures and panel alike, so the reference does not depend on the cohort). With
+    `units`, an MLP block is silenced in its `units` units alone (`mlp_unit_sets`)."""
     check_ablation(ablation)
+    check_units(units)
+    unit_sets = mlp_unit_sets(lm, task, [layer for layer, c in blocks if c == "mlp"], units, *selection,
+                              batch_size=batch_size) if units else {}
+    out: dict[tuple[int, str], Intervention] = {
+        (layer, "mlp"): AblateUnits(layer, chosen) for layer, (chosen, _) in unit_sets.items()}
+    rest = [(layer, c) for layer, c in blocks if (layer, c) not in out]
     if ablation == "zero":
-        return {(layer, c): Ablate(c, layer) for layer, c in blocks}
-    means = block_means(lm, [prompt_ids(lm, task, q) for q in task.questions], blocks, batch_size)
-    return {(layer, c): Ablate(c, layer, "mean", tuple(means[layer, c].tolist())) for layer, c in blocks}
+        return {**out, **{(layer, c): Ablate(c, layer) for layer, c in rest}}
+    means = block_means(lm, [prompt_ids(lm, task, q) for q in task.questions], rest, batch_size)
+    return {**out, **{(layer, c): Ablate(c, layer, "mean", tuple(means[layer, c].tolist())) for layer, c in rest}}
 
 
 def silencing_sweep(
     lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], *, decoding: Decoding,
     layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, split: Split = Split(),
     run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
-    circular: bool = False, ablation: str = "zero",
+    circular: bool = False, ablation: str = "zero", units: int | None = None,
 ) -> pd.DataFrame:
     """The repair table: one row per (layer, component) with repair_rate, damage_rate,
     selectivity (repair - damage) on every question, the same on the selection part
     (`*_selection`) and on the held-out part (`*_heldout`, with Wilson bounds `_lo`,
     `_hi`), and each part's n. With `circular` every row is asked under every cyclic
     shift of its options and a question counts as right only when right under all of
-    them (a moved answer is a repair only then). `ablation`: how a block is silenced
+    them (a moved answer is a repair only then). `ablation`: how a block is silenced;
+    `units`: an MLP block silenced in its top units alone, scored on the selection parts
     (`silencers`)."""
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     blocks = [(layer, c) for layer in layers for c in components]
     questions = list(dict.fromkeys([*failure, *panel]))
-    silence = silencers(lm, task, blocks, ablation, batch_size) if questions else {}
+    selection = (split(failure)[0], split(panel)[0])
+    silence = silencers(lm, task, blocks, ablation, batch_size, units, selection) if questions else {}
     rows = [Row(q, (silence[layer, c],), ablation_probe(c, layer)) for q in questions for layer, c in blocks]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
                        desc="sweep", progress=progress)
@@ -135,6 +146,9 @@ def silencing_sweep(
     table = []
     for layer, c in blocks:
         row: dict[str, Any] = {"layer": layer, "component": c}
+        if units is not None:  # which units an MLP row silenced (empty: the whole block, or no row ran)
+            spec = silence.get((layer, c))
+            row["silenced_units"] = "|".join(str(u) for u in spec.units) if isinstance(spec, AblateUnits) else ""
         for part, (f, p) in sets.items():
             suffix = "" if part == "all" else f"_{part}"
             fixed, n_f = outcome_counts(records, f, ablation_probe(c, layer), circular)
@@ -150,7 +164,8 @@ def silencing_sweep(
     return pd.DataFrame(table)
 
 
-def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str], ablation: str = "zero") -> pd.DataFrame:
+def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str], ablation: str = "zero",
+                 units: int | None = None) -> pd.DataFrame:
     """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are.
     With an empty failure set nothing can be repaired and no block chosen, so the panel
     is not swept either (its damage alone chooses nothing; on a null organism this was
@@ -158,7 +173,7 @@ def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str],
     panel = c.cohort.panel if c.cohort.failure else []
     return silencing_sweep(c.lm, c.task, c.cohort.failure, panel, decoding=c.decoding, layers=layers,
                            components=components, split=c.cohort.split, run=c.run, batch_size=c.batch_size,
-                           progress=c.progress, circular=c.cohort.circular, ablation=ablation)
+                           progress=c.progress, circular=c.cohort.circular, ablation=ablation, units=units)
 
 
 def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[str, Any] | None]:
@@ -361,7 +376,8 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                panel: int | None = PANEL_CAP, split: Split = Split(), decoding: Decoding | None = None,
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
                permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
-               circular: bool = False, ablation: str = "zero", grading: str | None = None) -> RepairSummary:
+               circular: bool = False, ablation: str = "zero", grading: str | None = None,
+               units: int | None = None) -> RepairSummary:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
@@ -370,11 +386,15 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     (`readings.run_permutation_control`; twice that part's rows again, so off by default).
     `circular`: the cohort and every sweep row read under every cyclic shift of the
     options (as many rows again as the options, per row). `ablation`: how a block is
-    silenced, "zero" (the paper's) or "mean" (`silencers`). `grading`: what "right" is
+    silenced, "zero" (the paper's) or "mean" (`silencers`). `units`: each MLP block is
+    silenced in its `units` units most along its own failure direction alone, scored on
+    the selection parts (`mlp_unit_sets`; attention and whole layers as `ablation` says),
+    where the paper silences the whole block. `grading`: what "right" is
     (`cohort.localisation_config`)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     check_ablation(ablation)
+    check_units(units)
     if permutation_control:
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
@@ -383,19 +403,21 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     control = {"permutation_control": {"shift": ROTATION}} if permutation_control else {}
     if ablation != "zero":
         control["ablation"] = ablation
+    if units is not None:
+        control["units"] = units
     run = RunDir.create(out, localisation_config(REPAIR, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layers=layers, components=list(components),
                                                  sweep=sweep, **control))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
     if sweep == "all":
-        table = sweep_cohort(c, layers, components, ablation)
+        table = sweep_cohort(c, layers, components, ablation, units)
     else:
-        table = sweep_cohort(c, layers, (sweep,), ablation)
+        table = sweep_cohort(c, layers, (sweep,), ablation, units)
         chosen = best_blocks(table, on="selection").get(sweep)
         if chosen is not None:
             others = [component for component in components if component != sweep]
-            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation)], ignore_index=True)
+            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation, units)], ignore_index=True)
     run.write_table("repair", table)
     localisation = localisation_summary(table)
     controls = controls_table(localisation)
@@ -404,20 +426,22 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     best = best_blocks(table, on="selection")
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
     summary = {**c.summary(REPAIR, run.read_table("recognition"), readout=readout, sweep=sweep, ablation=ablation,
-                           screen=cell_screen(run, readout)),
+                           screen=cell_screen(run, readout), **({} if units is None else {"units": units})),
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"), **c.readings(best_probes)}
     if permutation_control:
-        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"], ablation)
+        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"], ablation, units)
     return run.write_summary(summary)
 
 
-def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None, ablation: str = "zero") -> dict[str, Any]:
+def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None, ablation: str = "zero",
+                         units: int | None = None) -> dict[str, Any]:
     """The permutation control of the chosen MLP block on the held-out failures; says
     why there is none when no block was chosen or nothing is held out."""
     if chosen is None or not c.cohort.parts("failure")[1]:
         why = "no MLP block repaired any selection-part failure" if chosen is None else "no failure is held out"
         return {"skipped": why}
     probe = ablation_probe("mlp", chosen["layer"])
-    silence = silencers(c.lm, c.task, [(chosen["layer"], "mlp")], ablation, c.batch_size)
+    selection = (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0])
+    silence = silencers(c.lm, c.task, [(chosen["layer"], "mlp")], ablation, c.batch_size, units, selection)
     return {"block": probe, **c.permutation_control({probe: (silence[chosen["layer"], "mlp"],)})}
