@@ -111,7 +111,7 @@ def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ab
     out: dict[tuple[int, str], Intervention] = {
         (layer, "mlp"): AblateUnits(layer, chosen) for layer, (chosen, _) in unit_sets.items()}
     rest = [(layer, c) for layer, c in blocks if (layer, c) not in out]
-    if ablation == "zero":
+    if ablation == "zero" or not rest:  # no block left to silence by its mean: no pass to read means
         return {**out, **{(layer, c): Ablate(c, layer) for layer, c in rest}}
     means = block_means(lm, [prompt_ids(lm, task, q) for q in task.questions], rest, batch_size)
     return {**out, **{(layer, c): Ablate(c, layer, "mean", tuple(means[layer, c].tolist())) for layer, c in rest}}
