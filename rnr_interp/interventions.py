@@ -301,6 +301,11 @@ SteerAt = Literal["every", "prompt"]
 STEER_AT: tuple[str, ...] = get_args(SteerAt)
 
 
+def check_steer_at(at: str, what: str = "steer_at") -> None:
+    if at not in STEER_AT:
+        raise ValueError(f"{what} must be one of {', '.join(STEER_AT)}, got {at!r}")
+
+
 @register
 @dataclass(frozen=True)
 class Steer(Intervention):
@@ -317,8 +322,7 @@ class Steer(Intervention):
 
     def __post_init__(self):
         object.__setattr__(self, "vector", tuple(float(x) for x in self.vector))
-        if self.at not in STEER_AT:
-            raise ValueError(f"Steer at must be one of {', '.join(STEER_AT)}, got {self.at!r}")
+        check_steer_at(self.at, "Steer at")
 
     def label(self) -> str:
         where = "" if self.at == "every" else f":at-{self.at}"

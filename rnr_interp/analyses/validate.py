@@ -100,7 +100,8 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
-from rnr_interp.analyses.localise.repair import check_units, run_repair
+from rnr_interp.analyses.localise.directions import check_units
+from rnr_interp.analyses.localise.repair import run_repair
 from rnr_interp.analyses.localise.steering import run_steer, run_units, steering_beside_control
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
@@ -110,7 +111,7 @@ from rnr_interp.analyses.organisms import (
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
-from rnr_interp.interventions import STEER_AT, check_ablation
+from rnr_interp.interventions import check_ablation, check_steer_at
 from rnr_interp.grading import check_grading, graded, null_summary, question_null
 from rnr_interp.metrics import proportion, question_scores
 from rnr_interp.models import load_model
@@ -543,8 +544,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     check_ablation(ablation)
     if grading is not None:
         check_grading(grading)
-    if steer_at not in STEER_AT:
-        raise ValueError(f"steer_at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
+    check_steer_at(steer_at)
     check_units(units)
     # a bad temperature refused before any work
     cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at, units)

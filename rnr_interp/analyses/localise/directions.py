@@ -107,19 +107,15 @@ def check_units(units: int | None) -> None:
 
 
 def mlp_unit_sets(lm: LoadedModel, task: Task, layers: Sequence[int], k: int, failure: Sequence[Question],
-                  panel: Sequence[Question], batch_size: int = 16) -> dict[int, tuple[tuple[int, ...], list[float]]]:
+                  panel: Sequence[Question], batch_size: int = 16) -> dict[int, tuple[int, ...]]:
     """Per MLP block of `layers`: its k units with the largest directional contribution
     along that block's own failure direction (`directions.direction` and `unit_scores`,
-    read at the prompt's end, as `rnr units` scores the chosen block), with their scores.
+    read at the prompt's end, as `rnr units` scores the chosen block).
     `failure` and `panel` are the selection parts: the sets are chosen without the
     held-out questions they are scored on."""
     if not failure or not panel:
         raise ValueError(f"silencing units needs a failure set and a panel in the selection part to score them "
                          f"(got {len(failure)} and {len(panel)}): silence whole blocks instead, or ask more questions")
-    out = {}
-    for layer in layers:
-        scores = unit_scores(lm, task, failure, layer, direction(lm, task, failure, panel, layer, "mlp", batch_size),
-                             batch_size)
-        chosen = top_units(scores, k)
-        out[layer] = (chosen, [float(scores[u]) for u in chosen])
-    return out
+    return {layer: top_units(unit_scores(lm, task, failure, layer,
+                                         direction(lm, task, failure, panel, layer, "mlp", batch_size), batch_size), k)
+            for layer in layers}

@@ -109,7 +109,7 @@ def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ab
     unit_sets = mlp_unit_sets(lm, task, [layer for layer, c in blocks if c == "mlp"], units, *selection,
                               batch_size=batch_size) if units else {}
     out: dict[tuple[int, str], Intervention] = {
-        (layer, "mlp"): AblateUnits(layer, chosen) for layer, (chosen, _) in unit_sets.items()}
+        (layer, "mlp"): AblateUnits(layer, chosen) for layer, chosen in unit_sets.items()}
     rest = [(layer, c) for layer, c in blocks if (layer, c) not in out]
     if ablation == "zero" or not rest:  # no block left to silence by its mean: no pass to read means
         return {**out, **{(layer, c): Ablate(c, layer) for layer, c in rest}}

@@ -64,7 +64,7 @@ from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.interventions import (
-    COMPONENT_SITE, STEER_AT, Ablate, AblateUnits, Steer, set_id, site_hook, split_hook_name,
+    COMPONENT_SITE, Ablate, AblateUnits, Steer, check_steer_at, set_id, site_hook, split_hook_name,
 )
 from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
@@ -370,8 +370,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     vector (`random_direction`), table ``steering_random`` and the summary's
     ``random_control`` (as many rows again, so off by default)."""
     check_read_at(read_at)
-    if steer_at not in STEER_AT:
-        raise ValueError(f"steer_at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
+    check_steer_at(steer_at)
     if alpha_unit not in ALPHA_UNITS:
         raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
     alphas = DEFAULT_ALPHAS_BY_UNIT[alpha_unit] if alphas is None else alphas
