@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),
     ("analyses", ["analyses.audit", "analyses.routing", "analyses.localise.defaults", "analyses.localise.recognition",
                   "analyses.localise.positions", "analyses.localise.circular", "analyses.localise.readings", "analyses.localise.cohort",
-                  "analyses.localise.directions", "analyses.localise.repair", "analyses.localise.steering", "analyses.patching",
+                  "analyses.localise.directions", "analyses.localise.mediation", "analyses.localise.repair", "analyses.localise.steering", "analyses.patching",
                   "analyses.checkpoints", "analyses.finetune", "analyses.sweep",
                   "analyses.organisms", "analyses.anchor", "analyses.validate"]),
     ("report", ["report"]),

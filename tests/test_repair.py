@@ -33,6 +33,55 @@ from rnr_interp.tasks.base import Question
 from rnr_interp.tasks.synthetic import ArithmeticMC
 
 
+def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
+    """`best_blocks` with a broken tie names the block the record names, lists the rest
+    and keeps the record; a record of another tie (another part, another table) is not
+    applied. `tie_note` says which rule named it."""
+    from rnr_interp.analyses.localise.mediation import tie_break
+    from rnr_interp.analyses.localise.repair import best_blocks, tie_note
+
+    table = hand_table([(layer, "mlp", 1.0 if layer in (2, 5, 11) else 0.0, 0.0, (4, 4), (3, 3)) for layer in range(12)])
+    through = tie_break([2, 5, 11], {(2, 5): -0.2, (2, 11): 0.9, (5, 11): 0.6})
+    assert through["named"] == 11 and through["tied"] == [2, 5, 11]
+    best = best_blocks(table, ties={"mlp": through})["mlp"]
+    assert best["layer"] == 11 and best["tied_with"] == [2, 5] and best["tie_break"] == through
+    assert best["repair_rate"] == 1.0 and best["damage_rate"] == 0.0
+    assert "and the one every earlier tied block acts through, 11, is named" in tie_note("mlp", best, {
+        "n_failure_selection": 4, "n_panel_selection": 3})
+    # 5 does not act through 11: no later block is acted through by every earlier one
+    apart = tie_break([2, 5, 11], {(2, 5): -0.2, (2, 11): 0.9, (5, 11): 0.3})
+    best = best_blocks(table, ties={"mlp": apart})["mlp"]
+    assert apart["named"] == 2 and best["layer"] == 2 and best["tied_with"] == [5, 11]
+    assert "the earliest (no later one is acted through by every earlier one), 2" in tie_note("mlp", best, {
+        "n_failure_selection": 4, "n_panel_selection": 3})
+    # a record of another tie is not this one's
+    assert best_blocks(table, ties={"mlp": tie_break([2, 11], {(2, 11): 0.9})})["mlp"]["layer"] == 2
+    assert "tie_break" not in best_blocks(table)["mlp"]
+
+
+def test_moved_shares_read_how_far_silencing_one_block_moves_a_later_one(lm):
+    """Known answers for the reading: a spec that writes the panel's mean write of the
+    later block in its place moves it all the way (share 1); a spec that changes nothing
+    moves it not at all (share 0). The names of the specs are the layers they stand for."""
+    from rnr_interp.analyses.localise.directions import block_output
+    from rnr_interp.analyses.localise.mediation import moved_shares, proximate
+    from rnr_interp.interventions import Steer
+
+    task = parity_task(12)
+    failure, panel = task.questions[:6], task.questions[6:]
+    panel_mean = block_output(lm, [prompt_ids(lm, task, q) for q in panel], 1, "mlp").mean(0)
+    d = lm.bridge.cfg.d_model
+    silence = {0: Ablate("mlp", 1, "mean", tuple(panel_mean.tolist())), 1: Ablate("mlp", 1)}
+    moved = moved_shares(lm, task, failure, panel, silence)
+    assert list(moved) == [(0, 1)] and moved[0, 1] == pytest.approx(1.0, abs=1e-4)
+    assert proximate([0, 1], moved) == 1
+    nothing = {0: Steer(0, (0.0,) * d, 0.0, "hook_mlp_out"), 1: Ablate("mlp", 1)}
+    moved = moved_shares(lm, task, failure, panel, nothing)
+    assert moved[0, 1] == pytest.approx(0.0, abs=1e-6) and proximate([0, 1], moved) == 0
+    with pytest.raises(ValueError, match="needs failures and a panel"):
+        moved_shares(lm, task, failure, [], silence)
+
+
 class ParityMC(ArithmeticMC):
     """arithmetic_mc graded by a rule a random model meets about half the time (first
     character has an even code), so tiny models have both right and wrong answers."""

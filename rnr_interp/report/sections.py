@@ -114,7 +114,9 @@ def cohort_html(s: CohortSummary) -> str:
         # These rates are on the selection half that chose each block (in-sample, so
         # optimistic); the held-out rates are in the controls table.
         body += table_html(["best block (chosen on the selection half)", "layer", "repair, selection half",
-                            "damage, selection half", "selectivity, selection half", "tied with (the earliest is named)"], best)
+                            "damage, selection half", "selectivity, selection half", "tied with"], best)
+        if s.choice_rule:
+            body += f'<p class="facts">choice rule: {escape_html(s.choice_rule)}</p>'
     body += chance_section_html(s.chance)
     if s.answer_changes:
         body += "".join(f'<p class="facts">{escape_html(answer_change_line(p, c))}</p>' for p, c in s.answer_changes.items())

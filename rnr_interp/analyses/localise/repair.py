@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -47,6 +47,7 @@ from torch import Tensor
 from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
 from rnr_interp.analyses.localise.directions import check_units, mlp_unit_sets
+from rnr_interp.analyses.localise.mediation import RULE as TIE_RULE, moved_shares, tie_break
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
@@ -176,12 +177,14 @@ def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str],
                            progress=c.progress, circular=c.cohort.circular, ablation=ablation, units=units)
 
 
-def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[str, Any] | None]:
+def best_blocks(table: pd.DataFrame, on: str = "selection",
+                ties: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any] | None]:
     """Per component, the block with the highest selectivity on part `on` ("selection"
     or "all"; ties: higher repair, then lower damage, then the earlier layer); None when
-    it repaired nothing there. `tied_with`: the other layers equal to it on all three,
-    which the earlier-layer rule alone put behind it (on a selection part of one failure
-    and no panel, every layer that repairs that failure ties)."""
+    it repaired nothing there. `tied_with`: the other layers equal to it on all three
+    (on a selection part of one failure and no panel, every layer that repairs that
+    failure ties). `ties`: per component, a broken tie (`break_tie`) naming another of
+    the tied layers, which is then the block (its record under ``tie_break``)."""
     suffix = "" if on == "all" else f"_{on}"
     out: dict[str, dict[str, Any] | None] = {}
     for c, sub in table.groupby("component", sort=False):
@@ -195,10 +198,31 @@ def best_blocks(table: pd.DataFrame, on: str = "selection") -> dict[str, dict[st
         top = ranked.iloc[0]
         same = ((ranked["_s"] == top["_s"]) & (ranked[f"repair_rate{suffix}"] == top[f"repair_rate{suffix}"])
                 & (ranked["_d"] == top["_d"]))
-        out[str(c)] = {"layer": int(top["layer"]), "repair_rate": float(top[f"repair_rate{suffix}"]),
+        tied = [int(x) for x in ranked.loc[same, "layer"]]
+        broken = (ties or {}).get(str(c))
+        if broken is not None and sorted(broken["tied"]) != sorted(tied):
+            broken = None  # broken on another part or table: not this tie
+        named = tied[0] if broken is None else int(broken["named"])
+        out[str(c)] = {"layer": named, "repair_rate": float(top[f"repair_rate{suffix}"]),
                        "damage_rate": float(top[f"damage_rate{suffix}"]), "selectivity": float(top["_s"]), "chosen_on": on,
-                       "tied_with": [int(x) for x in ranked.loc[same, "layer"].iloc[1:]]}
+                       "tied_with": [x for x in tied if x != named], **({} if broken is None else {"tie_break": broken})}
     return out
+
+
+def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple[Sequence[Question], Sequence[Question]],
+              ablation: str = "zero", units: int | None = None, batch_size: int = 16,
+              component: str = "mlp") -> dict[str, dict[str, Any]]:
+    """{component: record} when `component`'s best blocks on the selection part tie:
+    the tied block every earlier one acts through (`mediation`), each silenced as the
+    sweep silenced it; {} when nothing ties, or the selection part lacks failures or a
+    panel to read a failure direction from (the earliest is named then)."""
+    best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
+    if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
+        return {}
+    tied = [best["layer"], *best["tied_with"]]
+    silence = silencers(lm, task, [(layer, component) for layer in tied], ablation, batch_size, units, selection)
+    moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size)
+    return {component: tie_break(tied, moved)}
 
 
 def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any]) -> str | None:
@@ -206,9 +230,12 @@ def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any])
     selection part (None when it does not)."""
     if best is None or not best.get("tied_with"):
         return None
-    layers = ", ".join(str(x) for x in [best["layer"], *best["tied_with"]])
+    layers = ", ".join(str(x) for x in sorted([best["layer"], *best["tied_with"]]))
+    earliest = best["layer"] < min(best["tied_with"])
+    why = ("the earliest" if "tie_break" not in best else "the one every earlier tied block acts through" if not earliest
+           else "the earliest (no later one is acted through by every earlier one)")
     return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
-            f"{split['n_panel_selection']} panel): layers {layers} rank alike and the earliest, {best['layer']}, is named")
+            f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named")
 
 
 def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, Any] | None:
@@ -235,16 +262,17 @@ def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, 
     return entry
 
 
-CHOICE_RULE = "highest repair - damage on the selection part (ties: higher repair, lower damage, earlier layer)"
+CHOICE_RULE = ("highest repair - damage on the selection part (ties: higher repair, lower damage; MLP blocks still "
+               f"tied: {TIE_RULE}; other components: the earlier layer)")
 
 
-def localisation_summary(table: pd.DataFrame) -> dict[str, Any]:
+def localisation_summary(table: pd.DataFrame, ties: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The paper's row for one case: the MLP block chosen on the selection part, and
     at that SAME layer the held-out repair/damage of silencing the MLP, the attention
     and the whole layer; separately, each component's own best layer (also chosen on
     the selection part, scored held out), for the components swept at every layer the
-    MLP was. Rates are NaN where a part is empty."""
-    own = best_blocks(table, on="selection")
+    MLP was. Rates are NaN where a part is empty. `ties`: broken ties (`break_tie`)."""
+    own = best_blocks(table, on="selection", ties=ties)
     chosen = own.get("mlp")
     out: dict[str, Any] = {"choice_rule": CHOICE_RULE, "chosen": None, "at_chosen_layer": None, "own_best": {}}
     if chosen is not None:
@@ -410,20 +438,20 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                                                  sweep=sweep, **control))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
-    if sweep == "all":
-        table = sweep_cohort(c, layers, components, ablation, units)
-    else:
-        table = sweep_cohort(c, layers, (sweep,), ablation, units)
-        chosen = best_blocks(table, on="selection").get(sweep)
+    table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units)
+    ties = break_tie(c.lm, c.task, table, (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0]), ablation, units,
+                     c.batch_size)
+    if sweep != "all":
+        chosen = best_blocks(table, on="selection", ties=ties).get(sweep)
         if chosen is not None:
             others = [component for component in components if component != sweep]
             table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation, units)], ignore_index=True)
     run.write_table("repair", table)
-    localisation = localisation_summary(table)
+    localisation = localisation_summary(table, ties)
     controls = controls_table(localisation)
     run.write_table("controls", controls)
     # each component's own best block (chosen on the selection part): how its answers moved (issue 17)
-    best = best_blocks(table, on="selection")
+    best = best_blocks(table, on="selection", ties=ties)
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
     summary = {**c.summary(REPAIR, run.read_table("recognition"), readout=readout, sweep=sweep, ablation=ablation,
                            screen=cell_screen(run, readout), **({} if units is None else {"units": units})),

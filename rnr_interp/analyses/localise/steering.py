@@ -69,7 +69,7 @@ from rnr_interp.interventions import (
 from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import REPAIR, STEER, UNITS, ProbeLabel, RunDir, SteerSummary, UnitsSummary
-from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, silencing_sweep
+from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, break_tie, silencing_sweep
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import Question, Task
 
@@ -269,7 +269,9 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                             split=cohort.split, run=run, batch_size=batch_size, progress=progress,
                             circular=cohort.circular)
     run.write_table("repair", table)
-    best = best_blocks(table, on="selection").get(component)
+    ties = break_tie(lm, task, table, (cohort.parts("failure")[0], cohort.parts("panel")[0]), batch_size=batch_size,
+                     component=component) if component == "mlp" else {}
+    best = best_blocks(table, on="selection", ties=ties).get(component)
     if best is None:
         raise ValueError(f"no {component} block repairs any of the {len(cohort.parts('failure')[0])} selection-part "
                          "failures; pass --layer")

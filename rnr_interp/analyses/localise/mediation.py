@@ -1,0 +1,78 @@
+"""Which of several equally selective blocks the others act through.
+
+A silencing sweep names every block whose removal stops a failure, the blocks that feed
+the failing computation included: on a failure that a late MLP writes from features early
+MLPs compute, silencing an early one repairs as well as silencing the late one, and both
+rank alike. Silencing a block upstream of the writer moves the writer's failure write
+back toward the healthy panel's; silencing the writer leaves the upstream blocks as they
+were (a block cannot change what an earlier block writes). So among tied blocks the one
+every earlier tied block acts through is the proximate one: the block the others' repair
+runs through, and the one whose failure direction steering and the units analysis should
+read. `repair.choose_mlp` uses it to break the sweep's ties.
+
+Read at the last prompt position (as `directions` reads v), on the selection part only:
+for tied blocks A < B, the share of B's failure-minus-panel write along B's own failure
+direction that silencing A removes on the failure set:
+
+    moved(A -> B) = ((f_B - f_B|A) . v_B) / ((f_B - p_B) . v_B),   v_B = f_B - p_B
+
+(f, p: mean writes over the failures and the panel; f_B|A: with A silenced). A acts
+through B when moved(A -> B) >= `ACTS_THROUGH`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from rnr_interp.analyses.localise.directions import block_output
+from rnr_interp.engine.sampling import prompt_ids
+from rnr_interp.interventions import Intervention, applied
+from rnr_interp.models import LoadedModel
+from rnr_interp.tasks.base import Question, Task
+
+#: the share of a later block's failure write that silencing an earlier one must remove
+#: for the earlier one to count as acting through it (half the way to the panel)
+ACTS_THROUGH = 0.5
+
+RULE = (f"the latest tied block that every earlier tied block acts through (silencing it moves the later block's "
+        f"failure write along its own failure direction at least {ACTS_THROUGH:g} of the way to the panel's, at the "
+        "prompt's end, selection part); none: the earliest")
+
+
+@torch.inference_mode()
+def moved_shares(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question],
+                 silence: Mapping[int, Intervention], component: str = "mlp",
+                 batch_size: int = 16) -> dict[tuple[int, int], float]:
+    """moved(A -> B) for every pair of layers A < B of `silence` (layer -> the spec that
+    silences that block, as the sweep did): one forward per block over the failures
+    and the panel, and one per earlier block over the failures with it silenced."""
+    if not failure or not panel:
+        raise ValueError(f"reading what tied blocks act through needs failures and a panel (got {len(failure)} and {len(panel)})")
+    prompts = [prompt_ids(lm, task, q) for q in [*failure, *panel]]
+    n = len(failure)
+    layers = sorted(silence)
+    writes = {b: block_output(lm, prompts, b, component, batch_size) for b in layers}
+    v = {b: writes[b][:n].mean(0) - writes[b][n:].mean(0) for b in layers}
+    out: dict[tuple[int, int], float] = {}
+    for a in layers[:-1]:
+        with applied(lm, [silence[a]]):
+            silenced = {b: block_output(lm, prompts[:n], b, component, batch_size) for b in layers if b > a}
+        for b, write in silenced.items():
+            gap = float(v[b] @ v[b])
+            out[a, b] = float((writes[b][:n].mean(0) - write.mean(0)) @ v[b]) / gap if gap > 0 else float("nan")
+    return out
+
+
+def proximate(layers: Sequence[int], moved: Mapping[tuple[int, int], float]) -> int:
+    """The latest of `layers` that every earlier one acts through (`RULE`); the earliest
+    when none is (the earliest qualifies with no earlier block to act through it)."""
+    ordered = sorted(layers)
+    return max(b for b in ordered if all(moved.get((a, b), float("nan")) >= ACTS_THROUGH for a in ordered if a < b))
+
+
+def tie_break(layers: Sequence[int], moved: Mapping[tuple[int, int], float]) -> dict[str, Any]:
+    """The summary's record of a broken tie: the rule, every moved share, the block named."""
+    return {"rule": RULE, "tied": sorted(layers), "named": proximate(layers, moved),
+            "moved": [{"silenced": a, "block": b, "share": share} for (a, b), share in sorted(moved.items())]}
