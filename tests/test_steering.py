@@ -171,6 +171,21 @@ def test_unit_contributions_are_in_the_residual_basis(family, task):
         assert not torch.allclose(naive, written, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("family", ["tiny-llama:2", "tiny-gemma2:2"])
+def test_the_units_a_sweep_silences_are_each_blocks_own_top_units(family, task):
+    """`mlp_unit_sets` reads every block in one pass; per block it gives the top units
+    that v and the unit scores of that block alone give (with and without a post-MLP norm)."""
+    from rnr_interp.analyses.localise.directions import mlp_unit_sets
+
+    model = load_model(family)
+    failure, panel = halves(task)
+    got = mlp_unit_sets(model, task, [0, 1], 5, failure, panel)
+    for layer in (0, 1):
+        v = direction(model, task, failure, panel, layer=layer, component="mlp")
+        assert got[layer] == top_units(unit_scores(model, task, failure, layer, v), 5)
+    assert got[0] != got[1]
+
+
 def test_all_units_recover_the_whole_block_repair(lm):
     from tests.test_repair import parity_task
 

@@ -62,7 +62,31 @@ def direction(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: S
     return out[:len(failure)].mean(0) - out[len(failure):].mean(0)
 
 
-@torch.inference_mode()
+def unit_sites(lm: LoadedModel, layer: int) -> list[tuple[str, int]]:
+    """The sites `contributions` reads at MLP `layer`: the units' activations, and with
+    a post-MLP norm the norm's input and output."""
+    norm_site = "post_mlp_norm" in SITES[family(lm)]
+    return [("mlp.hook_post", layer)] + ([("mlp.hook_out", layer), ("hook_mlp_out", layer)] if norm_site else [])
+
+
+def contributions(lm: LoadedModel, acts: Mapping[tuple[str, int], Tensor], layer: int, v: Tensor) -> Float[Tensor, "n d_mlp"]:
+    """`unit_contributions` from activations already read at `unit_sites` (a
+    `last_position` result holding them)."""
+    w_out = lm.bridge.blocks[layer].mlp.W_out.detach().float().cpu()  # (d_mlp, d_model)
+    post = acts[("mlp.hook_post", layer)]
+    v = v.float().cpu()
+    if "post_mlp_norm" not in SITES[family(lm)]:
+        return post * (w_out @ v)
+    norm = lm.bridge.get_submodule(site_hook(lm, "post_mlp_norm", layer))
+    ones = torch.ones(1, 1, w_out.shape[1], dtype=next(norm.parameters()).dtype, device=lm.device)
+    with torch.inference_mode():
+        gain: Float[Tensor, "d"] = norm(ones)[0, 0].float().cpu()
+    m, y = acts[("mlp.hook_out", layer)], acts[("hook_mlp_out", layer)]
+    gm = gain * m
+    c: Float[Tensor, "n"] = (y * gm).sum(-1) / (gm * gm).sum(-1).clamp_min(1e-30)
+    return (post * c[:, None]) * ((w_out * gain) @ v)
+
+
 def unit_contributions(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, v: Tensor,
                        batch_size: int = 16) -> Float[Tensor, "n d_mlp"]:
     """Per prompt (last position) and MLP unit i of `layer`: how far the unit's write
@@ -73,21 +97,7 @@ def unit_contributions(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer:
     vector of ones, up to a constant) and c a scalar per prompt, found exactly by least
     squares from the norm's input and output, so unit i writes ``act_i * c * (g *
     W_out[i])``. The contributions of a prompt sum to ``(block output - bias) . v``."""
-    norm_site = "post_mlp_norm" in SITES[family(lm)]
-    keys = [("mlp.hook_post", layer)] + ([("mlp.hook_out", layer), ("hook_mlp_out", layer)] if norm_site else [])
-    acts = last_position(lm, prompts, keys, batch_size)
-    w_out = lm.bridge.blocks[layer].mlp.W_out.detach().float().cpu()  # (d_mlp, d_model)
-    post = acts[("mlp.hook_post", layer)]
-    v = v.float().cpu()
-    if not norm_site:
-        return post * (w_out @ v)
-    norm = lm.bridge.get_submodule(site_hook(lm, "post_mlp_norm", layer))
-    ones = torch.ones(1, 1, w_out.shape[1], dtype=next(norm.parameters()).dtype, device=lm.device)
-    gain: Float[Tensor, "d"] = norm(ones)[0, 0].float().cpu()
-    m, y = acts[("mlp.hook_out", layer)], acts[("hook_mlp_out", layer)]
-    gm = gain * m
-    c: Float[Tensor, "n"] = (y * gm).sum(-1) / (gm * gm).sum(-1).clamp_min(1e-30)
-    return (post * c[:, None]) * ((w_out * gain) @ v)
+    return contributions(lm, last_position(lm, prompts, unit_sites(lm, layer), batch_size), layer, v)
 
 
 def unit_scores(lm: LoadedModel, task: Task, failure: Sequence[Question], layer: int, v: Tensor,
@@ -109,13 +119,20 @@ def check_units(units: int | None) -> None:
 def mlp_unit_sets(lm: LoadedModel, task: Task, layers: Sequence[int], k: int, failure: Sequence[Question],
                   panel: Sequence[Question], batch_size: int = 16) -> dict[int, tuple[int, ...]]:
     """Per MLP block of `layers`: its k units with the largest directional contribution
-    along that block's own failure direction (`directions.direction` and `unit_scores`,
-    read at the prompt's end, as `rnr units` scores the chosen block).
-    `failure` and `panel` are the selection parts: the sets are chosen without the
-    held-out questions they are scored on."""
+    along that block's own failure direction (as `direction` and `unit_scores` read
+    them, at the prompt's end, as `rnr units` scores the chosen block), every block read
+    in one pass over the questions. `failure` and `panel` are the selection parts: the
+    sets are chosen without the held-out questions they are scored on."""
     if not failure or not panel:
         raise ValueError(f"silencing units needs a failure set and a panel in the selection part to score them "
                          f"(got {len(failure)} and {len(panel)}): silence whole blocks instead, or ask more questions")
-    return {layer: top_units(unit_scores(lm, task, failure, layer,
-                                         direction(lm, task, failure, panel, layer, "mlp", batch_size), batch_size), k)
-            for layer in layers}
+    site = COMPONENT_SITE["mlp"]
+    sites = list(dict.fromkeys(key for layer in layers for key in [(site, layer), *unit_sites(lm, layer)]))
+    acts = last_position(lm, read_ids(lm, task, [*failure, *panel], None), sites, batch_size)
+    n = len(failure)
+    out = {}
+    for layer in layers:
+        v = acts[site, layer][:n].mean(0) - acts[site, layer][n:].mean(0)
+        on_failures = {key: act[:n] for key, act in acts.items() if key[1] == layer}
+        out[layer] = top_units(contributions(lm, on_failures, layer, v).mean(0), k)
+    return out
