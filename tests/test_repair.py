@@ -82,6 +82,27 @@ def test_moved_shares_read_how_far_silencing_one_block_moves_a_later_one(lm):
         moved_shares(lm, task, failure, [], silence)
 
 
+def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
+    """`break_tie` silences each tied MLP block as the sweep did (its mean write under
+    mean ablation; the units its table names under --units) and names what
+    `mediation` reads from that; nothing to break without a tie or a panel."""
+    from rnr_interp.analyses.localise.mediation import moved_shares, tie_break
+    from rnr_interp.analyses.localise.repair import break_tie, silencers
+    from rnr_interp.interventions import AblateUnits
+
+    task = parity_task(12)
+    selection = (task.questions[:6], task.questions[6:])
+    table = hand_table([(layer, "mlp", 1.0, 0.0, (2, 2), (0, 2)) for layer in (0, 1)])
+    blocks = silencers(lm, task, [(0, "mlp"), (1, "mlp")], "mean")
+    expected = tie_break([0, 1], moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]}))
+    assert break_tie(lm, task, table, selection, "mean") == {"mlp": expected}
+    units = table.assign(silenced_units=["3|7", "5|1"])
+    expected = tie_break([0, 1], moved_shares(lm, task, *selection, {0: AblateUnits(0, (3, 7)), 1: AblateUnits(1, (5, 1))}))
+    assert break_tie(lm, task, units, selection, units=2) == {"mlp": expected}
+    assert break_tie(lm, task, table, (selection[0], [])) == {}
+    assert break_tie(lm, task, table.assign(repair_rate_selection=[1.0, 0.5]), selection) == {}
+
+
 class ParityMC(ArithmeticMC):
     """arithmetic_mc graded by a rule a random model meets about half the time (first
     character has an even code), so tiny models have both right and wrong answers."""

@@ -220,8 +220,13 @@ def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple
     if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
         return {}
     tied = [best["layer"], *best["tied_with"]]
-    silence = silencers(lm, task, [(layer, component) for layer in tied], ablation, batch_size, units, selection)
-    moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size)
+    if units is not None and component == "mlp":  # the very units the sweep silenced (its table names them)
+        named = table[table["component"] == "mlp"].set_index("layer")["silenced_units"]
+        silence = {layer: AblateUnits(layer, tuple(int(u) for u in named[layer].split("|"))) for layer in tied}
+    else:
+        blocks = silencers(lm, task, [(layer, component) for layer in tied], ablation, batch_size)
+        silence = {layer: blocks[layer, component] for layer in tied}
+    moved = moved_shares(lm, task, *selection, silence, component, batch_size)
     return {component: tie_break(tied, moved)}
 
 
