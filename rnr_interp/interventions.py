@@ -212,7 +212,7 @@ class Ablate(Intervention):
     """Silence one block's MLP output, attention output, or the whole layer: "zero"
     writes nothing in its place (the residual stream passes a silenced layer
     unchanged), "mean" writes the block's mean write instead (`mean`, measured by the
-    caller on a reference set: `localise.repair.block_means`), so what is removed is
+    caller on a reference set: `localise.silencing.block_means`), so what is removed is
     only the block's deviation from its usual output."""
 
     component: Component

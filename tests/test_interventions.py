@@ -208,7 +208,7 @@ def test_mean_ablation_writes_the_blocks_mean_write(lm, component):
     """A block's mean write measured over one position is its write there, so mean
     ablation leaves that prompt as it was (zero ablation does not); over several
     prompts the mean pools their positions and leaves the padding out."""
-    from rnr_interp.analyses.localise.repair import block_means
+    from rnr_interp.analyses.localise.silencing import block_means
 
     one = [lm.encode(lm.render("a"))[-1:]]
     mean = block_means(lm, one, [(1, component)])[1, component]

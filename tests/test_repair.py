@@ -38,7 +38,7 @@ def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
     and keeps the record; a record of another tie (another part, another table) is not
     applied. `tie_note` says which rule named it."""
     from rnr_interp.analyses.localise.mediation import tie_break
-    from rnr_interp.analyses.localise.repair import best_blocks, tie_note
+    from rnr_interp.analyses.localise.choice import best_blocks, tie_note
 
     table = hand_table([(layer, "mlp", 1.0 if layer in (2, 5, 11) else 0.0, 0.0, (4, 4), (3, 3)) for layer in range(12)])
     through = tie_break([2, 5, 11], {(2, 5): -0.2, (2, 11): 0.9, (5, 11): 0.6})
@@ -87,7 +87,8 @@ def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
     mean ablation; the units its table names under --units) and names what
     `mediation` reads from that; nothing to break without a tie or a panel."""
     from rnr_interp.analyses.localise.mediation import moved_shares, tie_break
-    from rnr_interp.analyses.localise.repair import break_tie, silencers
+    from rnr_interp.analyses.localise.choice import break_tie
+    from rnr_interp.analyses.localise.silencing import silencers
     from rnr_interp.interventions import AblateUnits
 
     task = parity_task(12)
@@ -266,7 +267,7 @@ def test_a_tie_on_the_selection_part_is_named_with_the_layers_it_ties():
     """One failure and no panel to choose on (a planted layer 18|19 organism on SmolLM2):
     layers 3, 18 and 19 each repair it; the earliest is named and the tie is stated,
     never hidden behind the earlier-layer rule."""
-    from rnr_interp.analyses.localise.repair import best_blocks, tie_note
+    from rnr_interp.analyses.localise.choice import best_blocks, tie_note
 
     nan = float("nan")
     table = hand_table([(layer, "layer", 1.0 if layer in (3, 18, 19) else 0.0, nan, (1, 1), (0, 1)) for layer in range(24)])

@@ -32,7 +32,7 @@ is True when it does not.
 Analyses per kind (`ANALYSES`):
 
 - layer -> ``repair:layer``: `rnr repair --sweep layer` on the organism; found = the
-  whole layer its sweep chooses on the selection part (`repair.best_blocks`).
+  whole layer its sweep chooses on the selection part (`choice.best_blocks`).
 - layer -> ``route:skiponly``: `rnr route --space skiponly` at a small budget
   (`ROUTE_CHECK`: K = 8 routes of random and hill climbing, the blind searches every
   route run has, 8 temperature samples); found = the top of its layer attribution when

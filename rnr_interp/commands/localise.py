@@ -249,7 +249,8 @@ def repair(
     check_log_to(log_to)
     at_least("--units", units)
     from rnr_interp.analyses.localise.cohort import Split
-    from rnr_interp.analyses.localise.repair import controls_table, tie_note
+    from rnr_interp.analyses.localise.choice import tie_note
+    from rnr_interp.analyses.localise.repair import controls_table
     from rnr_interp.records import REPAIR
 
     s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,

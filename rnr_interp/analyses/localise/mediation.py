@@ -8,7 +8,7 @@ back toward the healthy panel's; silencing the writer leaves the upstream blocks
 were (a block cannot change what an earlier block writes). So among tied blocks the one
 every earlier tied block acts through is the proximate one: the block the others' repair
 runs through, and the one whose failure direction steering and the units analysis should
-read. `repair.choose_mlp` uses it to break the sweep's ties.
+read. `choice.break_tie` uses it to break a sweep's ties.
 
 Read at the last prompt position (as `directions` reads v), on the selection part only:
 for tied blocks A < B, the share of B's failure-minus-panel write along B's own failure

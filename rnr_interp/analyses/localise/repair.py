@@ -40,27 +40,24 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
-import torch
-from jaxtyping import Float
-from torch import Tensor
 
 from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
-from rnr_interp.analyses.localise.directions import check_units, mlp_unit_sets
-from rnr_interp.analyses.localise.mediation import RULE as TIE_RULE, moved_shares, tie_break
+from rnr_interp.analyses.localise.choice import CHOICE_RULE, best_blocks, break_tie
+from rnr_interp.analyses.localise.directions import check_units
+from rnr_interp.analyses.localise.silencing import silencers
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
-from rnr_interp.engine.generate import forward, left_pad
-from rnr_interp.interventions import COMPONENT_SITE, Ablate, AblateUnits, Intervention, capturing, check_ablation, site_hook
+from rnr_interp.interventions import COMPONENT_SITE, AblateUnits, check_ablation
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
 from rnr_interp.records import (
     FAILURES, REPAIR, SCREEN, FailuresSummary, ProbeLabel, RepairSummary, RunDir, RunFolderError, ScreenSummary,
 )
-from rnr_interp.engine.sampling import chunks, deployed_decoding, prompt_ids
+from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import Question, Task
 
 #: the block components a sweep silences (the keys of the site table's component map)
@@ -71,51 +68,6 @@ COMPONENTS = tuple(COMPONENT_SITE)
 
 def ablation_probe(component: str, layer: int) -> str:
     return str(ProbeLabel.ablate(component, layer))
-
-
-@torch.inference_mode()
-def block_means(lm: LoadedModel, prompts: Sequence[Sequence[int]], blocks: Sequence[tuple[int, str]],
-                batch_size: int = 16) -> dict[tuple[int, str], Float[Tensor, "d"]]:
-    """What each block (layer, component) writes into the residual stream, averaged over
-    every position of `prompts` (padding left out): the write mean ablation puts in its
-    place. A whole layer's write is its output minus its input."""
-    sites = {(site, layer) for layer, c in blocks for site in (("hook_resid_pre", "hook_resid_post") if c == "layer"
-                                                                  else (COMPONENT_SITE[c],))}
-    names = {key: site_hook(lm, *key) for key in sites}
-    sums: dict[tuple[str, int], Tensor] = {key: torch.zeros(()) for key in sites}
-    count = 0
-    for batch in chunks(list(prompts), batch_size):
-        ids, mask = left_pad(batch, lm.pad_id, lm.device)
-        real = mask.bool()
-        with capturing(lm, list(dict.fromkeys(names.values())), keep=lambda act: act[real].float().sum(0).cpu()) as acts:
-            forward(lm, ids, mask, last_only=True)  # only the captured sums are kept
-        for key, name in names.items():
-            sums[key] = sums[key] + acts[name][0]
-        count += int(real.sum())
-    mean = {key: total / count for key, total in sums.items()}
-    return {(layer, c): (mean["hook_resid_post", layer] - mean["hook_resid_pre", layer] if c == "layer"
-                         else mean[COMPONENT_SITE[c], layer]) for layer, c in blocks}
-
-
-def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ablation: str = "zero",
-              batch_size: int = 16, units: int | None = None,
-              selection: tuple[Sequence[Question], Sequence[Question]] = ((), ())) -> dict[tuple[int, str], Intervention]:
-    """The spec that silences each block (layer, component) under `ablation`
-    (`interventions.ABLATION_MODES`): "zero", or "mean", its mean write over every
-    prompt position of the task's questions as deployed (`block_means`: all of them,
-    failures and panel alike, so the reference does not depend on the cohort). With
-    `units`, an MLP block is silenced in its `units` units alone (`mlp_unit_sets`)."""
-    check_ablation(ablation)
-    check_units(units)
-    unit_sets = mlp_unit_sets(lm, task, [layer for layer, c in blocks if c == "mlp"], units, *selection,
-                              batch_size=batch_size) if units else {}
-    out: dict[tuple[int, str], Intervention] = {
-        (layer, "mlp"): AblateUnits(layer, chosen) for layer, chosen in unit_sets.items()}
-    rest = [(layer, c) for layer, c in blocks if (layer, c) not in out]
-    if ablation == "zero" or not rest:  # no block left to silence by its mean: no pass to read means
-        return {**out, **{(layer, c): Ablate(c, layer) for layer, c in rest}}
-    means = block_means(lm, [prompt_ids(lm, task, q) for q in task.questions], rest, batch_size)
-    return {**out, **{(layer, c): Ablate(c, layer, "mean", tuple(means[layer, c].tolist())) for layer, c in rest}}
 
 
 def silencing_sweep(
@@ -177,72 +129,6 @@ def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str],
                            progress=c.progress, circular=c.cohort.circular, ablation=ablation, units=units)
 
 
-def best_blocks(table: pd.DataFrame, on: str = "selection",
-                ties: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any] | None]:
-    """Per component, the block with the highest selectivity on part `on` ("selection"
-    or "all"; ties: higher repair, then lower damage, then the earlier layer); None when
-    it repaired nothing there. `tied_with`: the other layers equal to it on all three
-    (on a selection part of one failure and no panel, every layer that repairs that
-    failure ties). `ties`: per component, a broken tie (`break_tie`) naming another of
-    the tied layers, which is then the block (its record under ``tie_break``)."""
-    suffix = "" if on == "all" else f"_{on}"
-    out: dict[str, dict[str, Any] | None] = {}
-    for c, sub in table.groupby("component", sort=False):
-        sub = sub[sub[f"repair_rate{suffix}"].fillna(0) > 0]
-        if sub.empty:
-            out[str(c)] = None
-            continue
-        damage = sub[f"damage_rate{suffix}"].fillna(0)
-        ranked = sub.assign(_d=damage, _s=sub[f"repair_rate{suffix}"] - damage).sort_values(
-            ["_s", f"repair_rate{suffix}", "_d", "layer"], ascending=[False, False, True, True], kind="stable")
-        top = ranked.iloc[0]
-        same = ((ranked["_s"] == top["_s"]) & (ranked[f"repair_rate{suffix}"] == top[f"repair_rate{suffix}"])
-                & (ranked["_d"] == top["_d"]))
-        tied = [int(x) for x in ranked.loc[same, "layer"]]
-        broken = (ties or {}).get(str(c))
-        if broken is not None and sorted(broken["tied"]) != sorted(tied):
-            broken = None  # broken on another part or table: not this tie
-        named = tied[0] if broken is None else int(broken["named"])
-        out[str(c)] = {"layer": named, "repair_rate": float(top[f"repair_rate{suffix}"]),
-                       "damage_rate": float(top[f"damage_rate{suffix}"]), "selectivity": float(top["_s"]), "chosen_on": on,
-                       "tied_with": [x for x in tied if x != named], **({} if broken is None else {"tie_break": broken})}
-    return out
-
-
-def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple[Sequence[Question], Sequence[Question]],
-              ablation: str = "zero", units: int | None = None, batch_size: int = 16,
-              component: str = "mlp") -> dict[str, dict[str, Any]]:
-    """{component: record} when `component`'s best blocks on the selection part tie:
-    the tied block every earlier one acts through (`mediation`), each silenced as the
-    sweep silenced it; {} when nothing ties, or the selection part lacks failures or a
-    panel to read a failure direction from (the earliest is named then)."""
-    best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
-    if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
-        return {}
-    tied = [best["layer"], *best["tied_with"]]
-    if units is not None and component == "mlp":  # the very units the sweep silenced (its table names them)
-        named = table[table["component"] == "mlp"].set_index("layer")["silenced_units"]
-        silence = {layer: AblateUnits(layer, tuple(int(u) for u in named[layer].split("|"))) for layer in tied}
-    else:
-        blocks = silencers(lm, task, [(layer, component) for layer in tied], ablation, batch_size)
-        silence = {layer: blocks[layer, component] for layer in tied}
-    moved = moved_shares(lm, task, *selection, silence, component, batch_size)
-    return {component: tie_break(tied, moved)}
-
-
-def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any]) -> str | None:
-    """One line saying that `best` (a `best_blocks` entry) ties with other layers on the
-    selection part (None when it does not)."""
-    if best is None or not best.get("tied_with"):
-        return None
-    layers = ", ".join(str(x) for x in sorted([best["layer"], *best["tied_with"]]))
-    earliest = best["layer"] < min(best["tied_with"])
-    why = ("the earliest" if "tie_break" not in best else "the one every earlier tied block acts through" if not earliest
-           else "the earliest (no later one is acted through by every earlier one)")
-    return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
-            f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named")
-
-
 def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, Any] | None:
     """Held-out repair and damage of one block, each a rate with its Wilson interval on
     its own denominator, its `power` (the probability, at this n, that the findings'
@@ -265,10 +151,6 @@ def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, 
                        "all": {"rate": float(r[f"{what}_rate"]), "n": int(r[f"n_{part}"]),
                                "label": "all questions (selection + held out)"}}
     return entry
-
-
-CHOICE_RULE = ("highest repair - damage on the selection part (ties: higher repair, lower damage; MLP blocks still "
-               f"tied: {TIE_RULE}; other components: the earlier layer)")
 
 
 def localisation_summary(table: pd.DataFrame, ties: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:

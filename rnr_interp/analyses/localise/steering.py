@@ -69,7 +69,8 @@ from rnr_interp.interventions import (
 from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import REPAIR, STEER, UNITS, ProbeLabel, RunDir, SteerSummary, UnitsSummary
-from rnr_interp.analyses.localise.repair import ablation_probe, best_blocks, break_tie, silencing_sweep
+from rnr_interp.analyses.localise.choice import best_blocks, break_tie
+from rnr_interp.analyses.localise.repair import ablation_probe, silencing_sweep
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import Question, Task
 
