@@ -34,14 +34,29 @@ def last_position(lm: LoadedModel, prompts: Sequence[Sequence[int]], sites: Sequ
     return {key: torch.cat(v) if v else torch.zeros(0) for key, v in got.items()}
 
 
+def block_outputs(lm: LoadedModel, prompts: Sequence[Sequence[int]], layers: Sequence[int], component: str,
+                  batch_size: int = 16) -> dict[int, Float[Tensor, "n d"]]:
+    """What block (layer, component) writes into the residual stream at the last
+    position, for every layer of `layers`, in one pass over `prompts`."""
+    if component == "layer":
+        acts = last_position(lm, prompts, [(site, layer) for layer in layers
+                                           for site in ("hook_resid_pre", "hook_resid_post")], batch_size)
+        return {layer: acts[("hook_resid_post", layer)] - acts[("hook_resid_pre", layer)] for layer in layers}
+    site = COMPONENT_SITE[component]
+    acts = last_position(lm, prompts, [(site, layer) for layer in layers], batch_size)
+    return {layer: acts[site, layer] for layer in layers}
+
+
 def block_output(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, component: str,
                  batch_size: int = 16) -> Float[Tensor, "n d"]:
     """What block (layer, component) writes into the residual stream, last position."""
-    if component == "layer":
-        acts = last_position(lm, prompts, [("hook_resid_pre", layer), ("hook_resid_post", layer)], batch_size)
-        return acts[("hook_resid_post", layer)] - acts[("hook_resid_pre", layer)]
-    key = (COMPONENT_SITE[component], layer)
-    return last_position(lm, prompts, [key], batch_size)[key]
+    return block_outputs(lm, prompts, [layer], component, batch_size)[layer]
+
+
+def mean_difference(out: Float[Tensor, "n d"], n_failure: int) -> Float[Tensor, "d"]:
+    """v from a block's writes over the failures (the first `n_failure` rows) and then
+    the panel: the failures' mean write minus the panel's."""
+    return out[:n_failure].mean(0) - out[n_failure:].mean(0)
 
 
 def read_ids(lm: LoadedModel, task: Task, questions: Sequence[Question],
@@ -59,7 +74,7 @@ def direction(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: S
     if not failure or not panel:
         raise ValueError(f"the steering direction needs a non-empty failure set and panel (got {len(failure)} and {len(panel)})")
     out = block_output(lm, read_ids(lm, task, [*failure, *panel], contexts), layer, component, batch_size)
-    return out[:len(failure)].mean(0) - out[len(failure):].mean(0)
+    return mean_difference(out, len(failure))
 
 
 def unit_sites(lm: LoadedModel, layer: int) -> list[tuple[str, int]]:
@@ -132,7 +147,7 @@ def mlp_unit_sets(lm: LoadedModel, task: Task, layers: Sequence[int], k: int, fa
     n = len(failure)
     out = {}
     for layer in layers:
-        v = acts[site, layer][:n].mean(0) - acts[site, layer][n:].mean(0)
+        v = mean_difference(acts[site, layer], n)
         on_failures = {key: act[:n] for key, act in acts.items() if key[1] == layer}
         out[layer] = top_units(contributions(lm, on_failures, layer, v).mean(0), k)
     return out

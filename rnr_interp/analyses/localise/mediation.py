@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from rnr_interp.analyses.localise.directions import block_output
+from rnr_interp.analyses.localise.directions import block_outputs, mean_difference
 from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.interventions import Intervention, applied
 from rnr_interp.models import LoadedModel
@@ -46,19 +46,19 @@ def moved_shares(lm: LoadedModel, task: Task, failure: Sequence[Question], panel
                  silence: Mapping[int, Intervention], component: str = "mlp",
                  batch_size: int = 16) -> dict[tuple[int, int], float]:
     """moved(A -> B) for every pair of layers A < B of `silence` (layer -> the spec that
-    silences that block, as the sweep did): one forward per block over the failures
-    and the panel, and one per earlier block over the failures with it silenced."""
+    silences that block, as the sweep did): one forward over the failures and the
+    panel, and one per earlier block over the failures with it silenced."""
     if not failure or not panel:
         raise ValueError(f"reading what tied blocks act through needs failures and a panel (got {len(failure)} and {len(panel)})")
     prompts = [prompt_ids(lm, task, q) for q in [*failure, *panel]]
     n = len(failure)
     layers = sorted(silence)
-    writes = {b: block_output(lm, prompts, b, component, batch_size) for b in layers}
-    v = {b: writes[b][:n].mean(0) - writes[b][n:].mean(0) for b in layers}
+    writes = block_outputs(lm, prompts, layers, component, batch_size)
+    v = {b: mean_difference(writes[b], n) for b in layers}
     out: dict[tuple[int, int], float] = {}
     for a in layers[:-1]:
         with applied(lm, [silence[a]]):
-            silenced = {b: block_output(lm, prompts[:n], b, component, batch_size) for b in layers if b > a}
+            silenced = block_outputs(lm, prompts[:n], [b for b in layers if b > a], component, batch_size)
         for b, write in silenced.items():
             gap = float(v[b] @ v[b])
             out[a, b] = float((writes[b][:n].mean(0) - write.mean(0)) @ v[b]) / gap if gap > 0 else float("nan")
