@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from rnr_interp.engine.generate import generate
-from rnr_interp.interventions import Ablate
+from rnr_interp.interventions import Ablate, AblateUnits
 from rnr_interp.models import build_tiny, load_model
 from rnr_interp.metrics import paired_diff_ci
 from rnr_interp.analyses.localise.recognition import FailureCriterion, option_sequences, rank, recognize, screen_cell
@@ -84,7 +84,7 @@ def test_moved_shares_read_how_far_silencing_one_block_moves_a_later_one(lm):
 
 def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
     """`break_tie` silences each tied MLP block as the sweep did (its mean write under
-    mean ablation; the units its table names under --units) and names what
+    mean ablation; the units its table names after a --units sweep) and names what
     `mediation` reads from that; nothing to break without a tie or a panel."""
     from rnr_interp.analyses.localise.mediation import moved_shares, tie_break
     from rnr_interp.analyses.localise.choice import break_tie
@@ -99,7 +99,7 @@ def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
     assert break_tie(lm, task, table, selection, "mean") == {"mlp": expected}
     units = table.assign(silenced_units=["3|7", "5|1"])
     expected = tie_break([0, 1], moved_shares(lm, task, *selection, {0: AblateUnits(0, (3, 7)), 1: AblateUnits(1, (5, 1))}))
-    assert break_tie(lm, task, units, selection, units=2) == {"mlp": expected}
+    assert break_tie(lm, task, units, selection) == {"mlp": expected}
     assert break_tie(lm, task, table, (selection[0], [])) == {}
     assert break_tie(lm, task, table.assign(repair_rate_selection=[1.0, 0.5]), selection) == {}
 
@@ -579,6 +579,23 @@ def test_repair_permutation_control_rows_grading_and_resume(tmp_path, lm):
     again = run_repair(lm, task, tmp_path / "r", panel=8, decoding=d, permutation_control=True, progress=False)
     assert len(RunDir(tmp_path / "r").parts()) == parts
     assert json.dumps(again.permutation_control) == json.dumps(control)
+
+
+def test_the_permutation_control_of_a_units_sweep_silences_the_units_the_sweep_did(tmp_path, lm):
+    """Under --units the chosen block's rotated rows silence the very units its repair
+    table names (read back from the table, not chosen again)."""
+    from rnr_interp.analyses.localise.circular import rotated_probe
+
+    task = letter_hash_task(40)
+    s = run_repair(lm, task, tmp_path / "u", panel=8, decoding=deployed_decoding(task, max_new_tokens=3), units=16,
+                   sweep="mlp", permutation_control=True, progress=False)
+    assert s.chosen is not None, "the fixture should choose a block"
+    run = RunDir(tmp_path / "u")
+    named = run.read_table("repair").set_index(["component", "layer"]).loc[("mlp", s.chosen["layer"]), "silenced_units"]
+    rotated = run.read_records()
+    rotated = rotated[rotated["probe"] == rotated_probe(ablation_probe("mlp", s.chosen["layer"]))]
+    assert len(rotated) == s.permutation_control["n"] > 0 and named.count("|") == 15
+    assert set(rotated["intervention"]) == {AblateUnits(s.chosen["layer"], tuple(int(u) for u in named.split("|"))).label()}
 
 
 def test_permutation_control_refuses_tasks_not_graded_by_letter(tmp_path, lm):

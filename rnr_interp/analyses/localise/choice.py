@@ -10,8 +10,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from rnr_interp.analyses.localise.mediation import RULE as TIE_RULE, moved_shares, tie_break
-from rnr_interp.analyses.localise.silencing import silencers
-from rnr_interp.interventions import AblateUnits
+from rnr_interp.analyses.localise.silencing import as_swept
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
 
@@ -52,23 +51,18 @@ def best_blocks(table: pd.DataFrame, on: str = "selection",
 
 
 def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple[Sequence[Question], Sequence[Question]],
-              ablation: str = "zero", units: int | None = None, batch_size: int = 16,
-              component: str = "mlp") -> dict[str, dict[str, Any]]:
+              ablation: str = "zero", batch_size: int = 16, component: str = "mlp") -> dict[str, dict[str, Any]]:
     """{component: record} when `component`'s best blocks on the selection part tie:
     the tied block every earlier one acts through (`mediation`), each silenced as the
-    sweep silenced it; {} when nothing ties, or the selection part lacks failures or a
-    panel to read a failure direction from (the earliest is named then)."""
+    sweep silenced it (`silencing.as_swept`); {} when nothing ties, or the selection
+    part lacks failures or a panel to read a failure direction from (the earliest is
+    named then)."""
     best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
     if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
         return {}
     tied = [best["layer"], *best["tied_with"]]
-    if units is not None and component == "mlp":  # the very units the sweep silenced (its table names them)
-        named = table[table["component"] == "mlp"].set_index("layer")["silenced_units"]
-        silence = {layer: AblateUnits(layer, tuple(int(u) for u in named[layer].split("|"))) for layer in tied}
-    else:
-        blocks = silencers(lm, task, [(layer, component) for layer in tied], ablation, batch_size)
-        silence = {layer: blocks[layer, component] for layer in tied}
-    moved = moved_shares(lm, task, *selection, silence, component, batch_size)
+    silence = as_swept(lm, task, table, [(layer, component) for layer in tied], ablation, batch_size)
+    moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size)
     return {component: tie_break(tied, moved)}
 
 

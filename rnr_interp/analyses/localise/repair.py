@@ -45,12 +45,12 @@ from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
 from rnr_interp.analyses.localise.choice import CHOICE_RULE, best_blocks, break_tie
 from rnr_interp.analyses.localise.directions import check_units
-from rnr_interp.analyses.localise.silencing import silencers
+from rnr_interp.analyses.localise.silencing import as_swept, silencers, units_column
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
-from rnr_interp.interventions import COMPONENT_SITE, AblateUnits, check_ablation
+from rnr_interp.interventions import COMPONENT_SITE, check_ablation
 from rnr_interp.models import LoadedModel
 from rnr_interp.metrics import DAMAGE_EFFECT, REPAIR_EFFECT, power_entry, proportion
 from rnr_interp.analyses.localise.recognition import FailureCriterion, recognition_chance, screen_cell
@@ -100,8 +100,7 @@ def silencing_sweep(
     for layer, c in blocks:
         row: dict[str, Any] = {"layer": layer, "component": c}
         if units is not None:  # which units an MLP row silenced (empty: the whole block, or no row ran)
-            spec = silence.get((layer, c))
-            row["silenced_units"] = "|".join(str(u) for u in spec.units) if isinstance(spec, AblateUnits) else ""
+            row["silenced_units"] = units_column(silence.get((layer, c)))
         for part, (f, p) in sets.items():
             suffix = "" if part == "all" else f"_{part}"
             fixed, n_f = outcome_counts(records, f, ablation_probe(c, layer), circular)
@@ -326,7 +325,7 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
     table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units)
-    ties = break_tie(c.lm, c.task, table, (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0]), ablation, units,
+    ties = break_tie(c.lm, c.task, table, (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0]), ablation,
                      c.batch_size)
     if sweep != "all":
         chosen = best_blocks(table, on="selection", ties=ties).get(sweep)
@@ -345,18 +344,18 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"), **c.readings(best_probes)}
     if permutation_control:
-        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"], ablation, units)
+        summary["permutation_control"] = chosen_block_rotated(c, summary["chosen"], table, ablation)
     return run.write_summary(summary)
 
 
-def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None, ablation: str = "zero",
-                         units: int | None = None) -> dict[str, Any]:
-    """The permutation control of the chosen MLP block on the held-out failures; says
-    why there is none when no block was chosen or nothing is held out."""
+def chosen_block_rotated(c: CohortRun, chosen: dict[str, Any] | None, table: pd.DataFrame,
+                         ablation: str = "zero") -> dict[str, Any]:
+    """The permutation control of the chosen MLP block on the held-out failures,
+    silenced as the sweep (`table`) silenced it; says why there is none when no block
+    was chosen or nothing is held out."""
     if chosen is None or not c.cohort.parts("failure")[1]:
         why = "no MLP block repaired any selection-part failure" if chosen is None else "no failure is held out"
         return {"skipped": why}
     probe = ablation_probe("mlp", chosen["layer"])
-    selection = (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0])
-    silence = silencers(c.lm, c.task, [(chosen["layer"], "mlp")], ablation, c.batch_size, units, selection)
+    silence = as_swept(c.lm, c.task, table, [(chosen["layer"], "mlp")], ablation, c.batch_size)
     return {"block": probe, **c.permutation_control({probe: (silence[chosen["layer"], "mlp"],)})}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import pandas as pd
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -62,3 +64,21 @@ def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ab
         return {**out, **{(layer, c): Ablate(c, layer) for layer, c in rest}}
     means = block_means(lm, [prompt_ids(lm, task, q) for q in task.questions], rest, batch_size)
     return {**out, **{(layer, c): Ablate(c, layer, "mean", tuple(means[layer, c].tolist())) for layer, c in rest}}
+
+
+def units_column(spec: Intervention | None) -> str:
+    """A repair table's ``silenced_units`` entry for the spec that silenced its row:
+    the units, "|"-joined; "" for a whole block (or no row)."""
+    return "|".join(str(u) for u in spec.units) if isinstance(spec, AblateUnits) else ""
+
+
+def as_swept(lm: LoadedModel, task: Task, table: pd.DataFrame, blocks: Sequence[tuple[int, str]],
+             ablation: str = "zero", batch_size: int = 16) -> dict[tuple[int, str], Intervention]:
+    """The spec a sweep silenced each block (layer, component) with, read back from its
+    repair table: the units a row's ``silenced_units`` names (so they are not chosen
+    again), else the block under `ablation` (`silencers`)."""
+    named = table.set_index(["layer", "component"])["silenced_units"] if "silenced_units" in table else pd.Series(dtype=str)
+    out: dict[tuple[int, str], Intervention] = {
+        (layer, c): AblateUnits(layer, tuple(int(u) for u in str(named[layer, c]).split("|")))
+        for layer, c in blocks if named.get((layer, c), "")}
+    return {**out, **silencers(lm, task, [block for block in blocks if block not in out], ablation, batch_size)}
