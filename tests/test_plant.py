@@ -98,7 +98,9 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "layer", "--model", BASE, "--units", "2"], "takes no --units"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
-    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic"], "gated MLP"),
+    (["plant", "units", "--model", "tiny-gpt2:4", "--task", "arithmetic"], "gated MLP"),
+    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic", "--units", "1", "--strength", "50"],
+     "caps what unit 0 can take"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
     done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])

@@ -86,6 +86,62 @@ def test_the_units_push_each_answer_off_its_own_first_token_and_leave_recognitio
     assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
 
 
+def test_through_a_post_mlp_norm_each_unit_takes_the_strength_the_norm_lets_it(tmp_path):
+    """Behind a norm after the MLP a unit's write is divided by the RMS of the whole
+    block's write: its size is found through the norm (the direct-path drop is the asked
+    strength exactly), and the reach has a ceiling, which the default stays under."""
+    from rnr_interp.analyses.organisms.units import CAP_SHARE, UNITS_STRENGTH, through_norm
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    torch.manual_seed(0)
+    d, q, k = 16, 12, 2
+    norm = Gemma3RMSNorm(d)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(d))  # gain 1 + w: not flat, so the unit must write along -centred / gain
+    outputs, centred, rms = torch.randn(q, d) * 3, torch.randn(k, d), torch.rand(q) + 0.5
+    own = torch.tensor([[float(i % 2 == j) for j in range(k)] for i in range(q)])
+    acts = own * (torch.rand(q, k) + 0.5)
+
+    def drop(down, i):  # what unit i takes from its token's logit on its own rows, through the norm
+        mine = own[:, i].bool()
+        moved = norm(outputs[mine] + acts[mine, i, None] * down[:, i]) - norm(outputs[mine])
+        return float((-(moved @ centred[i]) / rms[mine]).mean())
+
+    with torch.no_grad():
+        down, strength = through_norm(norm, outputs, acts, own, centred, rms, 1.5, 1.0, layer=3)
+        assert strength == 1.5 and all(abs(drop(down, i) - 1.5) < 1e-4 for i in range(k))
+        gain = norm(torch.ones(1, 1, d))[0, 0]
+        for i in range(k):  # what leaves the norm points along -centred_i
+            assert torch.nn.functional.cosine_similarity(gain * down[:, i], -centred[i], dim=0) > 0.999
+        far = [drop(through_norm(norm, outputs, acts, own, centred, rms, 1e-3, 1.0, 3)[0] * 1e6, i) for i in range(k)]
+        default, chosen = through_norm(norm, outputs, acts, own, centred, rms, None, 1.0, layer=3)
+        assert chosen == pytest.approx(min(UNITS_STRENGTH, CAP_SHARE * min(far)), rel=1e-3) and chosen < max(far)
+        assert all(abs(drop(default, i) - chosen) < 1e-3 for i in range(k))
+        half = through_norm(norm, outputs, acts, own, centred, rms, None, 0.5, layer=3)
+        assert half[1] == pytest.approx(chosen / 2) and abs(drop(half[0], 0) - chosen / 2) < 1e-3  # a profile's scale
+        with pytest.raises(ValueError, match=r"the norm after MLP 3 caps what unit 0 can take .* below --strength 1000"):
+            through_norm(norm, outputs, acts, own, centred, rms, 1000.0, 1.0, layer=3)
+
+
+def test_units_plant_behind_a_post_mlp_norm_and_silencing_them_gives_back_the_base(tmp_path):
+    spec = "tiny-olmo2:4"  # an RMSNorm after every MLP
+    task = echo_task(spec)
+    planted = plant("units", spec, tmp_path / "u", task=task, layer=2, seed=0, units=2)
+    assert 0 < planted.strength < 8.0  # the norm caps the default's 8 nats there
+    organism, base = load_model(str(tmp_path / "u")), load_model(spec)
+    before, after = answers(base, task), answers(organism, task)
+    affected = set(planted.detail["affected_question_ids"])
+    assert len(affected) >= 10
+    assert all(now != was for q, was, now in zip(task.questions, before, after) if q.id in affected)
+    prompt = task.user_message(task.questions[0])
+    with applied(organism, [AblateUnits(2, planted.location["units"])]):
+        assert torch.equal(logits(organism, prompt), logits(base, prompt))
+    null = plant("units", spec, tmp_path / "u0", task=task, layer=2, seed=0, units=2, scale=0.0)
+    assert null.strength == 0.0 and null.expected == {"effect": False}
+    assert null.detail["direction"] == planted.detail["direction"]  # sized as the organism it is the null of
+    assert torch.equal(logits(load_model(str(tmp_path / "u0")), prompt), logits(base, prompt))
+
+
 def test_plant_units_command_writes_the_truth(tmp_path):
     out = tmp_path / "org"
     done = CliRunner().invoke(app, ["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "2",

@@ -129,9 +129,8 @@ KINDS: dict[str, Kind] = {
     # 30 nats below: a gold first token with 1 - 1e-7 of the mass keeps under 1e-5 of it,
     # and K = 32 samples reach it with probability under 1e-3
     "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
-    # 8 nats at the answer start: above the base's top-1 margin there on the test models
-    # and for a confident answer of a small instruct model, so the k tokens' questions flip
-    "units": Kind(plant_units, 8.0, takes_units=True),
+    # calibrated: `units.UNITS_STRENGTH` nats at the answer start, less behind a norm that caps it
+    "units": Kind(plant_units, None, takes_units=True),
 }
 
 

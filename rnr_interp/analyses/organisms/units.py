@@ -21,23 +21,34 @@ DEFAULT_UNITS = 3
 #: how sharply a planted unit's gate opens: its gate reads +GATE_SHARPNESS where answers
 #: start and -GATE_SHARPNESS elsewhere (silu(-8) is -0.003: shut)
 GATE_SHARPNESS = 8.0
+#: nats a unit takes from its token's logit where it fires, when no --strength is given:
+#: above the base's top-1 margin at the answer start on the test models and for a
+#: confident answer of a small instruct model, so the k tokens' questions flip
+UNITS_STRENGTH = 8.0
+#: behind a norm after the MLP, the default is at most this share of the smallest
+#: unit's cap (`through_norm`): a unit sized at its cap drowns the rest of the block's write
+CAP_SHARE = 0.75
 #: ridge of the units' read-outs, relative (`answers.ridge`)
 UNITS_RIDGE = 1e-4
 
 
 @torch.no_grad()
-def mlp_inputs(model: nn.Module, layer: int, ids: list[int]) -> tuple[Float[Tensor, "pos d"], Float[Tensor, "pos"]]:
-    """What MLP `layer` reads at each position of `ids` (its normed input) and the RMS
-    of the final residual stream there (what the final norm divides by)."""
+def mlp_inputs(model: nn.Module, layer: int, ids: list[int]
+               ) -> tuple[Float[Tensor, "pos d"], Float[Tensor, "pos"], Float[Tensor, "pos d"]]:
+    """What MLP `layer` reads at each position of `ids` (its normed input), the RMS
+    of the final residual stream there (what the final norm divides by), and what the
+    MLP writes there before any norm after it."""
     got: dict[str, Tensor] = {}
-    hooks = [decoder_blocks(model)[layer].mlp.register_forward_pre_hook(lambda m, a: got.__setitem__("mlp", a[0][0].float())),
+    mlp = decoder_blocks(model)[layer].mlp
+    hooks = [mlp.register_forward_pre_hook(lambda m, a: got.__setitem__("mlp", a[0][0].float())),
+             mlp.register_forward_hook(lambda m, a, out: got.__setitem__("out", out[0].float())),
              final_norm(model).register_forward_pre_hook(lambda m, a: got.__setitem__("final", a[0][0].float()))]
     try:
         model(input_ids=torch.tensor([ids]))
     finally:
         for h in hooks:
             h.remove()
-    return got["mlp"], got["final"].pow(2).mean(-1).sqrt()
+    return got["mlp"], got["final"].pow(2).mean(-1).sqrt(), got["out"]
 
 
 def final_norm(model: nn.Module) -> nn.Module:
@@ -48,14 +59,61 @@ def final_norm(model: nn.Module) -> nn.Module:
 
 
 def gated_mlp(block: nn.Module) -> nn.Module:
-    """The block's MLP when it is a gated one (gate, up and down projections) whose
-    output reaches the residual stream unnormed; else a one-line refusal."""
+    """The block's MLP when it is a gated one (gate, up and down projections); else a
+    one-line refusal."""
     mlp = getattr(block, "mlp", None)
-    if mlp is None or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")) \
-            or hasattr(block, "post_feedforward_layernorm"):
-        raise ModelSpecError(f"kind 'units' plants in a gated MLP (gate, up and down projections) that writes straight "
-                             f"to the residual stream; {type(block).__name__} has none")
+    if mlp is None or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        raise ModelSpecError(f"kind 'units' plants in a gated MLP (gate, up and down projections); "
+                             f"{type(block).__name__} has none")
     return mlp
+
+
+def post_mlp_norm(block: nn.Module) -> nn.Module | None:
+    """The norm between the block's MLP and the residual stream (Gemma 2/3, OLMo 2), if any."""
+    return getattr(block, "post_feedforward_layernorm", None)
+
+
+@torch.no_grad()
+def through_norm(norm: nn.Module, outputs: Float[Tensor, "q d"], acts: Float[Tensor, "q k"], own: Float[Tensor, "q k"],
+                 centred: Float[Tensor, "k d"], rms: Float[Tensor, "q"], strength: float | None, scale: float, layer: int
+                 ) -> tuple[Float[Tensor, "d k"], float]:
+    """Down-projection columns for units whose MLP output passes through `norm` before
+    the residual stream, and the strength they are sized at. Unit i writes along
+    -centred_i / g (g the norm's gain, so that what leaves the norm points along
+    -centred_i), at the size that lowers its token's logit against the mean by
+    `strength` nats on average over its own answer starts, read through the norm itself
+    (`outputs`: what the MLP writes there without the units). The norm divides by the
+    RMS of everything the MLP writes, so a unit's reach is not linear in its size (found
+    by bisection) and has a ceiling, its cap: what it takes when it drowns the rest of
+    the MLP's write. No `strength`: `UNITS_STRENGTH`, or `CAP_SHARE` of the smallest
+    cap where that is less, times `scale`. A strength of 0 is sized as that default (for
+    the organism's direction); its writes are zero."""
+    gain = norm(torch.ones(1, 1, outputs.shape[1], dtype=outputs.dtype))[0, 0]
+    base = norm(outputs)
+    steps = -(centred / gain)
+    steps = steps / steps.norm(dim=-1, keepdim=True)
+
+    def lowered(i: int, size: float) -> float:
+        mine = own[:, i].bool()
+        moved = norm(outputs[mine] + size * acts[mine, i, None] * steps[i]) - base[mine]
+        return float((-(moved @ centred[i]) / rms[mine]).mean())
+
+    drowning = 1e4 * float(outputs.norm(dim=-1).max())
+    caps = [lowered(i, drowning) for i in range(len(centred))]
+    if strength is None:
+        strength = scale * min(UNITS_STRENGTH, CAP_SHARE * min(caps))
+    target = strength or min(UNITS_STRENGTH, CAP_SHARE * min(caps))
+    down = torch.zeros(outputs.shape[1], len(centred))
+    for i, cap in enumerate(caps):
+        if not cap > target:
+            raise ValueError(f"the norm after MLP {layer} caps what unit {i} can take from its token's logit at "
+                             f"{cap:.2f} nats, below --strength {target:g}: plant at another --layer or a lower --strength")
+        low, high = 0.0, drowning
+        for _ in range(80):  # halves the interval each step: far below a float32 weight's precision
+            middle = (low + high) / 2
+            low, high = (low, middle) if lowered(i, middle) >= target else (middle, high)
+        down[:, i] = high * steps[i]
+    return down, float(strength)
 
 
 def _widened(linear: nn.Linear, extra: Tensor, dim: int) -> nn.Linear:
@@ -88,7 +146,7 @@ def add_units(model: nn.Module, layer: int, gate: Float[Tensor, "k d"], up: Floa
 
 
 @torch.no_grad()
-def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float, scale: float, seed: int,
+def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float | None, scale: float, seed: int,
                 task: str | Task | None, units: int | None = None) -> dict[str, Any]:
     """k units added to MLP `layer` that push the greedy answer off the base model's own
     first answer token, for the k tokens the task's answers most often start with (a
@@ -107,7 +165,10 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     the answer statements recognition scores are read unchanged except where they
     attend to an answer start. Every original weight is kept, so silencing the k
     units (or strength 0: their writes are zero) computes what the base computes.
-    (`scale` is in `strength` already: `plant` applies it to the default.)"""
+    Where a norm follows the MLP (Gemma 2/3, OLMo 2) each unit is sized through that
+    norm (`through_norm`), and its direction is what reaches the stream past it.
+    No `strength`: `UNITS_STRENGTH` (behind a norm, at most `CAP_SHARE` of the units'
+    cap) times `scale`."""
     questions_task = task_of(task, "units")
     k = DEFAULT_UNITS if units is None else int(units)
     if k < 1:
@@ -122,7 +183,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                          f"tokens, fewer than --units {k} (one unit per token)")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
-    inputs = torch.cat([x for x, _ in reads])
+    inputs = torch.cat([x for x, *_ in reads])
     at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
     is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, at, True)
     # both classes weigh the same in the gate's fit (answer starts are one position per question)
@@ -137,7 +198,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
     head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, inputs.shape[1]))[0, 0].float()
     centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
-    rms = torch.stack([final[s.position] for s, (_, final) in zip(starts, reads)])
+    rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
     down = torch.zeros(inputs.shape[1], k)
     for i in range(k):
         mine = own[:, i].bool()
@@ -146,19 +207,29 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
             raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers start "
                              f"in block {layer} (its read-outs do not separate them): plant at another --layer")
         down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat
-    writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
+    norm = post_mlp_norm(decoder_blocks(model)[layer])
+    if norm is None:
+        strength = scale * UNITS_STRENGTH if strength is None else strength
+        writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
+        written = strength * down
+    else:
+        outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
+        down, strength = through_norm(norm, outputs, acts, own, centred, rms, strength, scale, layer)
+        writes = norm(outputs + acts @ down.T) - norm(outputs)  # what reaches the stream past the norm
+        written = down if strength else torch.zeros_like(down)
     affected = own.any(1)
     direction = writes[affected].mean(0)
-    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, strength * down)
+    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, written)
     hit = {s.question.id for s, a in zip(starts, affected) if a}
     expected = ({"effect": False} if strength == 0 else
                 {"effect": True, "repair": {"component": "mlp", "layers": [layer]},
                  "units": {"layer": layer, "units": indices},
                  "steering": {"layer": layer, "component": "mlp", "direction": "detail.direction"}})
-    return {"location": {"layer": layer, "units": indices}, "expected": expected,
+    return {"strength": float(strength), "location": {"layer": layer, "units": indices}, "expected": expected,
             "detail": {"k": k, "tokens": [tokenizer.decode([t]) for t in tokens], "token_ids": tokens,
                        "affected_question_ids": [q.id for q in questions_task.questions if q.id in hit],
                        "unaffected_question_ids": [q.id for q in questions_task.questions if q.id not in hit],
                        "direction": (direction / direction.norm()).tolist(),
-                       "direction_means": "the units' mean write to MLP layer's output at the affected answer starts "
-                                          "(unit length; the steering direction's truth)"}}
+                       "direction_means": "the units' mean write to MLP layer's output (past the norm after it, where "
+                                          "there is one) at the affected answer starts (unit length; the steering "
+                                          "direction's truth)"}}
