@@ -280,6 +280,22 @@ def test_validate_command_writes_tables_figures_and_refuses_a_bad_profile(tmp_pa
     assert set(summary["recovery"]["layer"]) >= {"rate", "ci", "null_false_positive_rate"}
 
 
+def test_a_plant_that_breaks_no_answer_is_counted_as_the_plants_miss(tmp_path, monkeypatch):
+    """A layer copy scaled to a millionth changes no answer: its repair run finds no failure
+    set, the sweep names nothing, and the summary says so beside the miss."""
+    from tests.test_localise_freeform import echo_task
+
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "faint", Profile(strengths=(1e-6,), seeds=(0,), n=30, why="a faint plant",
+                                                   left_out=("route:skiponly",)))
+    summary = run_validate(BASE, echo_task(), tmp_path / "v", profile="faint", progress=False)
+    assert RunDir(tmp_path / "v" / "runs" / "layer-s1e-06-seed0__repair-layer").read_summary().n_failure == 0
+    layer = summary.recovery["layer"]
+    assert layer["n"] == 1 and layer["rate"] == 0.0 and layer["n_without_failure"] == 1
+
+
 def test_seeds_drawing_each_layer_cover_the_middle_half_once():
     from rnr_interp.analyses.organisms import seeds_drawing_each_layer
 

@@ -204,6 +204,7 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
     units = summary.recovery["units"]
     assert units["n"] == 1 and units["rate"] == float(planted["recovered"].all())
     assert units["null_false_positive_rate"] == 0.0 and units["n_null"] == 1
+    assert units["n_without_failure"] == 0  # the organism broke answers: its miss would be the analyses'
 
 
 def test_units_findings_are_scored_against_the_planted_truth():

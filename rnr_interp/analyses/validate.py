@@ -29,6 +29,12 @@ planted bias is zero), so the organism computes what the base computes. A null's
 positive is an analysis naming the planted location anyway; a null cell's ``recovered``
 is True when it does not.
 
+A planted organism that breaks no answer leaves nothing to find: for the kinds with a
+repair sweep the summary counts the planted organisms whose repair run found no failure
+set (``recovery[kind]["n_without_failure"]``), so a miss there reads as the plant's, not
+the analyses' (e.g. a model that opens its reply with a formatting token when its first
+answer token is pushed down, and then writes the same answer).
+
 Analyses per kind (`ANALYSES`):
 
 - layer -> ``repair:layer``: `rnr repair --sweep layer` on the organism; found = the
@@ -89,7 +95,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -568,6 +574,8 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     # (organism, analysis) -> what it found: a seed that drew an organism already analysed
     # reads those findings instead of running the same analysis on the same weights again
     seen: dict[tuple[str, str], Any] = {}
+    # kind -> organism -> its repair run (planted cells of the kinds that have one)
+    repaired: dict[str, dict[str, Path]] = {}
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
         found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
@@ -575,8 +583,11 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
             if analysis in chosen.left_out:
                 continue
             key = (organism_id(planted), analysis)
+            folder = root / "runs" / f"{name}__{analysis.replace(':', '-')}"
             if key not in seen:
-                seen[key] = runner(found_in, task, root / "runs" / f"{name}__{analysis.replace(':', '-')}", cell)
+                seen[key] = runner(found_in, task, folder, cell)
+                if analysis.startswith("repair:") and strength > 0:
+                    repaired.setdefault(kind, {}).setdefault(key[0], folder)
             found = seen[key]
             for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
                 rows.append({**recovery_row(planted, named, one), "strength": strength})
@@ -587,7 +598,16 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                "temperature": temperature, "ablation": ablation, "grading": grading or DEFAULT_GRADING,
                **({} if steer_at == "every" else {"steer_at": steer_at}), **({} if units is None else {"units": units}),
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
+    for kind, runs in repaired.items():
+        summary["recovery"][kind]["n_without_failure"] = without_failure(runs.values())
     return run.write_summary(summary)
+
+
+def without_failure(repair_runs: Iterable[Path]) -> int:
+    """How many of these repair runs found no failure set: organisms whose plant broke no
+    answer the screen counts (at that strength, on that task), so a miss there is not the
+    analyses' (nothing was there to find)."""
+    return sum(RunDir(folder).read_summary().n_failure == 0 for folder in repair_runs)
 
 
 def write_tables(run: RunDir, rows: list[dict[str, Any]]) -> None:

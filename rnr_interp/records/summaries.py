@@ -401,7 +401,8 @@ class ValidateSummary(Summary):
     #: the MLP sweeps silenced each block's top K units alone (`RepairSummary.units`; None: whole blocks)
     units: int | None = None
     #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
-    #: distinct organisms (two seeds that drew the same weights are one)
+    #: distinct organisms (two seeds that drew the same weights are one); kinds with a repair
+    #: sweep also n_without_failure (planted organisms whose repair run found no failure set)
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]
 
