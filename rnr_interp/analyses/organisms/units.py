@@ -230,6 +230,6 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                        "affected_question_ids": [q.id for q in questions_task.questions if q.id in hit],
                        "unaffected_question_ids": [q.id for q in questions_task.questions if q.id not in hit],
                        "direction": (direction / direction.norm()).tolist(),
-                       "direction_means": "the units' mean write to MLP layer's output (past the norm after it, where "
-                                          "there is one) at the affected answer starts (unit length; the steering "
-                                          "direction's truth)"}}
+                       "direction_means": "the units' mean write to MLP layer's output " + ("" if norm is None else
+                                          "past the norm after it ") + "at the affected answer starts (unit length; "
+                                          "the steering direction's truth)"}}
