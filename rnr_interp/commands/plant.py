@@ -32,7 +32,8 @@ def plant(
                                                       "logit rise in nats at the answer position, by default the median "
                                                       "greedy margin + 2; new: the golds' fall in nats there, 30 by default; "
                                                       "units: nats the planted units take from their token's logit, 8 by "
-                                                      "default; 0 = no effect)")] = None,
+                                                      "default, behind a norm after the MLP at most 3/4 of what it lets "
+                                                      "a unit take; 0 = no effect)")] = None,
     units: Annotated[Optional[int], typer.Option("--units", help="units: how many units to plant, one per answer-opening "
                                                  "token (default 3)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
