@@ -37,9 +37,9 @@ def _repair_run(path: Path, model: str, task: dict, repair: tuple[int, int] = (1
 
 
 def _validation_run(path: Path, model: str, task: dict, recovered: dict[tuple[str, float], tuple[int, int]],
-                    nulls: dict[str, tuple[int, int]]) -> None:
+                    nulls: dict[str, tuple[int, int]], recovery: dict | None = None) -> None:
     """A finished validation run: `recovered` (analysis, strength) -> (recovered, n);
-    `nulls` analysis -> (false positives, n)."""
+    `nulls` analysis -> (false positives, n); `recovery` the summary's, per kind."""
     run = RunDir.create(path, {"kind": "validate", "model": model, "task": task, "gold": "base"})
     rows = []
     for (analysis, strength), (k, n) in recovered.items():
@@ -49,7 +49,7 @@ def _validation_run(path: Path, model: str, task: dict, recovered: dict[tuple[st
     by_analysis = {a: {"rate": 1.0, "ci": [0.0, 1.0], "n": 1, "null_false_positive_rate": k / n,
                        "null_ci": list(wilson_interval(k, n)), "n_null": n} for a, (k, n) in nulls.items()}
     run.write_summary({"kind": "validate", "model": model, "task": f"{task['name']}@base", "n_questions": 60,
-                       "profile": "full", "gold": "base", "recovery": {}, "by_analysis": by_analysis})
+                       "profile": "full", "gold": "base", "recovery": recovery or {}, "by_analysis": by_analysis})
 
 
 def test_the_smallest_strength_detected_is_read_beside_an_untestable_repair(tmp_path):
@@ -76,6 +76,16 @@ def test_none_detected_names_the_largest_strength_tried(tmp_path):
                     {("repair:layer", 1.0): (3, 3)}, {"repair:layer": (0, 3)})
     planted = localisation_findings(tmp_path / "4_localisation")[0].planted
     assert "repair:layer none of the strengths tried detected (largest 1x the default plant: recovered 1.00 [0.44, 1.00] of 3 organisms)" in planted
+
+
+def test_planted_organisms_that_broke_no_answer_are_named_beside_the_miss(tmp_path):
+    _repair_run(tmp_path / "4_localisation" / "arc_easy" / "repair", "smollm2", ARC_EASY)
+    _validation_run(tmp_path / VALIDATION_PART / "arc_easy", "smollm2", ARC_EASY,
+                    {("repair:layer", 1.0): (0, 2)}, {"repair:layer": (0, 2)},
+                    recovery={"layer": {"rate": 0.0, "n": 2, "n_without_failure": 2}})
+    planted = localisation_findings(tmp_path / "4_localisation")[0].planted
+    assert "none of the strengths tried detected" in planted
+    assert planted.endswith("; 2 of its 2 planted layer organisms broke no answer (nothing there to find)")
 
 
 def test_a_finding_without_its_validation_says_so_and_gives_the_command(tmp_path):
