@@ -128,6 +128,8 @@ def test_units_plant_behind_a_post_mlp_norm_and_silencing_them_gives_back_the_ba
     task = echo_task(spec)
     planted = plant("units", spec, tmp_path / "u", task=task, layer=2, seed=0, units=2)
     assert 0 < planted.strength < 8.0  # the norm caps the default's 8 nats there
+    again = plant("units", spec, tmp_path / "again", task=task, layer=2, seed=0, units=2)  # the bisection is deterministic
+    assert again == planted and (tmp_path / "again" / WEIGHTS_FILE).read_bytes() == (tmp_path / "u" / WEIGHTS_FILE).read_bytes()
     organism, base = load_model(str(tmp_path / "u")), load_model(spec)
     before, after = answers(base, task), answers(organism, task)
     affected = set(planted.detail["affected_question_ids"])
