@@ -121,6 +121,9 @@ def test_through_a_post_mlp_norm_each_unit_takes_the_strength_the_norm_lets_it(t
         assert half[1] == pytest.approx(chosen / 2) and abs(drop(half[0], 0) - chosen / 2) < 1e-3  # a profile's scale
         with pytest.raises(ValueError, match=r"the norm after MLP 3 caps what unit 0 can take .* below --strength 1000"):
             through_norm(norm, outputs, acts, own, centred, rms, 1000.0, 1.0, layer=3)
+        norm.weight[:3] = -1.0  # a gain of exactly 0 in three dimensions: nothing is written there, the rest reaches
+        down, _ = through_norm(norm, outputs, acts, own, centred, rms, 1.0, 1.0, layer=3)
+        assert torch.isfinite(down).all() and (down[:3] == 0).all() and all(abs(drop(down, i) - 1.0) < 1e-4 for i in range(k))
 
 
 def test_units_plant_behind_a_post_mlp_norm_and_silencing_them_gives_back_the_base(tmp_path):

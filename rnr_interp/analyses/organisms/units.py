@@ -80,7 +80,8 @@ def through_norm(norm: nn.Module, outputs: Float[Tensor, "q d"], acts: Float[Ten
     """Down-projection columns for units whose MLP output passes through `norm` before
     the residual stream, and the strength they are sized at. Unit i writes along
     -centred_i / g (g the norm's gain, so that what leaves the norm points along
-    -centred_i), at the size that lowers its token's logit against the mean by
+    -centred_i in every dimension the gain does not zero), at the size that lowers its
+    token's logit against the mean by
     `strength` nats on average over its own answer starts, read through the norm itself
     (`outputs`: what the MLP writes there without the units). The norm divides by the
     RMS of everything the MLP writes, so a unit's reach is not linear in its size (found
@@ -90,7 +91,8 @@ def through_norm(norm: nn.Module, outputs: Float[Tensor, "q d"], acts: Float[Ten
     the organism's direction); its writes are zero."""
     gain = norm(torch.ones(1, 1, outputs.shape[1], dtype=outputs.dtype))[0, 0]
     base = norm(outputs)
-    steps = -(centred / gain)
+    # a dimension the norm's gain zeroes cannot be written through it (Gemma 3 270M has some)
+    steps = torch.where(gain != 0, -centred / gain.where(gain != 0, 1.0), 0.0)
     steps = steps / steps.norm(dim=-1, keepdim=True)
 
     def lowered(i: int, size: float) -> float:
