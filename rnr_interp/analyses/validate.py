@@ -587,7 +587,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
             if key not in seen:
                 seen[key] = runner(found_in, task, folder, cell)
                 if analysis.startswith("repair:") and strength > 0:
-                    repaired.setdefault(kind, {}).setdefault(key[0], folder)
+                    repaired.setdefault(kind, {})[key[0]] = folder  # first seen: `seen` runs it once
             found = seen[key]
             for named, one in (found.items() if isinstance(found, dict) else [(analysis, found)]):
                 rows.append({**recovery_row(planted, named, one), "strength": strength})

@@ -201,16 +201,18 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, inputs.shape[1]))[0, 0].float()
     centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
     rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
-    down = torch.zeros(inputs.shape[1], k)
+    pushes = []  # per unit, the direct-path nats one unit of write along its token takes on its answer starts
     for i in range(k):
         mine = own[:, i].bool()
-        push = float(acts[mine, i].mean()) * float(centred[i].norm()) / float(rms[mine].mean())
-        if not push > 0:
+        pushes.append(float(acts[mine, i].mean()) * float(centred[i].norm()) / float(rms[mine].mean()))
+        if not pushes[i] > 0:
             raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers start "
                              f"in block {layer} (its read-outs do not separate them): plant at another --layer")
-        down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat
     norm = post_mlp_norm(decoder_blocks(model)[layer])
     if norm is None:
+        down = torch.zeros(inputs.shape[1], k)
+        for i, push in enumerate(pushes):
+            down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat
         strength = scale * UNITS_STRENGTH if strength is None else strength
         writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
         written = strength * down
