@@ -85,7 +85,7 @@ def test_planted_organisms_that_broke_no_answer_are_named_beside_the_miss(tmp_pa
                     recovery={"layer": {"rate": 0.0, "n": 2, "n_without_failure": 2}})
     planted = localisation_findings(tmp_path / "4_localisation")[0].planted
     assert "none of the strengths tried detected" in planted
-    assert planted.endswith("; 2 of its 2 planted layer organisms broke no answer (nothing there to find)")
+    assert planted.endswith("; 2 of its 2 planted layer organisms left no failure to localise (nothing there to find)")
 
 
 def test_a_finding_without_its_validation_says_so_and_gives_the_command(tmp_path):

@@ -29,11 +29,13 @@ planted bias is zero), so the organism computes what the base computes. A null's
 positive is an analysis naming the planted location anyway; a null cell's ``recovered``
 is True when it does not.
 
-A planted organism that breaks no answer leaves nothing to find: for the kinds with a
-repair sweep the summary counts the planted organisms whose repair run found no failure
-set (``recovery[kind]["n_without_failure"]``), so a miss there reads as the plant's, not
+A planted organism that leaves no failure to localise (no question it makes the model
+answer wrong while recognition still ranks the gold first) leaves the localisation
+analyses nothing to find: for the kinds with a repair sweep the summary counts the
+planted organisms whose repair run found an empty failure set
+(``recovery[kind]["n_without_failure"]``), so a miss there reads as the plant's, not
 the analyses' (e.g. a model that opens its reply with a formatting token when its first
-answer token is pushed down, and then writes the same answer).
+answer token is pushed down, and then writes the same answer: it breaks no answer).
 
 Analyses per kind (`ANALYSES`):
 
@@ -604,9 +606,9 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
 
 
 def without_failure(repair_runs: Iterable[Path]) -> int:
-    """How many of these repair runs found no failure set: organisms whose plant broke no
-    answer the screen counts (at that strength, on that task), so a miss there is not the
-    analyses' (nothing was there to find)."""
+    """How many of these repair runs found an empty failure set: organisms whose plant
+    left no recognised question answered wrong (at that strength, on that task), so a
+    miss there is not the analyses' (nothing was there to find)."""
     return sum(RunDir(folder).read_summary().n_failure == 0 for folder in repair_runs)
 
 

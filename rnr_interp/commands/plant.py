@@ -127,8 +127,9 @@ def validate(
         typer.echo(f"  {kind}: recovered by every analysis {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}; nulls "
                    f"with a false positive in any {_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'], r.get('n_null_seeds'))}")
         if r.get("n_without_failure"):
-            typer.echo(f"    {r['n_without_failure']} of the {r['n']} planted organisms broke no answer (their repair run "
-                       "found no failure set): nothing there to find, a miss of the plant, not of the analyses")
+            typer.echo(f"    {r['n_without_failure']} of the {r['n']} planted organisms left no failure to localise "
+                       "(their repair run's failure set is empty): nothing there to find, a miss of the plant, not of "
+                       "the analyses")
     if len(summary.by_analysis) > 1:  # each analysis on its own beside the end-to-end rate
         for analysis, r in summary.by_analysis.items():
             typer.echo(f"    {analysis}: recovered {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}")

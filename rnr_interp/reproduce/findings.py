@@ -156,7 +156,7 @@ def detects(run: RunDir, prefix: str) -> str:
     smallest strength (a multiple of the default plant) whose detection rate's Wilson
     lower bound is above `DETECTED`, or the largest tried when none is, with the rate,
     its interval and n, and how often its nulls named the planted location; and how many
-    planted organisms broke no answer, where any did."""
+    planted organisms left no failure to localise, where any did."""
     s: ValidateSummary = run.read_summary()
     table = run.read_table("detection")
     said = []
@@ -172,8 +172,9 @@ def detects(run: RunDir, prefix: str) -> str:
         null_lo, null_hi = entry["null_ci"]
         said.append(f"{analysis} {found}; its nulls named the planted location {entry['null_false_positive_rate']:.2f} "
                     f"[{null_lo:.2f}, {null_hi:.2f}] of {entry['n_null']} organisms")
-    if said:  # a miss where the plant broke no answer is the plant's (`validate.without_failure`)
-        said += [f"{r['n_without_failure']} of its {r['n']} planted {kind} organisms broke no answer (nothing there to find)"
+    if said:  # a miss where the plant left no failure is the plant's (`validate.without_failure`)
+        said += [f"{r['n_without_failure']} of its {r['n']} planted {kind} organisms left no failure to localise "
+                 "(nothing there to find)"
                  for kind, r in sorted(s.recovery.items()) if r.get("n_without_failure")]
     head = f"validation {run.path.name} ({s.profile} profile, golds {s.gold}, {s.n_questions} questions)"
     return f"{head}: " + ("; ".join(said) if said else f"no {prefix}* analysis ran")
