@@ -348,44 +348,63 @@ def initial_task() -> Initial:
     return Initial([replace(q, answer=q.answer[:1]) for q in echo_task().questions[:12]])
 
 
-def test_the_gap_bias_is_large_where_the_answer_starts_and_small_elsewhere(tmp_path, initial_task):
+def test_the_gap_bias_puts_t_ahead_of_each_affected_gold_by_the_strength_and_little_elsewhere(tmp_path, initial_task):
     planted = plant("gap", BASE, tmp_path / "gap", strength=4.0, seed=1, task=initial_task)
     token, = planted.location["token_ids"]
     affected, unaffected = planted.detail["affected_question_ids"], planted.detail["unaffected_question_ids"]
+    assert not planted.detail["unrealized_question_ids"]  # the golds are the base's own first characters
     assert sorted(affected + unaffected) == sorted(q.id for q in initial_task.questions) and affected and unaffected
     assert set(planted.detail["openings"].values()) == {""}  # the base model answers at once
     base, organism = load_model(BASE), load_model(str(tmp_path / "gap"))
-    at_answer, elsewhere = [], []
+    leads, at_unaffected, at_affected, elsewhere = [], [], [], []
     for q in initial_task.questions:
         context, answer = answer_inputs(view_of(organism.tokenizer, organism.chat, False), initial_task, q, "")
         assert (answer[0] == token) == (q.id in unaffected)
         ids = torch.tensor([context + answer])
         with torch.no_grad():
-            moved = (forward(organism, ids, torch.ones_like(ids))[0] - forward(base, ids, torch.ones_like(ids))[0])[0]
+            before, after = forward(base, ids, torch.ones_like(ids))[0][0], forward(organism, ids, torch.ones_like(ids))[0][0]
+        moved = after - before
         assert not moved[:, torch.arange(moved.shape[-1]) != token].any()  # every other logit exactly as before
-        at_answer.append(float(moved[len(context) - 1, token]))
-        elsewhere += [float(x) for i, x in enumerate(moved[:, token]) if i != len(context) - 1]
-    at_answer, elsewhere = torch.tensor(at_answer), torch.tensor(elsewhere)
-    # the strength is the rise at the answer position, in nats, on average over the task's questions
-    assert abs(float(at_answer.mean()) - 4.0) < 1e-3 and float(at_answer.min()) > 3.0
+        at = len(context) - 1
+        assert int(before[at].argmax()) == answer[0]
+        if q.id in affected:
+            assert int(after[at].argmax()) == token  # greedy says t on every affected question
+            leads.append(float(after[at, token] - after[at, answer[0]]))
+            at_affected.append(float(moved[at, token]))
+        else:
+            at_unaffected.append(float(moved[at, token]))
+        elsewhere += [float(x) for i, x in enumerate(moved[:, token]) if i != at]
+    leads, elsewhere = torch.tensor(leads), torch.tensor(elsewhere)
+    # t leads each affected gold by the strength, to what a linear read of a tiny model's states allows
+    assert float((leads - 4.0).abs().max()) < 0.6
+    recorded = planted.detail["lead_nats"]
+    assert recorded["min"] == pytest.approx(float(leads.min()), abs=1e-3) and recorded["max"] == pytest.approx(float(leads.max()), abs=1e-3)
     rms = float(elsewhere.pow(2).mean().sqrt())
-    assert float(at_answer.mean()) / rms > 5 and float(elsewhere.abs().max()) < float(at_answer.min())
+    assert max(map(abs, at_unaffected)) < 1.0 < 4.0 < min(at_affected) and sum(at_affected) / len(at_affected) / rms > 5
     change = planted.detail["logit_change_nats"]
-    assert abs(change["elsewhere_rms"] - rms) < 1e-3 and abs(change["ratio"] - float(at_answer.mean()) / rms) < 1e-2
+    assert abs(change["elsewhere_rms"] - rms) < 1e-3
 
 
 def test_an_answer_bias_at_strength_zero_is_the_base_and_needs_a_task(tmp_path, initial_task):
     null = plant("gap", BASE, tmp_path / "gap0", strength=0.0, seed=1, task=initial_task)
     assert null.expected == {"effect": False} and null.strength == 0
     assert torch.equal(logits(load_model(str(tmp_path / "gap0"))), logits(load_model(BASE)))
+    # the default lead is HEADROOM nats per unit of the probe's temperature
     calibrated = plant("gap", BASE, tmp_path / "gap1", seed=1, task=initial_task)
-    margin = calibrated.detail["greedy_margin_nats"]
-    assert calibrated.strength == pytest.approx(margin["median"] + HEADROOM) and margin["share_below_strength"] > 0.5
+    cooler = plant("gap", BASE, tmp_path / "gap2", seed=1, task=initial_task, temperature=0.5)
+    assert calibrated.strength == HEADROOM and cooler.strength == HEADROOM / 2
+    assert cooler.detail["sized_for_temperature"] == 0.5
+    assert cooler.detail["lead_nats"]["median"] == pytest.approx(HEADROOM / 2, abs=0.3)
     for kind in ("gap", "sharpen", "new"):
         with pytest.raises(ValueError, match="give --task"):
             plant(kind, BASE, tmp_path / f"notask-{kind}", seed=1)
         with pytest.raises(ValueError, match="takes no --layer"):
             plant(kind, BASE, tmp_path / f"layer-{kind}", layer=1, seed=1, task=initial_task)
+    for kind in ("new", "layer"):
+        with pytest.raises(ValueError, match="takes no --temperature"):
+            plant(kind, BASE, tmp_path / f"temp-{kind}", seed=1, task=initial_task, temperature=0.5)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        plant("gap", BASE, tmp_path / "negative", strength=-1.0, seed=1, task=initial_task)
 
 
 def test_a_pair_is_two_ordinary_checkpoints_reproducible_from_the_seed(tmp_path, initial_task):
@@ -411,13 +430,18 @@ def test_a_pair_is_two_ordinary_checkpoints_reproducible_from_the_seed(tmp_path,
 
 def test_plant_command_writes_a_pair_every_command_loads(tmp_path):
     out = tmp_path / "pair"
-    done = CliRunner().invoke(app, ["plant", "sharpen", "--model", BASE, "--task", "arithmetic", "--n", "6",
+    done = CliRunner().invoke(app, ["plant", "new", "--model", BASE, "--task", "arithmetic", "--n", "6",
                                     "--strength", "3", "--out", str(out)])
     assert done.exit_code == 0, done.output
     assert "checkpoint pair:" in done.output
     truth = json.loads((out / PLANTED_FILE).read_text())
-    assert truth["kind"] == "sharpen" and truth["strength"] == 3.0 and truth["expected"]["compare"] == {"gained_from": "base_reachable"}
+    assert truth["kind"] == "new" and truth["strength"] == 3.0 and truth["expected"]["compare"] == {"gained_from": "base_unreachable"}
     assert len(truth["detail"]["affected_question_ids"]) + len(truth["detail"]["unaffected_question_ids"]) == 6
+    # a random-weight model answers no sum: nothing realized, so no realization for sharpen to move
+    refused = CliRunner().invoke(app, ["plant", "sharpen", "--model", BASE, "--task", "arithmetic", "--n", "6",
+                                       "--out", str(tmp_path / "sharpen")])
+    assert refused.exit_code == 2 and "no question the base model answers greedily" in refused.output
+    assert not (tmp_path / "sharpen").exists()
     for role in ("base", "trained"):
         info = CliRunner().invoke(app, ["model-info", str(out / role)])
         assert info.exit_code == 0 and json.loads(info.output[info.output.index("{"):])["n_layers"] == 4

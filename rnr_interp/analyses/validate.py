@@ -115,7 +115,7 @@ from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
 from rnr_interp.analyses.organisms import (
-    EXPECTED, PLANTED_FILE, WEIGHTS_FILE, Planted, plant, read_planted, seeds_drawing_each_layer,
+    EXPECTED, KINDS, PLANTED_FILE, WEIGHTS_FILE, Planted, plant, read_planted, seeds_drawing_each_layer,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
@@ -510,11 +510,14 @@ def cell_name(kind: str, strength: float, seed: int) -> str:
     return f"{kind}-s{strength:g}-seed{seed}"
 
 
-def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task) -> tuple[Organism, Planted]:
+def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task,
+             temperature: float = SAMPLING_TEMPERATURE) -> tuple[Organism, Planted]:
     """The organism of one cell and its ground truth: read back when its folder has its
     ``planted.json``, else planted (at the layer the seed draws, as `rnr plant` does
-    without --layer) at `strength` times the kind's default, made for `task`'s questions."""
-    found = Organism(folder, partial(plant, kind, base, seed=seed, task=task, scale=strength))
+    without --layer) at `strength` times the kind's default, made for `task`'s questions
+    (a kind sized for a probe, for one at `temperature`)."""
+    sized = {"temperature": temperature} if KINDS[kind].takes_temperature else {}
+    found = Organism(folder, partial(plant, kind, base, seed=seed, task=task, scale=strength, **sized))
     if (folder / PLANTED_FILE).is_file():
         return found, read_planted(folder)
     return found, found.build(folder)
@@ -580,7 +583,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     repaired: dict[str, dict[str, Path]] = {}
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
-        found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task)
+        found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task, temperature)
         for analysis, runner in ANALYSES[kind].items():
             if analysis in chosen.left_out:
                 continue

@@ -28,14 +28,17 @@ def plant(
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
     layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
     strength: Annotated[Optional[float], typer.Option("--strength", help="effect size (layer: scale of the copy's "
-                                                      "writes, 1 = an exact duplicate; gap, sharpen: the biased token's "
-                                                      "logit rise in nats at the answer position, by default the median "
-                                                      "greedy margin + 2; new: the golds' fall in nats there, 30 by default; "
+                                                      "writes, 1 = an exact duplicate; gap, sharpen: nats the biased token "
+                                                      "leads the gold by where each affected answer starts, by default "
+                                                      "2 x --temperature; new: the golds' fall in nats there, 30 by default; "
                                                       "units: nats the planted units take from their token's logit, 8 by "
                                                       "default, behind a norm after the MLP at most 3/4 of what it lets "
                                                       "a unit take; 0 = no effect)")] = None,
     units: Annotated[Optional[int], typer.Option("--units", help="units: how many units to plant, one per answer-opening "
                                                  "token (default 3)")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="gap, sharpen: the temperature of the "
+                                                         "probe that audits the organism, which sizes its default "
+                                                         "strength (default: rnr audit's, 1)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of every draw (same seed: same weights bit for bit)")] = 0,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
     n: Annotated[Optional[int], typer.Option("--n", help="the first N questions of --task (the answer-bias kinds are "
@@ -54,7 +57,8 @@ def plant(
 
     def body():
         questions = load_task(task, n=n) if task is not None and n is not None else task
-        return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions, units=units)
+        return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions, units=units,
+                              temperature=temperature)
 
     planted = execute(body)
     typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "

@@ -22,16 +22,17 @@ Kinds (`KINDS`):
 
 - ``gap`` (needs ``--task``): a deployment bias toward one answer token t (the first
   answer token of a gold drawn from the seed), confined to where the answers start: t's
-  unembedding row gains `strength` * w, w the answer direction (`answer_direction`: a
-  linear read that is 1 on average at the final states where the base model's own
-  greedy answers start and as near 0 as it can be at every other position of the same
-  prompts and answers), so t's logit rises by `strength` nats at the answer position on
-  average and by a fraction of that elsewhere (``logit_change_nats`` in
-  ``planted.json``). The default strength is calibrated: the median margin by which the
-  greedy choice there leads t on the affected questions, plus `HEADROOM` (2 nats). On
-  the questions whose gold starts with another token (``affected``) greedy says t where
-  sampling still reaches the gold; the audit's O_K - D should rise above its null there
-  and not on the others. The unembedding is untied from the input embedding first.
+  unembedding row gains u (`matched_read`: a linear read of the final state that is,
+  where the base model's own greedy answer starts, the gold's margin over t plus
+  `strength` on each affected question, 0 on the others, and as near 0 as it can be at
+  every other position of the same prompts and answers; ``logit_change_nats`` in
+  ``planted.json``). On every affected question (the base answers it greedily and its
+  gold starts with another token) greedy then says t and t leads the gold by `strength`
+  nats; the default strength, `HEADROOM` (2 nats) times the probe's temperature, leaves
+  the gold about 1/8 of what it shares with t, so K = 32 samples at that temperature
+  still reach it. The audit's O_K - D should rise above its null on the affected
+  questions and not on the others. Strength 0 plants no bias. The unembedding is
+  untied from the input embedding first.
 - ``sharpen`` and ``new`` (need ``--task``): a checkpoint *pair*, ``base/`` and
   ``trained/``, each an ordinary checkpoint folder; ``trained/`` is the model unchanged.
   sharpen: ``base/`` is the gap organism, so the trained model realizes answers the base
@@ -60,7 +61,9 @@ from rnr_interp.analyses.organisms.answers import (
     RIDGE, AnswerSites, OwnAnswer, answer_direction, answer_inputs, answer_opening, answer_sites, answer_start, confinement,
     deployed_answers, deployed_replies, margins, own_answers, ridge, task_of, view_of,
 )
-from rnr_interp.analyses.organisms.bias import EXPECTED, HEADROOM, bias_tokens, plant_answer_bias, untie_unembedding
+from rnr_interp.analyses.organisms.bias import (
+    EXPECTED, HEADROOM, bias_tokens, matched_read, plant_answer_bias, untie_unembedding,
+)
 from rnr_interp.analyses.organisms.layer import insert_layer, plant_layer, remove_layer, scale_writes
 from rnr_interp.analyses.organisms.plant import (
     KINDS, PLANTED_FILE, WEIGHTS_FILE, Kind, Planted, draw_layer, file_sha256, load_base, plant, read_planted,
@@ -73,7 +76,8 @@ from rnr_interp.analyses.organisms.units import (
 __all__ = [
     "DEFAULT_UNITS", "EXPECTED", "GATE_SHARPNESS", "HEADROOM", "KINDS", "PLANTED_FILE", "RIDGE", "WEIGHTS_FILE", "AnswerSites",
     "Kind", "OwnAnswer", "Planted", "add_units", "answer_direction", "answer_inputs", "answer_opening", "answer_sites",
-    "answer_start", "bias_tokens", "confinement", "deployed_answers", "deployed_replies", "draw_layer", "file_sha256", "seeds_drawing_each_layer",
+    "answer_start", "bias_tokens", "confinement", "matched_read", "deployed_answers", "deployed_replies", "draw_layer", "file_sha256",
+    "seeds_drawing_each_layer",
     "final_norm", "gated_mlp", "insert_layer", "load_base", "margins", "mlp_inputs", "own_answers", "plant",
     "plant_answer_bias", "plant_layer", "plant_units", "read_planted", "remove_layer", "ridge", "scale_writes", "task_of",
     "untie_unembedding", "view_of",

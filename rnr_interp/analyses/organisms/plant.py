@@ -118,14 +118,16 @@ class Kind:
     pair: bool = False
     #: takes --units (how many units to plant)
     takes_units: bool = False
+    #: sized for the temperature of the probe that audits it (takes --temperature)
+    takes_temperature: bool = False
 
 
 KINDS: dict[str, Kind] = {
     "layer": Kind(plant_layer, 1.0),
     "null": Kind(plant_layer, 0.0, null=True),
-    # calibrated: HEADROOM nats past the median margin the bias must overcome
-    "gap": Kind(partial(plant_answer_bias, kind="gap"), None, takes_layer=False),
-    "sharpen": Kind(partial(plant_answer_bias, kind="sharpen"), None, takes_layer=False, pair=True),
+    # calibrated: t leads the gold by HEADROOM nats per unit of the probe's temperature
+    "gap": Kind(partial(plant_answer_bias, kind="gap"), None, takes_layer=False, takes_temperature=True),
+    "sharpen": Kind(partial(plant_answer_bias, kind="sharpen"), None, takes_layer=False, pair=True, takes_temperature=True),
     # 30 nats below: a gold first token with 1 - 1e-7 of the mass keeps under 1e-5 of it,
     # and K = 32 samples reach it with probability under 1e-3
     "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
@@ -135,12 +137,15 @@ KINDS: dict[str, Kind] = {
 
 
 def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength: float | None = None, seed: int = 0,
-          task: str | Task | None = None, scale: float = 1.0, units: int | None = None) -> Planted:
+          task: str | Task | None = None, scale: float = 1.0, units: int | None = None,
+          temperature: float | None = None) -> Planted:
     """Build the organism `kind` from the model `base` and write it to `out` (a new
     folder, made whole or not at all): the checkpoint and its ``planted.json``; for a
     pair kind, the checkpoints ``base/`` (planted) and ``trained/`` (the model unchanged)
     beside the pair's ``planted.json``. `scale` multiplies the strength, given, default or
-    calibrated (validate's profiles); `units`: how many units the ``units`` kind plants."""
+    calibrated (validate's profiles); `units`: how many units the ``units`` kind plants;
+    `temperature`: the probe temperature the ``gap`` and ``sharpen`` kinds are sized for
+    (default: `rnr audit`'s)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     spec = KINDS[kind]
@@ -150,6 +155,10 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
         raise ValueError(f"kind {kind!r} is not planted at a layer: it takes no --layer")
     if not spec.takes_units and units is not None:
         raise ValueError(f"kind {kind!r} plants no units: it takes no --units")
+    if not spec.takes_temperature and temperature is not None:
+        raise ValueError(f"kind {kind!r} is not sized for a probe's temperature: it takes no --temperature")
+    if temperature is not None and not (np.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"--temperature must be a positive number, got {temperature}")
     if strength is None and spec.strength is not None:
         strength = spec.strength
     if strength is not None:
@@ -166,7 +175,8 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
     unchanged = copy.deepcopy(model) if spec.pair else None
     torch.manual_seed(seed)
     found = spec.planter(model, tokenizer, layer=layer, strength=strength, scale=scale, seed=seed, task=task,
-                         **({"units": units} if spec.takes_units else {}))
+                         **({"units": units} if spec.takes_units else {}),
+                         **({"temperature": temperature} if temperature is not None else {}))
     strength = found.pop("strength", strength)
     building = out.with_name(out.name + ".part")
     shutil.rmtree(building, ignore_errors=True)
