@@ -96,6 +96,8 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "gap", "--model", BASE, "--n", "3"], "--n takes the first N questions of --task"),
     (["plant", "units", "--model", BASE], "give --task"),
     (["plant", "layer", "--model", BASE, "--units", "2"], "takes no --units"),
+    (["plant", "layer", "--model", BASE, "--temperature", "0.5"], "takes no --temperature"),
+    (["plant", "gap", "--model", BASE, "--task", "arithmetic", "--temperature", "0"], "--temperature must be a positive"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
     (["plant", "units", "--model", "tiny-gpt2:4", "--task", "arithmetic"], "gated MLP"),
