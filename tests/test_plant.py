@@ -409,6 +409,18 @@ def test_an_answer_bias_at_strength_zero_is_the_base_and_needs_a_task(tmp_path, 
         plant("gap", BASE, tmp_path / "negative", strength=-1.0, seed=1, task=initial_task)
 
 
+def test_validate_plants_the_gap_kinds_for_its_own_probe_temperature(tmp_path, initial_task):
+    from rnr_interp.analyses.validate import organism
+
+    _, gap = organism(BASE, "gap", 1.0, 1, tmp_path / "gap", initial_task, temperature=0.5)
+    _, pair = organism(BASE, "sharpen", 1.0, 1, tmp_path / "sharpen", initial_task, temperature=0.5)
+    assert gap.strength == pair.strength == HEADROOM / 2
+    assert gap.detail["sized_for_temperature"] == pair.detail["sized_for_temperature"] == 0.5
+    # a kind not sized for a probe is planted as ever, whatever the validation's temperature
+    _, layer = organism(BASE, "layer", 1.0, 1, tmp_path / "layer", initial_task, temperature=0.5)
+    assert layer.strength == 1.0 and "sized_for_temperature" not in layer.detail
+
+
 def test_a_pair_is_two_ordinary_checkpoints_reproducible_from_the_seed(tmp_path, initial_task):
     first = plant("new", BASE, tmp_path / "a", seed=4, task=initial_task)
     again = plant("new", BASE, tmp_path / "b", seed=4, task=initial_task)
