@@ -59,10 +59,10 @@ there), `bias` (gap, sharpen, new), `units` (units).
 
 from rnr_interp.analyses.organisms.answers import (
     RIDGE, AnswerSites, OwnAnswer, answer_direction, answer_inputs, answer_opening, answer_sites, answer_start, confinement,
-    deployed_answers, deployed_replies, margins, own_answers, ridge, task_of, view_of,
+    deployed_answers, deployed_replies, margins, matched_read, own_answers, ridge, task_of, view_of,
 )
 from rnr_interp.analyses.organisms.bias import (
-    EXPECTED, HEADROOM, bias_tokens, matched_read, plant_answer_bias, untie_unembedding,
+    EXPECTED, HEADROOM, bias_tokens, plant_answer_bias, untie_unembedding,
 )
 from rnr_interp.analyses.organisms.layer import insert_layer, plant_layer, remove_layer, scale_writes
 from rnr_interp.analyses.organisms.plant import (

@@ -162,19 +162,27 @@ def ridge(x: Float[Tensor, "n d"], y: Float[Tensor, "n m"], weight: Float[Tensor
     return torch.linalg.solve(gram, x64.T @ (w[:, None] * y64))
 
 
-def answer_direction(sites: AnswerSites) -> Float[Tensor, " d"]:
-    """w with w . h = 1 on average where the answers start and as near 0 as a linear read
-    allows at every other position: the class-balanced `ridge` regression of (1 at the
-    answer states, 0 elsewhere) on the final states, rescaled to mean 1 at the answer
-    states. A bias `strength` * w on a token's unembedding row then moves its logit by
-    `strength` nats at the answer position on average and by `strength` * (w . h) at
-    any other state h. (The mean answer state alone is not confined: states elsewhere
-    resemble it, and SmolLM2 answered a run of 8s at every step under that bias.)"""
+def matched_read(sites: AnswerSites, target: Float[Tensor, " q"]) -> Float[Tensor, " d"]:
+    """u with u . h = target_i at answer state i and as near 0 as a linear read allows
+    at every other position: the class-balanced `ridge` regression of the final states
+    (float64; a bias of u on a token's unembedding row moves its logit by target_i where
+    answer i starts)."""
     pos, neg = sites.answer, sites.elsewhere
     weight = torch.cat([torch.full((len(pos),), 1 / len(pos)), torch.full((len(neg),), 1 / len(neg))])
-    target = torch.cat([torch.ones(len(pos), 1), torch.zeros(len(neg), 1)])
-    w = ridge(torch.cat([pos, neg]), target, weight)[:, 0]
-    return (w / (pos.double() @ w).mean()).float()
+    values = torch.cat([target.float(), torch.zeros(len(neg))])[:, None]
+    return ridge(torch.cat([pos, neg]), values, weight)[:, 0]
+
+
+def answer_direction(sites: AnswerSites) -> Float[Tensor, " d"]:
+    """w with w . h = 1 on average where the answers start and as near 0 as a linear read
+    allows at every other position: the `matched_read` of 1 at the answer states,
+    rescaled to mean 1 there. A bias `strength` * w on a token's unembedding row then
+    moves its logit by `strength` nats at the answer position on average and by
+    `strength` * (w . h) at any other state h. (The mean answer state alone is not
+    confined: states elsewhere resemble it, and SmolLM2 answered a run of 8s at every
+    step under that bias.)"""
+    w = matched_read(sites, torch.ones(len(sites.answer)))
+    return (w / (sites.answer.double() @ w).mean()).float()
 
 
 def confinement(sites: AnswerSites, direction: Float[Tensor, " d"], strength: float) -> dict[str, float]:

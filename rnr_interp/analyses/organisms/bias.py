@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from rnr_interp.analyses.organisms.answers import (
-    AnswerSites, answer_direction, answer_sites, confinement, margins, ridge, task_of,
+    answer_direction, answer_sites, confinement, margins, matched_read, task_of,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.tasks.base import Task
@@ -49,17 +49,6 @@ def untie_unembedding(model: nn.Module) -> None:
 #: 1 / (1 + e^2) ~ 1/8 of what the two share of the first token's mass, and K = 32
 #: samples reach it (1 - (7/8)^32 ~ 0.99)
 HEADROOM = 2.0
-
-
-def matched_read(sites: AnswerSites, target: Float[Tensor, " q"]) -> Float[Tensor, " d"]:
-    """u with u . h = target_i at answer state i and as near 0 as a linear read allows
-    at every other position: the class-balanced `ridge` regression of the final states,
-    as `answer_direction` (a bias of u on a token's unembedding row then moves its logit
-    by target_i where answer i starts)."""
-    pos, neg = sites.answer, sites.elsewhere
-    weight = torch.cat([torch.full((len(pos),), 1 / len(pos)), torch.full((len(neg),), 1 / len(neg))])
-    values = torch.cat([target.float(), torch.zeros(len(neg))])[:, None]
-    return ridge(torch.cat([pos, neg]), values, weight)[:, 0].float()
 
 
 def plant_answer_bias(model: nn.Module, tokenizer: Any, *, kind: str, layer: int | None, strength: float | None, scale: float,
@@ -109,7 +98,7 @@ def plant_answer_bias(model: nn.Module, tokenizer: Any, *, kind: str, layer: int
             raise ValueError(f"--strength is how many nats the biased token leads the gold by; it cannot be negative, "
                              f"got {strength:g}")
         margin = margins(sites, chosen[0])
-        read = matched_read(sites, torch.where(hit, margin + strength, 0.0) if strength else torch.zeros(len(hit)))
+        read = matched_read(sites, torch.where(hit, margin + strength, 0.0) if strength else torch.zeros(len(hit))).float()
         bias_tokens(model, {chosen[0]: 1.0}, read)
         lead = (sites.answer[hit] @ read) - margin[hit]
         detail["direction"] = ("class-balanced ridge read of the final state: the gold's margin over the biased token "
