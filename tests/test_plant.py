@@ -387,6 +387,21 @@ def test_the_gap_bias_puts_t_ahead_of_each_affected_gold_by_the_strength_and_lit
     assert abs(change["elsewhere_rms"] - rms) < 1e-3
 
 
+def test_the_gap_bias_leaves_a_question_the_base_does_not_answer_out_of_both_groups(tmp_path, initial_task):
+    questions = list(initial_task.questions)
+    wrong = next(q.answer for q in questions if q.answer != questions[0].answer)
+    task = Initial([replace(questions[0], answer=wrong), *questions[1:]])  # the base does not say this gold
+    planted = plant("gap", BASE, tmp_path / "gap", strength=4.0, seed=1, task=task)
+    assert planted.detail["unrealized_question_ids"] == [questions[0].id]
+    assert questions[0].id not in planted.detail["affected_question_ids"] + planted.detail["unaffected_question_ids"]
+    base, organism = load_model(BASE), load_model(str(tmp_path / "gap"))
+    context, _ = answer_inputs(view_of(organism.tokenizer, organism.chat, False), task, task.questions[0], "")
+    ids = torch.tensor([context])
+    with torch.no_grad():
+        moved = forward(organism, ids, torch.ones_like(ids))[0][0, -1] - forward(base, ids, torch.ones_like(ids))[0][0, -1]
+    assert abs(float(moved[planted.location["token_ids"][0]])) < 1.0  # no realization there to move
+
+
 def test_an_answer_bias_at_strength_zero_is_the_base_and_needs_a_task(tmp_path, initial_task):
     null = plant("gap", BASE, tmp_path / "gap0", strength=0.0, seed=1, task=initial_task)
     assert null.expected == {"effect": False} and null.strength == 0
