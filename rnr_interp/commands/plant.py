@@ -12,7 +12,7 @@ import typer
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, GradingOpt, DataOpt, TempOpt, ModelOpt, OutOpt, QuietOpt, SteerAtOpt, TaskOpt, UnitsSilencedOpt,
+    AblationOpt, BatchOpt, GradingOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, SteerAtOpt, TaskOpt, UnitsSilencedOpt,
     at_least, check_out, execute, fail, out_folder,
 )
 
@@ -81,7 +81,9 @@ def validate(
                                        "new, units")] = "layer",
     gold: Annotated[str, typer.Option("--gold", help="base: the base model's own deployed answers are the golds, so "
                                       "every failure is the plant's | task: the task's golds")] = "base",
-    temperature: TempOpt = SAMPLING_TEMPERATURE, ablation: AblationOpt = "zero", grading: GradingOpt = None,
+    temperature: Annotated[float, typer.Option("--temperature", help="probe sampling temperature of the audits; the gap "
+                                               "and sharpen organisms are planted for it")] = SAMPLING_TEMPERATURE,
+    ablation: AblationOpt = "zero", grading: GradingOpt = None,
     steer_at: SteerAtOpt = "every", units: UnitsSilencedOpt = None,
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="comma-separated seeds replacing the profile's, or "
                                                  "'layers': one seed per layer the layer kinds can draw (seeds 0-9 "
