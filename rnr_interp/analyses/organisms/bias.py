@@ -110,8 +110,6 @@ def plant_answer_bias(model: nn.Module, tokenizer: Any, *, kind: str, layer: int
         detail["lead_nats"] = {"median": float(lead.median()), "min": float(lead.min()), "max": float(lead.max())}
         detail["sized_for_temperature"] = float(temperature)
         detail["unrealized_question_ids"] = [q for q, r in zip(ids, realized.tolist()) if not r]
-    if not hit.any():
-        raise ValueError(f"task {questions.name!r}: every gold starts with the biased token; no question is affected")
     detail["affected_question_ids"] = [q for q, h in zip(ids, hit.tolist()) if h]
     detail["unaffected_question_ids"] = [q for q, u in zip(ids, unaffected.tolist()) if u]
     location = {"token_ids": chosen, "tokens": [tokenizer.decode([t]) for t in chosen], "questions": "affected"}
