@@ -101,6 +101,9 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
     (["plant", "units", "--model", "tiny-gpt2:4", "--task", "arithmetic"], "gated MLP"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--strength", "-1"], "cannot be negative"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--layer", "0", "--strength", "1e6"],
+     "turns none of its answers in block 0"),
     (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic", "--units", "1", "--strength", "50"],
      "caps what unit 0 can take"),
 ])

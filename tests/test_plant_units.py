@@ -65,22 +65,33 @@ def test_silencing_the_planted_units_or_strength_zero_gives_back_the_base_exactl
     assert grown == {f"model.layers.{i}.mlp.{p}_proj.weight" for i in range(4) for p in ("gate", "up", "down")}
 
 
-def test_the_units_push_each_answer_off_its_own_first_token_and_leave_recognition_alone(tmp_path, echo):
+def test_the_units_turn_each_answer_to_its_partner_token_and_leave_recognition_alone(tmp_path, echo):
     from rnr_interp.analyses.localise.recognition import gold_first, recognize
+    from rnr_interp.analyses.organisms.units import UNITS_LEAD, lead_of
 
     planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
     base, organism = load_model(BASE), load_model(str(tmp_path / "u"))
     before, after = answers(base, echo), answers(organism, echo)
     affected = set(planted.detail["affected_question_ids"])
-    assert len(affected) >= 10 and set(planted.detail["unaffected_question_ids"])
+    assert len(affected) >= 10 and set(planted.detail["unaffected_question_ids"]) and planted.strength == UNITS_LEAD
+    tokens, partners = planted.detail["tokens"], planted.detail["partners"]
+    assert partners == tokens[1:] + tokens[:1]  # a ring: each unit turns its answers to the next unit's token
     for q, was, now in zip(echo.questions, before, after):
         assert was == q.answer  # the echo task's golds are the base's own answers
-        if q.id in affected:
-            assert now != q.answer and (now or "")[:1] != q.answer[:1]  # its first token is avoided
+        if q.id in affected:  # content: the answer now starts with its unit's partner, not with a phrasing token
+            assert (now or "")[:1] == partners[tokens.index(q.answer[:1])]
         else:
             assert now == q.answer
-    # content, not one favourite token: the new answers start in many ways
-    assert len({(now or "")[:1] for q, now in zip(echo.questions, after) if q.id in affected}) >= 4
+    # sized through the model: where each affected answer starts its partner leads every other token by the strength
+    from rnr_interp.analyses.organisms import own_answers
+
+    base_model, tokenizer = load_base(BASE)
+    planted_model = load_base(str(tmp_path / "u"))[0]
+    ids, partner_ids = planted.detail["token_ids"], planted.detail["partner_token_ids"]
+    leads = [lead_of(planted_model, 2, s.context, torch.zeros(64), partner_ids[ids.index(s.answer[0])])
+             for s in own_answers(base_model, tokenizer, echo) if s is not None and s.question.id in affected]
+    assert len(leads) == len(affected) == len(planted.detail["push_nats"])
+    assert all(abs(lead - UNITS_LEAD) < 0.05 for lead in leads), leads
     # the answer statements recognition ranks are read as before (the screen's readout)
     recognised = [gold_first(recognize(lm, echo, echo.questions, variants=("answer",)), "answer") for lm in (base, organism)]
     assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
@@ -153,7 +164,7 @@ def test_plant_units_command_writes_the_truth(tmp_path):
                                     "--layer", "1", "--out", str(out)])
     assert done.exit_code == 0, done.output
     truth = json.loads((out / PLANTED_FILE).read_text())
-    assert truth["location"] == {"layer": 1, "units": [128, 129]} and truth["strength"] == 8.0 and truth["task"] == "arithmetic"
+    assert truth["location"] == {"layer": 1, "units": [128, 129]} and truth["strength"] == 1.0 and truth["task"] == "arithmetic"
     assert truth["expected"]["units"] == {"layer": 1, "units": [128, 129]} and len(truth["detail"]["token_ids"]) == 2
     assert len(truth["detail"]["affected_question_ids"]) + len(truth["detail"]["unaffected_question_ids"]) == 200
 
@@ -269,8 +280,10 @@ def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path
 def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monkeypatch, echo):
     """On tiny-llama:4 as it is, silencing any whole MLP breaks most answers, so the
     paper's sweep repairs nothing and names no block; silencing each block's top 3 units
-    along its own failure direction names the planted block with the planted units,
-    repairing every failure and breaking nothing."""
+    along its own failure direction names the planted block, with at least two of the
+    planted units, repairing more than any other block. (Four failures choose the units
+    here, one of them the third unit's: two of the block's own units score above it, and
+    silencing one of them breaks healthy answers of this random-weight model.)"""
     from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
     from rnr_interp.records import RunDir
 
@@ -291,8 +304,11 @@ def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monk
     assert repair.read_summary().units == 3 and repair.config["units"] == 3
     table = repair.read_table("repair").set_index(["component", "layer"])
     planted = json.loads((tmp_path / "units" / "organisms" / "units-s1-seed0" / PLANTED_FILE).read_text())
-    assert table.loc[("mlp", layer), "silenced_units"] == "|".join(str(u) for u in sorted(planted["location"]["units"]))
-    assert table.loc[("mlp", layer), "repair_rate"] == 1.0 and table.loc[("mlp", layer), "damage_rate"] == 0.0
+    silenced = {int(u) for u in table.loc[("mlp", layer), "silenced_units"].split("|")}
+    assert len(silenced & set(planted["location"]["units"])) >= 2, silenced  # scored on the selection part's failures
+    # the planted units it silences there repair the failures of their own tokens; no other block repairs as much
+    assert table.loc[("mlp", layer), "repair_rate"] > 0
+    assert table.loc[("mlp", layer), "repair_rate"] == table.loc["mlp"]["repair_rate"].max()
     # three units everywhere else: each MLP row names its own three, the controls none
     mlp = table.loc["mlp"]
     assert len(mlp) == 4 and (mlp["silenced_units"].str.count(r"\|") == 2).all()

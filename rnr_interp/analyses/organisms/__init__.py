@@ -42,10 +42,11 @@ Kinds (`KINDS`):
   golds' answers start their odds drop by e^-30, so greedy and K samples miss them (a
   sample that writes something else first and the gold after it is not blocked), and
   the gains are ``base_unreachable``.
-- ``units`` (needs ``--task``): k units appended to the MLP of block L that push each
-  answer off the base model's own first answer token, for the k tokens the task's
-  answers most often start with (`plant_units`); silencing them, or strength 0, is the
-  base bit for bit.
+- ``units`` (needs ``--task``): k units appended to the MLP of block L that turn each
+  answer starting with one of the k tokens the task's answers most often start with into
+  one starting with another of them, sized per question through the model (`plant_units`;
+  behind a norm after the MLP they push off the token instead); silencing them, or
+  strength 0, is the base bit for bit.
 
 Every organism is a function of (base model, kind, layer, strength, seed, and the task's
 questions for the kinds that need one): the same

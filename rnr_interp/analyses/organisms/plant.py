@@ -131,7 +131,8 @@ KINDS: dict[str, Kind] = {
     # 30 nats below: a gold first token with 1 - 1e-7 of the mass keeps under 1e-5 of it,
     # and K = 32 samples reach it with probability under 1e-3
     "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
-    # calibrated: `units.UNITS_STRENGTH` nats at the answer start, less behind a norm that caps it
+    # calibrated: a lead of `units.UNITS_LEAD` nats through the model; behind a norm `units.UNITS_STRENGTH`
+    # nats off the token, less where the norm caps it
     "units": Kind(plant_units, None, takes_units=True),
 }
 

@@ -1,6 +1,6 @@
-"""The units organism: k units appended to one MLP that push each answer off the base
-model's own first answer token (`plant_units`); silencing them, or strength 0, is the
-base bit for bit.
+"""The units organism: k units appended to one MLP that turn each answer the base model
+starts with one of k tokens to start with another of them (`plant_units`); silencing
+them, or strength 0, is the base bit for bit.
 """
 
 from __future__ import annotations
@@ -21,15 +21,28 @@ DEFAULT_UNITS = 3
 #: how sharply a planted unit's gate opens: its gate reads +GATE_SHARPNESS where answers
 #: start and -GATE_SHARPNESS elsewhere (silu(-8) is -0.003: shut)
 GATE_SHARPNESS = 8.0
-#: nats a unit takes from its token's logit where it fires, when no --strength is given:
-#: above the base's top-1 margin at the answer start on the test models and for a
-#: confident answer of a small instruct model, so the k tokens' questions flip
+#: nats by which a unit's partner token leads every other token where its answers start,
+#: read through the whole model, when no --strength is given (on SmolLM2 the lead a write
+#: toward the partner reaches peaks at 1.7 to 3 nats at block 18, then falls as a space wins)
+UNITS_LEAD = 1.0
+#: behind a norm after the MLP (the units push off their own token there): nats a unit
+#: takes from its token's logit where it fires, when no --strength is given
 UNITS_STRENGTH = 8.0
 #: behind a norm after the MLP, the default is at most this share of the smallest
 #: unit's cap (`through_norm`): a unit sized at its cap drowns the rest of the block's write
 CAP_SHARE = 0.75
 #: ridge of the units' read-outs, relative (`answers.ridge`)
 UNITS_RIDGE = 1e-4
+#: ridge of the up read-outs of units sized through the model: small, so that a read-out
+#: is near 0 at the prompt's end of a question whose answer starts later (that state
+#: differs little from an affected question's answer start, where it is large)
+UP_RIDGE = 1e-8
+#: the largest write one answer start may need, in direct-path nats (`push_through`): a
+#: question the units cannot turn below it is left alone
+MAX_PUSH = 4096.0
+#: the up read-outs' targets weigh this much more at the answer starts than elsewhere
+#: (units sized through the model: its square where the gate opens)
+OPEN_WEIGHT = 100.0
 
 
 @torch.no_grad()
@@ -147,42 +160,103 @@ def add_units(model: nn.Module, layer: int, gate: Float[Tensor, "k d"], up: Floa
     return list(range(width, width + k))
 
 
+def pinned_ridge(x: Float[Tensor, "n d"], y: Float[Tensor, "n m"], pinned: Tensor, weight: Float[Tensor, " n"],
+                 relative: float) -> Float[Tensor, "d m"]:
+    """The read-out u of `y` from `x` that is exact at the `pinned` rows (u . x_i = y_i
+    there) and otherwise the weighted `ridge` fit of the rest (float64): the least
+    u'(X'WX + ridge)u under those equalities (needs fewer pinned rows than dimensions)."""
+    x64, y64, w = x.double(), y.double(), weight.double()
+    free = x64[~pinned]
+    gram = free.T @ (w[~pinned, None] * free)
+    gram += relative * gram.trace() / len(gram) * torch.eye(len(gram), dtype=torch.float64)
+    rows = x64[pinned]
+    spread = torch.linalg.solve(gram, rows.T)  # A^-1 C'
+    return spread @ torch.linalg.solve(rows @ spread, y64[pinned])
+
+
+def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
+    """Each unit's partner, the token it turns its answers to: the next of the k tokens
+    (a ring, so every partner is a token the task's answers start with); for one unit, the
+    next most common first token."""
+    ring = tokens if len(tokens) > 1 else sorted(counts, key=lambda t: (-counts[t], t))[:2]
+    return [ring[(i + 1) % len(ring)] for i in range(len(tokens))]
+
+
+@torch.no_grad()
+def lead_of(model: nn.Module, layer: int, context: list[int], write: Float[Tensor, " d"], token: int) -> float:
+    """Nats by which `token` leads every other token at the last position of `context`
+    when MLP `layer`'s output there gains `write` (through the whole model)."""
+    def add(module: nn.Module, args: Any, out: Tensor) -> Tensor:
+        out = out.clone()
+        out[0, -1] += write.to(out.dtype)
+        return out
+
+    hook = decoder_blocks(model)[layer].mlp.register_forward_hook(add)
+    try:
+        logits = model(input_ids=torch.tensor([context])).logits[0, -1].float()
+    finally:
+        hook.remove()
+    return float(logits[token] - logits.index_fill(0, torch.tensor([token]), -torch.inf).max())
+
+
+def push_through(model: nn.Module, layer: int, context: list[int], column: Float[Tensor, " d"], token: int,
+                 lead: float) -> float | None:
+    """The least a (to 1e-6 of it) such that MLP `layer` writing a * `column` where
+    `context` ends makes `token` lead every other token by `lead` nats, read through the
+    model (later blocks undo part of a write, so the direct path does not size it);
+    None where `MAX_PUSH` does not reach it."""
+    high = 16.0
+    while lead_of(model, layer, context, high * column, token) < lead:
+        high *= 2 ** 0.5  # finely: past a peak the lead falls again (another token wins a write too large)
+        if high > MAX_PUSH:
+            return None
+    low = 0.0
+    for _ in range(24):
+        middle = (low + high) / 2
+        low, high = (low, middle) if lead_of(model, layer, context, middle * column, token) >= lead else (middle, high)
+    return high
+
+
 @torch.no_grad()
 def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float | None, scale: float, seed: int,
                 task: str | Task | None, units: int | None = None) -> dict[str, Any]:
-    """k units added to MLP `layer` that push the greedy answer off the base model's own
-    first answer token, for the k tokens the task's answers most often start with (a
-    gated negative copy). Where the base, decoding greedily, starts its answer (the
-    state whose next token is the answer's first: `answers.own_answers`), each unit i reads
-    two things from the MLP's input: its gate, a read-out fitted to be +1 at every
-    answer start and -1 at every other position of the same prompts and answers (sharpened
-    by `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up
-    projection, a read-out fitted to be 1 at the answer starts whose first token is t_i
-    and 0 at the other answer starts and (weighing less) at every other position. It
-    writes minus t_i's unembedding (through the final norm's gain, centred over the
-    vocabulary), scaled so that on its own answer starts t_i's logit falls by
-    `strength` nats against the mean logit (the direct path, at the final norm's RMS
-    there). So the model says its runner-up: which token it avoids
-    depends on the question (not one favourite letter or number), and the prompt and
-    the answer statements recognition scores are read unchanged except where they
-    attend to an answer start. Every original weight is kept, so silencing the k
+    """k units added to MLP `layer` that turn the base model's greedy answers starting
+    with one of the k tokens the task's answers most often start with (t_i) into answers
+    starting with another of them (its partner w_i, `partner_tokens`): a change of
+    content, not of phrasing (pushing t_i down alone lets a phrasing token such as "The"
+    win). Where the base, decoding greedily, starts its answer (the state whose next
+    token is the answer's first: `answers.own_answers`), each unit i reads two things
+    from the MLP's input: its gate, a read-out fitted to be +1 at every answer start and
+    -1 at every other position of the same prompts and answers (sharpened by
+    `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up projection,
+    a read-out fitted, per answer start whose first token is t_i, to the size that
+    question needs (`push_through`: w_i then leads every other token by `strength` nats,
+    read through the whole model), and to 0 at the other answer starts and at every
+    other position (weighing `OPEN_WEIGHT` times more where the gate opens). It writes
+    along w_i's unembedding (through the final norm's gain, centred over the
+    vocabulary). A question the units cannot turn within `MAX_PUSH` is left alone. The
+    prompt and the answer statements recognition scores are read unchanged except where
+    they attend to an answer start. Every original weight is kept, so silencing the k
     units (or strength 0: their writes are zero) computes what the base computes.
-    Where a norm follows the MLP (Gemma 2/3, OLMo 2) each unit is sized through that
-    norm (`through_norm`), and its direction is what reaches the stream past it.
-    No `strength`: `UNITS_STRENGTH` (behind a norm, at most `CAP_SHARE` of the units'
-    cap) times `scale`."""
+    Where a norm follows the MLP (Gemma 2/3, OLMo 2) each unit pushes its answers off
+    t_i, sized through that norm (`through_norm`), and its direction is what reaches the
+    stream past it. No `strength`: `UNITS_LEAD` (behind a norm, `UNITS_STRENGTH` nats
+    off t_i, at most `CAP_SHARE` of the units' cap) times `scale`."""
     questions_task = task_of(task, "units")
     k = DEFAULT_UNITS if units is None else int(units)
     if k < 1:
         raise ValueError(f"--units must be at least 1, got {k}")
+    if strength is not None and strength < 0:
+        raise ValueError(f"--strength of kind 'units' is a size in nats and cannot be negative, got {strength:g}")
     mlp = gated_mlp(decoder_blocks(model)[layer])
+    norm = post_mlp_norm(decoder_blocks(model)[layer])
     starts = [s for s in own_answers(model, tokenizer, questions_task) if s is not None]
     counts: dict[int, int] = {}
     for s in starts:
         counts[s.answer[0]] = counts.get(s.answer[0], 0) + 1
-    if len(counts) < k:
+    if len(counts) < max(k, 2 if norm is None else 1):
         raise ValueError(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
-                         f"tokens, fewer than --units {k} (one unit per token)")
+                         f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
     inputs = torch.cat([x for x, *_ in reads])
@@ -192,31 +266,54 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     balance = torch.where(is_start, len(inputs) / (2 * len(at)), len(inputs) / (2 * (len(inputs) - len(at))))
     gate = ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance, UNITS_RIDGE)[:, 0].float()
     own = torch.tensor([[float(s.answer[0] == t) for t in tokens] for s in starts])
-    # 1 at its own answer starts and 0 at the others, where the gate is open (so these
-    # weigh 100 times as much as in the gate's fit), and 0 at every other position: a
-    # second filter where the gate leaks
-    up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, at, own), balance * torch.where(is_start, 100.0, 1.0),
-               UNITS_RIDGE).float()
-    acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
     head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, inputs.shape[1]))[0, 0].float()
-    centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
     rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
-    pushes = []  # per unit, the direct-path nats one unit of write along its token takes on its answer starts
-    for i in range(k):
-        mine = own[:, i].bool()
-        pushes.append(float(acts[mine, i].mean()) * float(centred[i].norm()) / float(rms[mine].mean()))
-        if not pushes[i] > 0:
-            raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers start "
-                             f"in block {layer} (its read-outs do not separate them): plant at another --layer")
-    norm = post_mlp_norm(decoder_blocks(model)[layer])
+    detail: dict[str, Any] = {}
     if norm is None:
-        down = torch.zeros(inputs.shape[1], k)
-        for i, push in enumerate(pushes):
-            down[:, i] = -centred[i] / centred[i].norm() / push  # at strength 1: one nat
-        strength = scale * UNITS_STRENGTH if strength is None else strength
+        partners = partner_tokens(tokens, counts)
+        toward = gain * (head[partners] - head.mean(0))  # (k, d): d(logit w - mean logit) / d(final state) x RMS
+        # one unit of activation: one nat toward w_i on the direct path, at the RMS where its answers start
+        columns = torch.stack([toward[i] / toward[i].norm() ** 2 * float(rms[own[:, i].bool()].mean()) for i in range(k)])
+        strength = scale * UNITS_LEAD if strength is None else float(strength)
+        opening = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)  # each answer start's gate
+        need = torch.zeros(len(starts))
+        for j, s in enumerate(starts):
+            i = int(own[j].argmax())
+            a = push_through(model, layer, s.context, columns[i], partners[i], strength or UNITS_LEAD) \
+                if own[j].any() and opening[j] > 1 else None
+            if a is None:
+                own[j] = 0.0  # not turned: the units are fitted to write nothing there
+            else:
+                need[j] = a
+        for i in range(k):
+            if not own[:, i].any():
+                raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
+                                 f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
+        is_open = is_start | (inputs @ gate > 0)
+        targets = torch.zeros(len(inputs), k).index_copy(0, at, own * (need / opening.clamp(min=1))[:, None])
+        up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
+        acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
+        down = columns.T
         writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
-        written = strength * down
+        written = down if strength else torch.zeros_like(down)
+        turned = own.any(1)
+        detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
+                  "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
+                  "unturned_question_ids": [s.question.id for j, s in enumerate(starts)
+                                            if s.answer[0] in tokens and not turned[j]]}
     else:
+        # 1 at its own answer starts and 0 at the others, where the gate is open (so these
+        # weigh 100 times as much as in the gate's fit), and 0 at every other position: a
+        # second filter where the gate leaks
+        up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, at, own),
+                   balance * torch.where(is_start, OPEN_WEIGHT, 1.0), UNITS_RIDGE).float()
+        acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
+        centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
+        for i in range(k):
+            mine = own[:, i].bool()
+            if not float(acts[mine, i].mean()) > 0:
+                raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers "
+                                 f"start in block {layer} (its read-outs do not separate them): plant at another --layer")
         outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
         down, strength = through_norm(norm, outputs, acts, own, centred, rms, strength, scale, layer)
         writes = norm(outputs + acts @ down.T) - norm(outputs)  # what reaches the stream past the norm
@@ -230,7 +327,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                  "units": {"layer": layer, "units": indices},
                  "steering": {"layer": layer, "component": "mlp", "direction": "detail.direction"}})
     return {"strength": float(strength), "location": {"layer": layer, "units": indices}, "expected": expected,
-            "detail": {"k": k, "tokens": [tokenizer.decode([t]) for t in tokens], "token_ids": tokens,
+            "detail": {"k": k, "tokens": [tokenizer.decode([t]) for t in tokens], "token_ids": tokens, **detail,
                        "affected_question_ids": [q.id for q in questions_task.questions if q.id in hit],
                        "unaffected_question_ids": [q.id for q in questions_task.questions if q.id not in hit],
                        "direction": (direction / direction.norm()).tolist(),
