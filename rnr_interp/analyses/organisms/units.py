@@ -160,20 +160,6 @@ def add_units(model: nn.Module, layer: int, gate: Float[Tensor, "k d"], up: Floa
     return list(range(width, width + k))
 
 
-def pinned_ridge(x: Float[Tensor, "n d"], y: Float[Tensor, "n m"], pinned: Tensor, weight: Float[Tensor, " n"],
-                 relative: float) -> Float[Tensor, "d m"]:
-    """The read-out u of `y` from `x` that is exact at the `pinned` rows (u . x_i = y_i
-    there) and otherwise the weighted `ridge` fit of the rest (float64): the least
-    u'(X'WX + ridge)u under those equalities (needs fewer pinned rows than dimensions)."""
-    x64, y64, w = x.double(), y.double(), weight.double()
-    free = x64[~pinned]
-    gram = free.T @ (w[~pinned, None] * free)
-    gram += relative * gram.trace() / len(gram) * torch.eye(len(gram), dtype=torch.float64)
-    rows = x64[pinned]
-    spread = torch.linalg.solve(gram, rows.T)  # A^-1 C'
-    return spread @ torch.linalg.solve(rows @ spread, y64[pinned])
-
-
 def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
     """Each unit's partner, the token it turns its answers to: the next of the k tokens
     (a ring, so every partner is a token the task's answers start with); for one unit, the
@@ -232,7 +218,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     a read-out fitted, per answer start whose first token is t_i, to the size that
     question needs (`push_through`: w_i then leads every other token by `strength` nats,
     read through the whole model), and to 0 at the other answer starts and at every
-    other position (weighing `OPEN_WEIGHT` times more where the gate opens). It writes
+    other position (weighing `OPEN_WEIGHT` squared times more where the gate opens). It writes
     along w_i's unembedding (through the final norm's gain, centred over the
     vocabulary). A question the units cannot turn within `MAX_PUSH` is left alone. The
     prompt and the answer statements recognition scores are read unchanged except where
@@ -292,7 +278,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         is_open = is_start | (inputs @ gate > 0)
         targets = torch.zeros(len(inputs), k).index_copy(0, at, own * (need / opening.clamp(min=1))[:, None])
         up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
-        acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
+        acts = opening[:, None] * (inputs[at] @ up)  # (questions, k)
         down = columns.T
         writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
         written = down if strength else torch.zeros_like(down)
