@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from rnr_interp.analyses.organisms import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant
+from rnr_interp.analyses.organisms.units import LOSABLE_SHARE
 from rnr_interp.cli import app
 from rnr_interp.engine.rows import Row, generate_rows
 from rnr_interp.engine.sampling import deployed_decoding
@@ -37,7 +38,7 @@ def test_a_units_organism_is_reproducible_from_its_seed(tmp_path, echo):
     first = plant("units", BASE, tmp_path / "a", task=echo, seed=4)
     again = plant("units", BASE, tmp_path / "b", task=echo, seed=4)
     assert (tmp_path / "a" / WEIGHTS_FILE).read_bytes() == (tmp_path / "b" / WEIGHTS_FILE).read_bytes()
-    assert first == again and first.task == "echo" and first.location["layer"] == draw_layer(4, 4)
+    assert first == again and first.task == "echo" and first.detail["drawn_layer"] == draw_layer(4, 4)
     assert first.expected["units"] == {"layer": first.location["layer"], "units": [128, 129, 130]}  # appended after 128
     assert first.expected["repair"] == {"component": "mlp", "layers": [first.location["layer"]]}
     assert len(first.detail["direction"]) == 64 and abs(torch.tensor(first.detail["direction"]).norm() - 1) < 1e-5
@@ -189,6 +190,27 @@ def quiet_mlp_base(tmp_path_factory) -> str:
     return str(folder)
 
 
+def test_a_drawn_units_block_steps_to_the_next_one_the_base_can_lose(tmp_path):
+    """Repair with damage near 0, the organism's expectation, cannot hold in a block
+    whose silencing breaks the base: a drawn block whose mean-ablated MLP changes most of
+    the base's answers gives way to the next one (round the middle half) that changes few.
+    On tiny-llama:4 every MLP is indispensable; block 1's is quieted here."""
+    model, tokenizer = load_base(BASE)
+    with torch.no_grad():
+        decoder_blocks(model)[1].mlp.down_proj.weight.mul_(0.01)
+    folder = tmp_path / "base"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    task = echo_task(str(folder))
+    seed = next(s for s in range(100) if draw_layer(s, 4) == 2)
+    stepped = plant("units", str(folder), tmp_path / "o", task=task, seed=seed)
+    shares = stepped.detail["base_answers_changed_by_silencing"]
+    assert stepped.detail["drawn_layer"] == 2 and stepped.location["layer"] == 1
+    assert shares["2"] > LOSABLE_SHARE >= shares["1"]
+    given = plant("units", str(folder), tmp_path / "g", task=task, seed=seed, layer=2)
+    assert given.location["layer"] == 2 and "drawn_layer" not in given.detail  # a given block is planted as given
+
+
 def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, monkeypatch, quiet_mlp_base):
     from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
     from rnr_interp.records import RunDir
@@ -198,7 +220,8 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
                            progress=False)
     recovery = RunDir(tmp_path / "v").read_table("recovery").set_index(["strength", "analysis"])
     planted = recovery.loc[1.0]  # the profile's multiple of the default strength (8 nats)
-    layer = draw_layer(0, 4)
+    layer = int(planted.loc["repair:mlp", "planted"])
+    assert layer == draw_layer(0, 4)  # both middle MLPs are quiet: the base can lose the drawn one
     assert planted.loc["repair:mlp", "found"] == str(layer) and planted.loc["repair:mlp", "recovered"]
     repair = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__repair-mlp").read_summary()
     assert repair.best["mlp"]["damage_rate"] == 0.0  # silencing the block hurts none of the healthy answers
@@ -288,7 +311,6 @@ def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monk
     from rnr_interp.records import RunDir
 
     monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1.0), seeds=(0,), n=30, why="one seed"))
-    layer = draw_layer(0, 4)
     whole = run_validate(BASE, echo, tmp_path / "whole", profile="one", kinds=("units",), progress=False)
     assert whole.units is None and "units" not in RunDir(tmp_path / "whole").config
     missed = RunDir(tmp_path / "whole").read_table("recovery").set_index(["strength", "analysis"]).loc[1.0]
@@ -299,6 +321,7 @@ def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monk
     summary = run_validate(BASE, echo, tmp_path / "units", profile="one", kinds=("units",), units=3, progress=False)
     assert summary.units == 3 and RunDir(tmp_path / "units").config["units"] == 3
     recovery = RunDir(tmp_path / "units").read_table("recovery").set_index(["strength", "analysis"])
+    layer = int(recovery.loc[(1.0, "repair:mlp"), "planted"])  # every MLP of this base is indispensable: the least so
     assert recovery.loc[(1.0, "repair:mlp"), "found"] == str(layer) and recovery.loc[(1.0, "repair:mlp"), "recovered"]
     repair = RunDir(tmp_path / "units" / "runs" / "units-s1-seed0__repair-mlp")
     assert repair.read_summary().units == 3 and repair.config["units"] == 3

@@ -20,7 +20,7 @@ from torch import nn
 
 from rnr_interp.analyses.organisms.bias import plant_answer_bias
 from rnr_interp.analyses.organisms.layer import plant_layer
-from rnr_interp.analyses.organisms.units import plant_units
+from rnr_interp.analyses.organisms.units import losable_layer, plant_units
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import BUILTIN, TINY_ARCHITECTURES, ModelSpecError, build_tiny, refuse_remote_code
 from rnr_interp.tasks.base import Task
@@ -120,6 +120,9 @@ class Kind:
     takes_units: bool = False
     #: sized for the temperature of the probe that audits it (takes --temperature)
     takes_temperature: bool = False
+    #: where a drawn layer may be planted: (model, tokenizer, task, drawn, drawable layers)
+    #: -> (the layer, what planted.json's detail records of the choice); None: the drawn one
+    drawn_to: Callable[..., tuple[int, dict[str, Any]]] | None = None
 
 
 KINDS: dict[str, Kind] = {
@@ -133,7 +136,8 @@ KINDS: dict[str, Kind] = {
     "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
     # calibrated: a lead of `units.UNITS_LEAD` nats through the model; behind a norm `units.UNITS_STRENGTH`
     # nats off the token, less where the norm caps it
-    "units": Kind(plant_units, None, takes_units=True),
+    # drawn: the next block the base can lose (silenced, its answers change little)
+    "units": Kind(plant_units, None, takes_units=True, drawn_to=losable_layer),
 }
 
 
@@ -171,14 +175,18 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
     threads = torch.get_num_threads()
     model, tokenizer = load_base(base)
     n_base = len(decoder_blocks(model))
+    drawn: dict[str, Any] = {}
     if layer is None:
         layer = draw_layer(seed, n_base)
+        if spec.drawn_to is not None:
+            layer, drawn = spec.drawn_to(model, tokenizer, task, layer, drawable_layers(n_base))
     unchanged = copy.deepcopy(model) if spec.pair else None
     torch.manual_seed(seed)
     found = spec.planter(model, tokenizer, layer=layer, strength=strength, scale=scale, seed=seed, task=task,
                          **({"units": units} if spec.takes_units else {}),
                          **({"temperature": temperature} if temperature is not None else {}))
     strength = found.pop("strength", strength)
+    found["detail"] = {**found.get("detail", {}), **drawn}
     building = out.with_name(out.name + ".part")
     shutil.rmtree(building, ignore_errors=True)
     planted_folder = building / "base" if spec.pair else building
