@@ -38,7 +38,7 @@ def test_a_units_organism_is_reproducible_from_its_seed(tmp_path, echo):
     first = plant("units", BASE, tmp_path / "a", task=echo, seed=4)
     again = plant("units", BASE, tmp_path / "b", task=echo, seed=4)
     assert (tmp_path / "a" / WEIGHTS_FILE).read_bytes() == (tmp_path / "b" / WEIGHTS_FILE).read_bytes()
-    assert first == again and first.task == "echo" and first.detail["drawn_layer"] == draw_layer(4, 4)
+    assert first == again and first.task == "echo" and first.drawn["drawn_layer"] == draw_layer(4, 4)
     assert first.expected["units"] == {"layer": first.location["layer"], "units": [128, 129, 130]}  # appended after 128
     assert first.expected["repair"] == {"component": "mlp", "layers": [first.location["layer"]]}
     assert len(first.detail["direction"]) == 64 and abs(torch.tensor(first.detail["direction"]).norm() - 1) < 1e-5
@@ -195,6 +195,8 @@ def test_a_drawn_units_block_steps_to_the_next_one_the_base_can_lose(tmp_path):
     whose silencing breaks the base: a drawn block whose mean-ablated MLP changes most of
     the base's answers gives way to the next one (round the middle half) that changes few.
     On tiny-llama:4 every MLP is indispensable; block 1's is quieted here."""
+    from rnr_interp.analyses.validate import organism_id
+
     model, tokenizer = load_base(BASE)
     with torch.no_grad():
         decoder_blocks(model)[1].mlp.down_proj.weight.mul_(0.01)
@@ -204,11 +206,14 @@ def test_a_drawn_units_block_steps_to_the_next_one_the_base_can_lose(tmp_path):
     task = echo_task(str(folder))
     seed = next(s for s in range(100) if draw_layer(s, 4) == 2)
     stepped = plant("units", str(folder), tmp_path / "o", task=task, seed=seed)
-    shares = stepped.detail["base_answers_changed_by_silencing"]
-    assert stepped.detail["drawn_layer"] == 2 and stepped.location["layer"] == 1
+    shares = stepped.drawn["base_answers_changed_by_silencing"]
+    assert stepped.drawn["drawn_layer"] == 2 and stepped.location["layer"] == 1
     assert shares["2"] > LOSABLE_SHARE >= shares["1"]
+    here = plant("units", str(folder), tmp_path / "h", task=task, seed=next(s for s in range(100) if draw_layer(s, 4) == 1))
+    assert here.location["layer"] == 1 and here.drawn["drawn_layer"] == 1
+    assert here.weights_sha256 == stepped.weights_sha256 and organism_id(here) == organism_id(stepped)  # one organism
     given = plant("units", str(folder), tmp_path / "g", task=task, seed=seed, layer=2)
-    assert given.location["layer"] == 2 and "drawn_layer" not in given.detail  # a given block is planted as given
+    assert given.location["layer"] == 2 and given.drawn == {}  # a given block is planted as given
 
 
 def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, monkeypatch, quiet_mlp_base):

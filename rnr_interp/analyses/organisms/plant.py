@@ -51,6 +51,10 @@ class Planted:
     detail: dict[str, Any] = field(default_factory=dict)
     #: sha256 of the weights file, so a rebuild from the seed can be checked bit for bit
     weights_sha256: str = ""
+    #: how the seed's draw led to `location` where a kind steps past the drawn layer (units:
+    #: ``drawn_layer``, ``base_answers_changed_by_silencing`` at each block tried); not part
+    #: of the organism (two seeds that end in one layer plant one organism)
+    drawn: dict[str, Any] = field(default_factory=dict)
     #: torch's CPU threads while planting: the fits sum in another order under another
     #: count, and the weights differ in their last bits (a rebuild plants under this count)
     torch_threads: int | None = None
@@ -121,7 +125,7 @@ class Kind:
     #: sized for the temperature of the probe that audits it (takes --temperature)
     takes_temperature: bool = False
     #: where a drawn layer may be planted: (model, tokenizer, task, drawn, drawable layers)
-    #: -> (the layer, what planted.json's detail records of the choice); None: the drawn one
+    #: -> (the layer, what planted.json's ``drawn`` records of the choice); None: the drawn one
     drawn_to: Callable[..., tuple[int, dict[str, Any]]] | None = None
 
 
@@ -186,7 +190,6 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
                          **({"units": units} if spec.takes_units else {}),
                          **({"temperature": temperature} if temperature is not None else {}))
     strength = found.pop("strength", strength)
-    found["detail"] = {**found.get("detail", {}), **drawn}
     building = out.with_name(out.name + ".part")
     shutil.rmtree(building, ignore_errors=True)
     planted_folder = building / "base" if spec.pair else building
@@ -198,7 +201,7 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
         found["detail"]["trained_weights_sha256"] = file_sha256(building / "trained" / WEIGHTS_FILE)
     planted = Planted(kind=kind, base=base, strength=strength, seed=seed, n_layers_base=n_base, torch_threads=threads,
                       n_layers=len(decoder_blocks(model)), task=task.name if isinstance(task, Task) else task,
-                      weights_sha256=file_sha256(planted_folder / WEIGHTS_FILE), **found)
+                      weights_sha256=file_sha256(planted_folder / WEIGHTS_FILE), drawn=drawn, **found)
     (building / PLANTED_FILE).write_text(json.dumps(asdict(planted), indent=1) + "\n")
     if out.exists():
         out.rmdir()  # empty, checked above
