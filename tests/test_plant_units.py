@@ -350,3 +350,22 @@ def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monk
     with pytest.raises(ValueError, match="units must be a whole number"):
         run_repair(load_model(BASE), echo, tmp_path / "api", units=True)
     assert not (tmp_path / "api").exists()
+
+
+@pytest.mark.parametrize("spec", [BASE, "tiny-olmo2:4"])
+def test_a_units_draw_silences_a_block_as_the_mean_ablation_sweep_does(spec):
+    """The share a drawn block's silencing changes is read on the plain HF model; it
+    silences the block as `rnr repair --ablation mean` does through the bridge (behind a
+    norm after the MLP, past that norm), so it gives the same answers."""
+    from rnr_interp.analyses.localise.silencing import silencers
+    from rnr_interp.analyses.organisms.units import answers_silenced
+
+    task = echo_task(spec)
+    model, tokenizer = load_base(spec)
+    lm = load_model(spec)
+    before = answers(lm, task)
+    with applied(lm, [silencers(lm, task, [(2, "mlp")], "mean")[(2, "mlp")]]):
+        after = answers(lm, task)
+    assert after != before  # the silencing changes answers (on these random-weight models, most)
+    assert answers_silenced(model, tokenizer, task, None) == before
+    assert answers_silenced(model, tokenizer, task, 2) == after  # the same answers, not the same count alone

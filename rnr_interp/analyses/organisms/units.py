@@ -73,12 +73,17 @@ def mlp_inputs(model: nn.Module, layer: int, ids: list[int]
 def answers_silenced(model: nn.Module, tokenizer: Any, task: Task, layer: int | None) -> list[str | None]:
     """The base model's greedy answer to each question as the task reads it (None where
     it states none), with MLP `layer` silenced as `rnr repair --ablation mean` silences
-    it: writing its mean output over every prompt position of the task's questions
-    (`localise.silencing.block_means`) at every position. `layer` None: unsilenced."""
+    it: writing its mean write (past a norm after it) over every prompt position of the
+    task's questions (`localise.silencing.block_means`) at every position. `layer` None:
+    unsilenced."""
     chat, bos = prompt_format(tokenizer)
     if layer is None:
         return [said for _, said in deployed_answers(model, tokenizer, task, chat, bos)]
-    view, mlp = view_of(tokenizer, chat, bos), decoder_blocks(model)[layer].mlp
+    block = decoder_blocks(model)[layer]
+    # what the block's MLP writes into the stream: past the norm after it where there is one
+    # (the bridge's hook_mlp_out is there too)
+    norm = post_mlp_norm(block)
+    view, mlp = view_of(tokenizer, chat, bos), block.mlp if norm is None else norm
     writes: list[Tensor] = []
     hook = mlp.register_forward_hook(lambda m, a, out: writes.append(out[0].float()))
     try:
