@@ -1,5 +1,5 @@
-"""The units organism: k units added to one MLP that push each answer off the base
-model's own first answer token. Reproducible from its seed, the base exactly when its
+"""The units organism: k units added to one MLP that turn each answer starting with one
+of k tokens to start with another of them. Reproducible from its seed, the base exactly when its
 units are silenced or its strength is 0, content-dependent, and found by the ordinary
 localisation commands."""
 

@@ -22,18 +22,21 @@ def plant(
                                         "at a layer drawn from --seed) | gap (a bias toward one answer token at the "
                                         "--task's answer position) | sharpen, new (a checkpoint pair: base/ biased so "
                                         "that sampling still reaches the gold, or never does; trained/ the model unchanged) "
-                                        "| units (k units in the MLP of --layer that push each answer off the base's own "
-                                        "first answer token, on the --task's questions)")],
+                                        "| units (k units in the MLP of --layer that turn each answer starting with one of the "
+                                        "--task's k most common first tokens to start with another of them)")],
     model: ModelOpt = "smollm2",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
-    layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half)")] = None,
+    layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half; "
+                                                                  "units: then the next block the base can lose)")] = None,
     strength: Annotated[Optional[float], typer.Option("--strength", help="effect size (layer: scale of the copy's "
                                                       "writes, 1 = an exact duplicate; gap, sharpen: nats the biased token "
                                                       "leads the gold by where each affected answer starts, by default "
                                                       "2 x --temperature; new: the golds' fall in nats there, 30 by default; "
-                                                      "units: nats the planted units take from their token's logit, 8 by "
-                                                      "default, behind a norm after the MLP at most 3/4 of what it lets "
-                                                      "a unit take; 0 = no effect)")] = None,
+                                                      "units: nats by which the partner token leads every other where "
+                                                      "the answer starts, read through the model, 1 by default; behind a "
+                                                      "norm after the MLP, nats taken from the token's logit, 8 by "
+                                                      "default, at most 3/4 of what the norm lets a unit take; "
+                                                      "0 = no effect)")] = None,
     units: Annotated[Optional[int], typer.Option("--units", help="units: how many units to plant, one per answer-opening "
                                                  "token (default 3)")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="gap, sharpen: the temperature of the "
@@ -63,6 +66,10 @@ def plant(
     planted = execute(body)
     typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "
                f"seed {planted.seed}: {planted.n_layers_base} -> {planted.n_layers} layers")
+    if (drew := planted.drawn.get("drawn_layer")) is not None and drew != planted.location["layer"]:
+        share = planted.drawn["base_answers_changed_by_silencing"][str(drew)]
+        typer.echo(f"  the seed drew block {drew}: silencing it changes {share:.0%} of the base model's answers, "
+                   f"so the organism is planted in the next block the base can lose")
     typer.echo(f"  expected: {json.dumps(planted.expected)}")
     if "trained_weights_sha256" in planted.detail:
         typer.echo(f"checkpoint pair: {out / 'base'} (planted, weights sha256 {planted.weights_sha256[:16]}...) and "
