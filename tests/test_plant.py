@@ -571,3 +571,23 @@ def test_validate_runs_its_analyses_with_the_ablation_and_grading_asked(tmp_path
     assert repair.read_summary().ablation == "mean"
     assert (summary.ablation, summary.grading) == ("mean", "flexible")
     assert RunDir(tmp_path / "v").config["ablation"] == "mean"
+
+
+def test_plant_says_where_a_drawn_block_was_stepped_over_and_why(tmp_path, monkeypatch):
+    """The units kind plants past a drawn block the base cannot lose, or, where no block
+    qualifies, in the one it loses best: the command names both blocks and their shares."""
+    from rnr_interp.analyses.organisms import Planted
+
+    shares = {"11": 1.0, "12": 1.0, "13": 1 / 24}
+    stepped = Planted(kind="units", base="smollm2", strength=1.0, seed=21, location={"layer": 13, "units": [1536]},
+                      n_layers_base=30, n_layers=30, expected={}, drawn={"drawn_layer": 11,
+                                                                         "base_answers_changed_by_silencing": shares})
+    monkeypatch.setattr("rnr_interp.analyses.organisms.plant", lambda *a, **kw: stepped)
+    done = CliRunner().invoke(app, ["plant", "units", "--task", "copy", "--out", str(tmp_path / "o")])
+    assert done.exit_code == 0, done.output
+    assert ("the seed drew block 11, whose silencing changes 100% of the base model's answers; planted in block 13, "
+            "whose silencing changes 4%") in done.output
+    monkeypatch.setattr("rnr_interp.analyses.organisms.plant",
+                        lambda *a, **kw: replace(stepped, location={"layer": 11, "units": [1536]}))
+    kept = CliRunner().invoke(app, ["plant", "units", "--task", "copy", "--out", str(tmp_path / "k")])
+    assert kept.exit_code == 0 and "the seed drew" not in kept.output  # planted where drawn: nothing to say

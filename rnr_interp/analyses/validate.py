@@ -276,9 +276,9 @@ def recovery_row(planted: Planted, analysis: str, found: Found) -> dict[str, Any
 
 def organism_id(planted: Planted) -> str:
     """What makes two organisms one: the same ground truth apart from the seed that drew
-    it (and how the draw went) and the thread count it was planted under (the weights' sha256, both checkpoints'
-    for a pair, and what the analyses read as the truth, e.g. the gap kind's affected
-    questions)."""
+    it (and how the draw went) and the thread count it was planted under (the weights'
+    sha256, both checkpoints' for a pair, and what the analyses read as the truth, e.g.
+    the gap kind's affected questions)."""
     truth = {k: v for k, v in asdict(planted).items() if k not in ("seed", "drawn", "torch_threads")}
     return hashlib.sha256(json.dumps(truth, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -66,10 +66,10 @@ def plant(
     planted = execute(body)
     typer.echo(f"planted {planted.kind} in {planted.base} at {json.dumps(planted.location)}, strength {planted.strength:g}, "
                f"seed {planted.seed}: {planted.n_layers_base} -> {planted.n_layers} layers")
-    if (drew := planted.drawn.get("drawn_layer")) is not None and drew != planted.location["layer"]:
-        share = planted.drawn["base_answers_changed_by_silencing"][str(drew)]
-        typer.echo(f"  the seed drew block {drew}: silencing it changes {share:.0%} of the base model's answers, "
-                   f"so the organism is planted in the next block the base can lose")
+    if (drew := planted.drawn.get("drawn_layer")) is not None and drew != (at := planted.location["layer"]):
+        shares = planted.drawn["base_answers_changed_by_silencing"]
+        typer.echo(f"  the seed drew block {drew}, whose silencing changes {shares[str(drew)]:.0%} of the base model's "
+                   f"answers; planted in block {at}, whose silencing changes {shares[str(at)]:.0%}")
     typer.echo(f"  expected: {json.dumps(planted.expected)}")
     if "trained_weights_sha256" in planted.detail:
         typer.echo(f"checkpoint pair: {out / 'base'} (planted, weights sha256 {planted.weights_sha256[:16]}...) and "
