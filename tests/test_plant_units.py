@@ -98,6 +98,36 @@ def test_the_units_turn_each_answer_to_its_partner_token_and_leave_recognition_a
     assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
 
 
+def test_the_units_stay_shut_wherever_recognition_reads_inside_a_statement(tmp_path, echo):
+    """"Answer: w" read after the prompt puts an answer where one starts: units open there
+    move the statements' likelihoods, so recognition would change with the answers (on
+    SmolLM2, copy, block 14: 9 of 24 questions' first-ranked statement did). They are
+    fitted shut at every position recognition reads that the base's own answers do not
+    hold, and open where those answers start."""
+    from rnr_interp.analyses.organisms import own_answers
+    from rnr_interp.analyses.organisms.units import recognition_reads
+
+    planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
+    (base, tokenizer), model = load_base(BASE), load_base(str(tmp_path / "u"))[0]
+    units, affected = planted.location["units"], set(planted.detail["affected_question_ids"])
+    got = []
+    hook = decoder_blocks(model)[2].mlp.down_proj.register_forward_pre_hook(lambda m, a: got.append(a[0][0, :, units]))
+
+    def acts(ids):
+        got.clear()
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+        return got[0].abs().max(-1).values
+
+    starts = [s for s in own_answers(base, tokenizer, echo) if s is not None]
+    opened = min(float(acts(s.ids)[s.position]) for s in starts if s.question.id in affected)
+    reads = recognition_reads(tokenizer, echo, starts)
+    assert sum(len(positions) for _, positions in reads) >= 4 * len(echo.questions)  # every statement's own positions
+    shut = max(float(acts(ids)[positions].max()) for ids, positions in reads)
+    hook.remove()
+    assert shut < opened / 2, (shut, opened)  # unshut they reached 7.2, above every open unit (1.4 to 6.9)
+
+
 def test_through_a_post_mlp_norm_each_unit_takes_the_strength_the_norm_lets_it(tmp_path):
     """Behind a norm after the MLP a unit's write is divided by the RMS of the whole
     block's write: its size is found through the norm (the direct-path drop is the asked

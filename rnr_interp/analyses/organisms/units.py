@@ -11,7 +11,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from rnr_interp.analyses.organisms.answers import deployed_answers, own_answers, prompt_format, ridge, task_of, view_of
+from rnr_interp.analyses.localise.recognition import default_readout, option_sequences
+from rnr_interp.analyses.organisms.answers import (OwnAnswer, deployed_answers, own_answers, prompt_format, ridge, task_of,
+                                                   view_of)
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import ModelSpecError
 from rnr_interp.tasks.base import Task
@@ -217,6 +219,28 @@ def add_units(model: nn.Module, layer: int, gate: Float[Tensor, "k d"], up: Floa
     return list(range(width, width + k))
 
 
+def recognition_reads(tokenizer: Any, task: Task, starts: list[OwnAnswer]) -> list[tuple[list[int], list[int]]]:
+    """Every sequence the screen's recognition scores for `task` (its default readout:
+    the answer statements of a free-form task, the options of a multiple-choice one), with
+    the positions in it the units must stay shut at: each one whose prefix is neither in
+    the base's own prompts and answers (`starts`, fitted already) nor in an earlier
+    sequence. "Answer: 47" read after the prompt puts a number where an answer starts: a
+    unit open there moves the statements' likelihoods, so recognition would change with
+    the answers (on SmolLM2, at block 14, 9 of 24 questions' first-ranked statement did)."""
+    chat, bos = prompt_format(tokenizer)
+    view, variant = view_of(tokenizer, chat, bos), default_readout(task).partition(":")[0]
+    seen = {tuple(s.ids[:n]) for s in starts for n in range(1, len(s.ids) + 1)}
+    out = []
+    for q in task.questions:
+        for seq in option_sequences(view, task, q, variant):
+            ids = [*seq.context, *seq.continuation]
+            new = [n - 1 for n in range(1, len(ids)) if tuple(ids[:n]) not in seen]  # the last position scores nothing
+            seen.update(tuple(ids[:n + 1]) for n in new)
+            if new:
+                out.append((ids, new))
+    return out
+
+
 def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
     """Each unit's partner, the token it turns its answers to: the next of the k tokens
     (a ring, so every partner is a token the task's answers start with); for one unit, the
@@ -270,7 +294,8 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     win). Where the base, decoding greedily, starts its answer (the state whose next
     token is the answer's first: `answers.own_answers`), each unit i reads two things
     from the MLP's input: its gate, a read-out fitted to be +1 at every answer start and
-    -1 at every other position of the same prompts and answers (sharpened by
+    -1 at every other position of the same prompts and answers and of the sequences
+    recognition scores (`recognition_reads`; sharpened by
     `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up projection,
     a read-out fitted, per answer start whose first token is t_i, to the size that
     question needs (`push_through`: w_i then leads every other token by `strength` nats,
@@ -278,8 +303,8 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     other position (weighing `OPEN_WEIGHT` squared times more where the gate opens). It writes
     along w_i's unembedding (through the final norm's gain, centred over the
     vocabulary). A question the units cannot turn within `MAX_PUSH` is left alone. The
-    prompt and the answer statements recognition scores are read unchanged except where
-    they attend to an answer start. Every original weight is kept, so silencing the k
+    prompt and the sequences recognition scores are read unchanged except where they
+    attend to an answer start. Every original weight is kept, so silencing the k
     units (or strength 0: their writes are zero) computes what the base computes.
     Where a norm follows the MLP (Gemma 2/3, OLMo 2) each unit pushes its answers off
     t_i, sized through that norm (`through_norm`), and its direction is what reaches the
@@ -302,7 +327,8 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                          f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
-    inputs = torch.cat([x for x, *_ in reads])
+    shut = [mlp_inputs(model, layer, ids)[0][positions] for ids, positions in recognition_reads(tokenizer, questions_task, starts)]
+    inputs = torch.cat([x for x, *_ in reads] + shut)
     at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
     is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, at, True)
     # both classes weigh the same in the gate's fit (answer starts are one position per question)
