@@ -98,14 +98,15 @@ def test_the_units_turn_each_answer_to_its_partner_token_and_leave_recognition_a
     assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
 
 
-def test_the_units_stay_shut_wherever_recognition_reads_inside_a_statement(tmp_path, echo):
+def test_the_units_stay_shut_inside_the_statements_recognition_scores_and_their_own_replies(tmp_path, echo):
     """"Answer: w" read after the prompt puts an answer where one starts: units open there
     move the statements' likelihoods, so recognition would change with the answers (on
-    SmolLM2, copy, block 14: 9 of 24 questions' first-ranked statement did). They are
-    fitted shut at every position recognition reads that the base's own answers do not
-    hold, and open where those answers start."""
+    SmolLM2, copy, block 14: 9 of 24 questions' first-ranked statement did). The
+    organism's own replies hold states no base reply does (after a turned first token,
+    past an answer's end). The units are fitted shut at both, and open where the base's
+    answers start."""
     from rnr_interp.analyses.organisms import own_answers
-    from rnr_interp.analyses.organisms.units import recognition_reads
+    from rnr_interp.analyses.organisms.units import recognition_sequences, reply_sequences, unseen_positions
 
     planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
     (base, tokenizer), model = load_base(BASE), load_base(str(tmp_path / "u"))[0]
@@ -121,11 +122,14 @@ def test_the_units_stay_shut_wherever_recognition_reads_inside_a_statement(tmp_p
 
     starts = [s for s in own_answers(base, tokenizer, echo) if s is not None]
     opened = min(float(acts(s.ids)[s.position]) for s in starts if s.question.id in affected)
-    reads = recognition_reads(tokenizer, echo, starts)
-    assert sum(len(positions) for _, positions in reads) >= 4 * len(echo.questions)  # every statement's own positions
-    shut = max(float(acts(ids)[positions].max()) for ids, positions in reads)
+    seen = {tuple(s.ids[:n]) for s in starts for n in range(1, len(s.ids) + 1)}
+    statements = unseen_positions(recognition_sequences(tokenizer, echo), seen)
+    replies = unseen_positions(reply_sequences(model, tokenizer, echo), seen)
+    assert sum(len(positions) for _, positions in statements) >= 4 * len(echo.questions) and replies
+    shut = [max(float(acts(ids)[positions].max()) for ids, positions in reads) for reads in (statements, replies)]
     hook.remove()
-    assert shut < opened / 2, (shut, opened)  # unshut they reached 7.2, above every open unit (1.4 to 6.9)
+    # fitted on the base's own replies alone they reached 7.2 in a statement, above every open unit (1.4 to 6.9)
+    assert max(shut) < opened / 2, (shut, opened)
 
 
 def test_through_a_post_mlp_norm_each_unit_takes_the_strength_the_norm_lets_it(tmp_path):

@@ -12,8 +12,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import default_readout, option_sequences
-from rnr_interp.analyses.organisms.answers import (OwnAnswer, deployed_answers, own_answers, prompt_format, ridge, task_of,
-                                                   view_of)
+from rnr_interp.analyses.organisms.answers import (deployed_answers, deployed_replies, own_answers, prompt_format, ridge,
+                                                   task_of, view_of)
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import ModelSpecError
 from rnr_interp.tasks.base import Task
@@ -219,26 +219,49 @@ def add_units(model: nn.Module, layer: int, gate: Float[Tensor, "k d"], up: Floa
     return list(range(width, width + k))
 
 
-def recognition_reads(tokenizer: Any, task: Task, starts: list[OwnAnswer]) -> list[tuple[list[int], list[int]]]:
+def set_units(model: nn.Module, layer: int, indices: list[int], gate: Float[Tensor, "k d"], up: Float[Tensor, "k d"],
+              down: Float[Tensor, "d k"]) -> None:
+    """Write units `indices` of MLP `layer` (appended by `add_units`) again, in place."""
+    mlp = gated_mlp(decoder_blocks(model)[layer])
+    with torch.no_grad():
+        mlp.gate_proj.weight[indices] = gate.to(mlp.gate_proj.weight.dtype)
+        mlp.up_proj.weight[indices] = up.to(mlp.up_proj.weight.dtype)
+        mlp.down_proj.weight[:, indices] = down.to(mlp.down_proj.weight.dtype)
+
+
+def unseen_positions(sequences: list[list[int]], seen: set[tuple[int, ...]]) -> list[tuple[list[int], list[int]]]:
+    """Each of `sequences` with its positions whose prefix (the tokens up to and with
+    the position's own) is not in `seen`, which then holds them; sequences without one
+    are left out."""
+    out = []
+    for ids in sequences:
+        new = [p for p in range(len(ids)) if tuple(ids[:p + 1]) not in seen]
+        seen.update(tuple(ids[:p + 1]) for p in new)
+        if new:
+            out.append((ids, new))
+    return out
+
+
+def recognition_sequences(tokenizer: Any, task: Task) -> list[list[int]]:
     """Every sequence the screen's recognition scores for `task` (its default readout:
-    the answer statements of a free-form task, the options of a multiple-choice one), with
-    the positions in it the units must stay shut at: each one whose prefix is neither in
-    the base's own prompts and answers (`starts`, fitted already) nor in an earlier
-    sequence. "Answer: 47" read after the prompt puts a number where an answer starts: a
-    unit open there moves the statements' likelihoods, so recognition would change with
-    the answers (on SmolLM2, at block 14, 9 of 24 questions' first-ranked statement did)."""
+    each candidate's answer statement after the prompt for a free-form task, the options
+    for a multiple-choice one), as token ids."""
     chat, bos = prompt_format(tokenizer)
     view, variant = view_of(tokenizer, chat, bos), default_readout(task).partition(":")[0]
-    seen = {tuple(s.ids[:n]) for s in starts for n in range(1, len(s.ids) + 1)}
-    out = []
-    for q in task.questions:
-        for seq in option_sequences(view, task, q, variant):
-            ids = [*seq.context, *seq.continuation]
-            new = [n - 1 for n in range(1, len(ids)) if tuple(ids[:n]) not in seen]  # the last position scores nothing
-            seen.update(tuple(ids[:n + 1]) for n in new)
-            if new:
-                out.append((ids, new))
-    return out
+    return [[*seq.context, *seq.continuation] for q in task.questions for seq in option_sequences(view, task, q, variant)]
+
+
+def reply_sequences(model: nn.Module, tokenizer: Any, task: Task) -> list[list[int]]:
+    """Each question's prompt and `model`'s greedy reply to it, as token ids."""
+    chat, bos = prompt_format(tokenizer)
+    view = view_of(tokenizer, chat, bos)
+    return [view.encode(view.render(task.user_message(q))) + tokenizer(reply, add_special_tokens=False).input_ids
+            for q, reply in zip(task.questions, deployed_replies(model, tokenizer, task, chat, bos))]
+
+
+def rows_at(model: nn.Module, layer: int, reads: list[tuple[list[int], list[int]]], width: int) -> Float[Tensor, "n d"]:
+    """What MLP `layer` reads at the given positions of each sequence (`mlp_inputs`)."""
+    return torch.cat([torch.zeros(0, width)] + [mlp_inputs(model, layer, ids)[0][positions] for ids, positions in reads])
 
 
 def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
@@ -295,14 +318,19 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     token is the answer's first: `answers.own_answers`), each unit i reads two things
     from the MLP's input: its gate, a read-out fitted to be +1 at every answer start and
     -1 at every other position of the same prompts and answers and of the sequences
-    recognition scores (`recognition_reads`; sharpened by
+    recognition scores (`recognition_sequences`: "Answer: 47" read after the prompt puts
+    a number where an answer starts, and units open there move recognition with the
+    answers; sharpened by
     `GATE_SHARPNESS`, so the unit is shut off the answer starts), and its up projection,
     a read-out fitted, per answer start whose first token is t_i, to the size that
     question needs (`push_through`: w_i then leads every other token by `strength` nats,
     read through the whole model), and to 0 at the other answer starts and at every
     other position (weighing `OPEN_WEIGHT` squared times more where the gate opens). It writes
     along w_i's unembedding (through the final norm's gain, centred over the
-    vocabulary). A question the units cannot turn within `MAX_PUSH` is left alone. The
+    vocabulary). Both read-outs are then fitted once more, shut also along the organism's
+    own greedy replies (`reply_sequences`: after a turned first token, or past an
+    answer's end, the replies hold states no base reply does). A question the units
+    cannot turn within `MAX_PUSH` is left alone. The
     prompt and the sequences recognition scores are read unchanged except where they
     attend to an answer start. Every original weight is kept, so silencing the k
     units (or strength 0: their writes are zero) computes what the base computes.
@@ -327,16 +355,22 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                          f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
-    shut = [mlp_inputs(model, layer, ids)[0][positions] for ids, positions in recognition_reads(tokenizer, questions_task, starts)]
-    inputs = torch.cat([x for x, *_ in reads] + shut)
+    width = reads[0][0].shape[1]
+    seen = {tuple(s.ids[:n]) for s in starts for n in range(1, len(s.ids) + 1)}
+    rows = torch.cat([x for x, *_ in reads]
+                     + [rows_at(model, layer, unseen_positions(recognition_sequences(tokenizer, questions_task), seen), width)])
     at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
-    is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, at, True)
-    # both classes weigh the same in the gate's fit (answer starts are one position per question)
-    balance = torch.where(is_start, len(inputs) / (2 * len(at)), len(inputs) / (2 * (len(inputs) - len(at))))
-    gate = ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance, UNITS_RIDGE)[:, 0].float()
     own = torch.tensor([[float(s.answer[0] == t) for t in tokens] for s in starts])
-    head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, inputs.shape[1]))[0, 0].float()
+    head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, width))[0, 0].float()
     rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
+
+    def fit_gate(inputs: Float[Tensor, "n d"]) -> tuple[Float[Tensor, " d"], Float[Tensor, " n"], Tensor]:
+        is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, at, True)
+        # both classes weigh the same in the gate's fit (answer starts are one position per question)
+        balance = torch.where(is_start, len(inputs) / (2 * len(at)), len(inputs) / (2 * (len(inputs) - len(at))))
+        return ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance, UNITS_RIDGE)[:, 0].float(), balance, is_start
+
+    gate, balance, is_start = fit_gate(rows)
     detail: dict[str, Any] = {}
     if norm is None:
         partners = partner_tokens(tokens, counts)
@@ -344,7 +378,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         # one unit of activation: one nat toward w_i on the direct path, at the RMS where its answers start
         columns = torch.stack([toward[i] / toward[i].norm() ** 2 * float(rms[own[:, i].bool()].mean()) for i in range(k)])
         strength = scale * UNITS_LEAD if strength is None else float(strength)
-        opening = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)  # each answer start's gate
+        opening = mlp.act_fn(GATE_SHARPNESS * rows[at] @ gate)  # each answer start's gate
         need = torch.zeros(len(starts))
         for j, s in enumerate(starts):
             i = int(own[j].argmax())
@@ -358,38 +392,56 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
             if not own[:, i].any():
                 raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
                                  f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
-        is_open = is_start | (inputs @ gate > 0)
-        targets = torch.zeros(len(inputs), k).index_copy(0, at, own * (need / opening.clamp(min=1))[:, None])
-        up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
-        acts = opening[:, None] * (inputs[at] @ up)  # (questions, k)
-        down = columns.T
-        writes = acts @ down.T  # (questions, d): what the units add to MLP `layer`'s output at each answer start
-        written = down if strength else torch.zeros_like(down)
         turned = own.any(1)
         detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
                   "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
                   "unturned_question_ids": [s.question.id for j, s in enumerate(starts)
                                             if s.answer[0] in tokens and not turned[j]]}
+        centred = None
     else:
+        centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
+        outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
+
+    def fit_units(inputs: Float[Tensor, "n d"], gate: Float[Tensor, " d"], balance: Float[Tensor, " n"], is_start: Tensor,
+                  strength: float | None) -> tuple[Float[Tensor, "d k"], Float[Tensor, "d k"], Float[Tensor, "q d"], float]:
+        """The up read-outs (d, k) and down columns (d, k) fitted with `gate` on `inputs`,
+        what the units write at each answer start, and the strength they are sized at."""
+        if norm is None:
+            opening = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)
+            is_open = is_start | (inputs @ gate > 0)
+            targets = torch.zeros(len(inputs), k).index_copy(0, at, own * (need / opening.clamp(min=1))[:, None])
+            up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
+            acts = opening[:, None] * (inputs[at] @ up)  # (questions, k)
+            return up, columns.T, acts @ columns, float(strength)
         # 1 at its own answer starts and 0 at the others, where the gate is open (so these
         # weigh 100 times as much as in the gate's fit), and 0 at every other position: a
         # second filter where the gate leaks
         up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, at, own),
                    balance * torch.where(is_start, OPEN_WEIGHT, 1.0), UNITS_RIDGE).float()
         acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
-        centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
         for i in range(k):
             mine = own[:, i].bool()
             if not float(acts[mine, i].mean()) > 0:
                 raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers "
                                  f"start in block {layer} (its read-outs do not separate them): plant at another --layer")
-        outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
-        down, strength = through_norm(norm, outputs, acts, own, centred, rms, strength, scale, layer)
-        writes = norm(outputs + acts @ down.T) - norm(outputs)  # what reaches the stream past the norm
-        written = down if strength else torch.zeros_like(down)
+        down, sized = through_norm(norm, outputs, acts, own, centred, rms, strength, scale, layer)
+        return up, down, norm(outputs + acts @ down.T) - norm(outputs), sized  # what reaches the stream past the norm
+
+    up, down, writes, sized = fit_units(rows, gate, balance, is_start, strength)
+    # written at their size even for a null (strength 0), so that a null is fitted on the
+    # replies of the organism it is the null of
+    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, down)
+    # the units' own replies hold states no base reply does (after a turned first token, or
+    # past an answer's end); fitted again shut there too, so that they act where answers start
+    replies = rows_at(model, layer, unseen_positions(reply_sequences(model, tokenizer, questions_task), seen), width)
+    if len(replies):
+        rows = torch.cat([rows, replies])
+        gate, balance, is_start = fit_gate(rows)
+        up, down, writes, sized = fit_units(rows, gate, balance, is_start, strength)
+    set_units(model, layer, indices, GATE_SHARPNESS * gate.expand(k, -1), up.T, down if sized else torch.zeros_like(down))
+    strength = sized
     affected = own.any(1)
     direction = writes[affected].mean(0)
-    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, written)
     hit = {s.question.id for s, a in zip(starts, affected) if a}
     expected = ({"effect": False} if strength == 0 else
                 {"effect": True, "repair": {"component": "mlp", "layers": [layer]},
