@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from rnr_interp.analyses.organisms import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant
-from rnr_interp.analyses.organisms.units import LOSABLE_SHARE
+from rnr_interp.analyses.organisms.losable import LOSABLE_SHARE
 from rnr_interp.cli import app
 from rnr_interp.engine.rows import Row, generate_rows
 from rnr_interp.engine.sampling import deployed_decoding
@@ -392,7 +392,7 @@ def test_a_units_draw_silences_a_block_as_the_mean_ablation_sweep_does(spec):
     silences the block as `rnr repair --ablation mean` does through the bridge (behind a
     norm after the MLP, past that norm), so it gives the same answers."""
     from rnr_interp.analyses.localise.silencing import silencers
-    from rnr_interp.analyses.organisms.units import answers_silenced
+    from rnr_interp.analyses.organisms.losable import answers_silenced
 
     task = echo_task(spec)
     model, tokenizer = load_base(spec)

@@ -20,7 +20,8 @@ from torch import nn
 
 from rnr_interp.analyses.organisms.bias import plant_answer_bias
 from rnr_interp.analyses.organisms.layer import plant_layer
-from rnr_interp.analyses.organisms.units import losable_layer, plant_units
+from rnr_interp.analyses.organisms.losable import losable_layer
+from rnr_interp.analyses.organisms.units import plant_units
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import BUILTIN, TINY_ARCHITECTURES, ModelSpecError, build_tiny, refuse_remote_code
 from rnr_interp.tasks.base import Task

@@ -12,7 +12,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import default_readout, option_sequences
-from rnr_interp.analyses.organisms.answers import (deployed_answers, deployed_replies, own_answers, prompt_format, ridge,
+from rnr_interp.analyses.organisms.answers import (deployed_replies, own_answers, prompt_format, ridge,
                                                    task_of, view_of)
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import ModelSpecError
@@ -42,11 +42,6 @@ UP_RIDGE = 1e-8
 #: the largest write one answer start may need, in direct-path nats (`push_through`): a
 #: question the units cannot turn below it is left alone
 MAX_PUSH = 4096.0
-#: a drawn units block is one whose silencing changes at most this share of the base
-#: model's answers (`losable_layer`): the organism's expectation, repair with damage near
-#: 0, cannot hold where silencing the block breaks the base (SmolLM2 on copy, mean
-#: ablation: MLP 11 changes 24 of its 24 answers, MLP 17 11, MLPs 9, 10, 14 and 18 1 to 3)
-LOSABLE_SHARE = 0.25
 #: the up read-outs' targets weigh this much more at the answer starts than elsewhere
 #: (units sized through the model: its square where the gate opens)
 OPEN_WEIGHT = 100.0
@@ -69,58 +64,6 @@ def mlp_inputs(model: nn.Module, layer: int, ids: list[int]
         for h in hooks:
             h.remove()
     return got["mlp"], got["final"].pow(2).mean(-1).sqrt(), got["out"]
-
-
-@torch.no_grad()
-def answers_silenced(model: nn.Module, tokenizer: Any, task: Task, layer: int | None) -> list[str | None]:
-    """The base model's greedy answer to each question as the task reads it (None where
-    it states none), with MLP `layer` silenced as `rnr repair --ablation mean` silences
-    it: writing its mean write (past a norm after it) over every prompt position of the
-    task's questions (`localise.silencing.block_means`) at every position. `layer` None:
-    unsilenced."""
-    chat, bos = prompt_format(tokenizer)
-    if layer is None:
-        return [said for _, said in deployed_answers(model, tokenizer, task, chat, bos)]
-    block = decoder_blocks(model)[layer]
-    # what the block's MLP writes into the stream: past the norm after it where there is one
-    # (the bridge's hook_mlp_out is there too)
-    norm = post_mlp_norm(block)
-    view, mlp = view_of(tokenizer, chat, bos), block.mlp if norm is None else norm
-    writes: list[Tensor] = []
-    hook = mlp.register_forward_hook(lambda m, a, out: writes.append(out[0].float()))
-    try:
-        for q in task.questions:
-            model(input_ids=torch.tensor([view.encode(view.render(task.user_message(q)))]))
-    finally:
-        hook.remove()
-    mean = torch.cat(writes).mean(0)
-    hook = mlp.register_forward_hook(lambda m, a, out: mean.to(out.dtype).expand_as(out))
-    try:
-        return [said for _, said in deployed_answers(model, tokenizer, task, chat, bos)]
-    finally:
-        hook.remove()
-
-
-def losable_layer(model: nn.Module, tokenizer: Any, task: str | Task | None, drawn: int, layers: range
-                  ) -> tuple[int, dict[str, Any]]:
-    """The block the units kind plants in when the seed draws `drawn` from `layers`:
-    `drawn`, or the next of `layers` after it (round the range) whose silencing
-    (`answers_silenced`) changes at most `LOSABLE_SHARE` of the base's answers; where
-    none does, the one that changes fewest (the first of them in that order). With what
-    planted.json records of the choice: the drawn layer and the share each block tried
-    changes."""
-    questions = task_of(task, "units")
-    before = answers_silenced(model, tokenizer, questions, None)
-    order = [*range(drawn, layers.stop), *range(layers.start, drawn)]
-    shares: dict[int, float] = {}
-    for layer in order:
-        after = answers_silenced(model, tokenizer, questions, layer)
-        shares[layer] = sum(a != b for a, b in zip(after, before)) / len(before)
-        if shares[layer] <= LOSABLE_SHARE:
-            break
-    else:
-        layer = min(order, key=shares.__getitem__)
-    return layer, {"drawn_layer": drawn, "base_answers_changed_by_silencing": {str(k): v for k, v in shares.items()}}
 
 
 def final_norm(model: nn.Module) -> nn.Module:
