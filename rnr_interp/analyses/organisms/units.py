@@ -340,7 +340,6 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                   "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
                   "unturned_question_ids": [s.question.id for j, s in enumerate(starts)
                                             if s.answer[0] in tokens and not turned[j]]}
-        centred = None
     else:
         centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
         outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
