@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from rnr_interp.analyses.organisms.answers import deployed_answers, prompt_format, task_of, view_of
-from rnr_interp.analyses.organisms.units import post_mlp_norm
-from rnr_interp.interventions import decoder_blocks
+from rnr_interp.analyses.organisms.ablation import mean_ablated, mean_write
+from rnr_interp.analyses.organisms.answers import deployed_answers, prompt_format, task_of
 from rnr_interp.tasks.base import Task
 
 #: a drawn units block is one whose silencing changes at most this share of the base
@@ -21,34 +19,15 @@ from rnr_interp.tasks.base import Task
 LOSABLE_SHARE = 0.25
 
 
-@torch.no_grad()
 def answers_silenced(model: nn.Module, tokenizer: Any, task: Task, layer: int | None) -> list[str | None]:
     """The base model's greedy answer to each question as the task reads it (None where
-    it states none), with MLP `layer` silenced as `rnr repair --ablation mean` silences
-    it: writing its mean write (past a norm after it) over every prompt position of the
-    task's questions (`localise.silencing.block_means`) at every position. `layer` None:
-    unsilenced."""
+    it states none), with MLP `layer` mean-ablated as the sweep silences it
+    (`ablation.mean_ablated`). `layer` None: unsilenced."""
     chat, bos = prompt_format(tokenizer)
     if layer is None:
         return [said for _, said in deployed_answers(model, tokenizer, task, chat, bos)]
-    block = decoder_blocks(model)[layer]
-    # what the block's MLP writes into the stream: past the norm after it where there is one
-    # (the bridge's hook_mlp_out is there too)
-    norm = post_mlp_norm(block)
-    view, mlp = view_of(tokenizer, chat, bos), block.mlp if norm is None else norm
-    writes: list[Tensor] = []
-    hook = mlp.register_forward_hook(lambda m, a, out: writes.append(out[0].float()))
-    try:
-        for q in task.questions:
-            model(input_ids=torch.tensor([view.encode(view.render(task.user_message(q)))]))
-    finally:
-        hook.remove()
-    mean = torch.cat(writes).mean(0)
-    hook = mlp.register_forward_hook(lambda m, a, out: mean.to(out.dtype).expand_as(out))
-    try:
+    with mean_ablated(model, layer, mean_write(model, tokenizer, task, layer)):
         return [said for _, said in deployed_answers(model, tokenizer, task, chat, bos)]
-    finally:
-        hook.remove()
 
 
 def losable_layer(model: nn.Module, tokenizer: Any, task: str | Task | None, drawn: int, layers: range

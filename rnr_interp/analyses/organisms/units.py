@@ -12,8 +12,10 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import default_readout, option_sequences
-from rnr_interp.analyses.organisms.answers import (deployed_replies, own_answers, prompt_format, ridge,
+from rnr_interp.analyses.organisms.ablation import mean_ablated, mean_write, post_mlp_norm
+from rnr_interp.analyses.organisms.answers import (OwnAnswer, deployed_replies, own_answers, prompt_format, ridge,
                                                    task_of, view_of)
+from rnr_interp.analyses.organisms.losable import LOSABLE_SHARE, answers_silenced
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import ModelSpecError
 from rnr_interp.tasks.base import Task
@@ -42,6 +44,9 @@ UP_RIDGE = 1e-8
 #: the largest write one answer start may need, in direct-path nats (`push_through`): a
 #: question the units cannot turn below it is left alone
 MAX_PUSH = 4096.0
+#: how much the answer starts with an earlier MLP silenced weigh in the units' fits,
+#: all of one answer start's silenced copies together, against the answer start itself
+UPSTREAM_WEIGHT = 1.0
 #: the up read-outs' targets weigh this much more at the answer starts than elsewhere
 #: (units sized through the model: its square where the gate opens)
 OPEN_WEIGHT = 100.0
@@ -81,11 +86,6 @@ def gated_mlp(block: nn.Module) -> nn.Module:
         raise ModelSpecError(f"kind 'units' plants in a gated MLP (gate, up and down projections); "
                              f"{type(block).__name__} has none")
     return mlp
-
-
-def post_mlp_norm(block: nn.Module) -> nn.Module | None:
-    """The norm between the block's MLP and the residual stream (Gemma 2/3, OLMo 2), if any."""
-    return getattr(block, "post_feedforward_layernorm", None)
 
 
 @torch.no_grad()
@@ -207,6 +207,34 @@ def rows_at(model: nn.Module, layer: int, reads: list[tuple[list[int], list[int]
     return torch.cat([torch.zeros(0, width)] + [mlp_inputs(model, layer, ids)[0][positions] for ids, positions in reads])
 
 
+@torch.no_grad()
+def silenced_starts(model: nn.Module, tokenizer: Any, task: Task, layer: int, starts: list[OwnAnswer]
+                    ) -> tuple[Float[Tensor, "n d"], list[int]]:
+    """What MLP `layer` reads where each of `starts` starts its answer (its context's
+    last position) with the MLP of each earlier block the base can lose mean-ablated as
+    the sweep silences it, and those blocks: a block whose silencing changes more than
+    `LOSABLE_SHARE` of the base's answers (`losable.answers_silenced`) breaks the base,
+    so its silencing repairs nothing selectively and the sweep never names it (on a
+    small random model no block is one the base can lose)."""
+    mlp, rows, kept = decoder_blocks(model)[layer].mlp, [], []
+    before = answers_silenced(model, tokenizer, task, None)
+    for j in range(layer):
+        read: list[Tensor] = []
+        mean = mean_write(model, tokenizer, task, j)
+        hook = mlp.register_forward_pre_hook(lambda m, a: read.append(a[0][0, -1].float()))
+        try:
+            with mean_ablated(model, j, mean):
+                for s in starts:
+                    model(input_ids=torch.tensor([s.context]))
+        finally:
+            hook.remove()
+        after = answers_silenced(model, tokenizer, task, j)
+        if sum(a != b for a, b in zip(after, before)) <= LOSABLE_SHARE * len(before):
+            rows.append(torch.stack(read))
+            kept.append(j)
+    return torch.cat([torch.zeros(0, mlp.gate_proj.in_features), *rows]), kept
+
+
 def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
     """Each unit's partner, the token it turns its answers to: the next of the k tokens
     (a ring, so every partner is a token the task's answers start with); for one unit, the
@@ -303,14 +331,24 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     rows = torch.cat([x for x, *_ in reads]
                      + [rows_at(model, layer, unseen_positions(recognition_sequences(tokenizer, questions_task), seen), width)])
     at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
+    # the answer starts again with each earlier MLP silenced: the units write there what
+    # they write intact, so that silencing an earlier block does not repair
+    upstream, losable = silenced_starts(model, tokenizer, questions_task, layer, starts)
+    opened_at = torch.cat([at, len(rows) + torch.arange(len(upstream))])
+    opened_of = torch.arange(len(starts)).repeat(1 + len(losable))
+    # all the silenced copies of one answer start together weigh UPSTREAM_WEIGHT of it
+    opened_weight = torch.cat([torch.ones(len(at)), torch.full((len(upstream),), UPSTREAM_WEIGHT / max(len(losable), 1))])
+    rows = torch.cat([rows, upstream])
     own = torch.tensor([[float(s.answer[0] == t) for t in tokens] for s in starts])
     head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, width))[0, 0].float()
     rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
 
     def fit_gate(inputs: Float[Tensor, "n d"]) -> tuple[Float[Tensor, " d"], Float[Tensor, " n"], Tensor]:
-        is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, at, True)
-        # both classes weigh the same in the gate's fit (answer starts are one position per question)
-        balance = torch.where(is_start, len(inputs) / (2 * len(at)), len(inputs) / (2 * (len(inputs) - len(at))))
+        is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, opened_at, True)
+        # both classes weigh the same in the gate's fit (answer starts are few positions)
+        start_weight = torch.zeros(len(inputs)).index_copy(0, opened_at, opened_weight)
+        balance = torch.where(is_start, len(inputs) / 2 * start_weight / start_weight.sum(),
+                              len(inputs) / (2 * (len(inputs) - len(opened_at))))
         return ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance, UNITS_RIDGE)[:, 0].float(), balance, is_start
 
     gate, balance, is_start = fit_gate(rows)
@@ -349,16 +387,16 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         """The up read-outs (d, k) and down columns (d, k) fitted with `gate` on `inputs`,
         what the units write at each answer start, and the strength they are sized at."""
         if norm is None:
-            opening = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)
+            opening = mlp.act_fn(GATE_SHARPNESS * inputs[opened_at] @ gate)
             is_open = is_start | (inputs @ gate > 0)
-            targets = torch.zeros(len(inputs), k).index_copy(0, at, own * (need / opening.clamp(min=1))[:, None])
+            targets = torch.zeros(len(inputs), k).index_copy(0, opened_at, own[opened_of] * (need[opened_of] / opening.clamp(min=1))[:, None])
             up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
-            acts = opening[:, None] * (inputs[at] @ up)  # (questions, k)
+            acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
             return up, columns.T, acts @ columns, float(strength)
         # 1 at its own answer starts and 0 at the others, where the gate is open (so these
         # weigh 100 times as much as in the gate's fit), and 0 at every other position: a
         # second filter where the gate leaks
-        up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, at, own),
+        up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, opened_at, own[opened_of]),
                    balance * torch.where(is_start, OPEN_WEIGHT, 1.0), UNITS_RIDGE).float()
         acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
         for i in range(k):
