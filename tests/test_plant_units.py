@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rnr_interp.analyses.organisms import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant
+from rnr_interp.analyses.organisms import PLANTED_FILE, WEIGHTS_FILE, draw_layer, load_base, plant, read_planted
 from rnr_interp.analyses.organisms.losable import LOSABLE_SHARE
 from rnr_interp.cli import app
 from rnr_interp.engine.rows import Row, generate_rows
@@ -403,3 +403,60 @@ def test_a_units_draw_silences_a_block_as_the_mean_ablation_sweep_does(spec):
     assert after != before  # the silencing changes answers (on these random-weight models, most)
     assert answers_silenced(model, tokenizer, task, None) == before
     assert answers_silenced(model, tokenizer, task, 2) == after  # the same answers, not the same count alone
+
+
+def test_silencing_an_earlier_mlp_the_base_can_lose_leaves_the_units_as_they_were(tmp_path, monkeypatch):
+    """A units read-out fitted finely enough to stay shut where recognition reads can open
+    far wider when an earlier block is silenced (SmolLM2: 3 to 55 times), and the
+    overshoot repairs as silencing the planted block does, so earlier blocks tie with it.
+    The units are fitted to write at each answer start what they write intact also with
+    each earlier MLP the base can lose mean-ablated (here MLP 1, quieted; MLP 0 breaks
+    the base and is left out). A 256-wide tiny-llama:4, since 64 dimensions leave the fit
+    no room for the silenced copies."""
+    import transformers as tf
+
+    from rnr_interp.analyses.organisms import own_answers
+    from rnr_interp.analyses.organisms import units as planter
+    from rnr_interp.analyses.organisms.ablation import mean_ablated, mean_write
+    from rnr_interp.models.tiny import char_tokenizer, tiny_config
+
+    tokenizer = char_tokenizer(chat=True)
+    config = tiny_config("tiny-llama", 4, len(tokenizer))
+    config.hidden_size, config.intermediate_size, config.initializer_range = 256, 512, 0.2
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 2, 0
+    with torch.no_grad():
+        decoder_blocks(model)[1].mlp.down_proj.weight.mul_(0.03)
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    base = str(tmp_path / "base")
+    task = echo_task(base)
+
+    def write_ratios(folder) -> list[float]:
+        """Each affected answer start: the units' summed activation with MLP 1 silenced over it intact."""
+        planted = read_planted(folder)
+        organism = load_base(str(folder))[0]
+        starts = [s for s in own_answers(load_base(base)[0], tokenizer, task)
+                  if s is not None and s.question.id in planted.detail["affected_question_ids"]]
+        mean, acts = mean_write(organism, tokenizer, task, 1), []
+        units = planted.location["units"]
+        hook = decoder_blocks(organism)[2].mlp.down_proj.register_forward_pre_hook(
+            lambda m, a: acts.append(float(a[0][0, -1, units].sum())))
+        with torch.no_grad():
+            for s in starts:
+                organism(input_ids=torch.tensor([s.context]))
+            with mean_ablated(organism, 1, mean):
+                for s in starts:
+                    organism(input_ids=torch.tensor([s.context]))
+        hook.remove()
+        return [after / before for before, after in zip(acts[:len(starts)], acts[len(starts):])]
+
+    fitted = plant("units", base, tmp_path / "u", task=task, seed=0, layer=2)
+    assert fitted.detail["upstream_layers"] == [1]
+    kept = write_ratios(tmp_path / "u")
+    assert len(kept) >= 10 and all(abs(r - 1) < 0.02 for r in kept), kept
+    monkeypatch.setattr(planter, "silenced_starts", lambda *a: (torch.zeros(0, 256), []))
+    plant("units", base, tmp_path / "n", task=task, seed=0, layer=2)
+    assert max(abs(r - 1) for r in write_ratios(tmp_path / "n")) > 0.1  # fitted on the intact starts alone

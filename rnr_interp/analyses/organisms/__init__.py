@@ -55,7 +55,8 @@ seed (`draw_layer`).
 
 The modules: `plant` (the kinds, `plant`, ``planted.json``), `layer` (layer, null),
 `answers` (where a task's answers start as the base model deploys, and the reads fitted
-there), `bias` (gap, sharpen, new), `units` (units).
+there), `bias` (gap, sharpen, new), `ablation` (an MLP mean-ablated as the sweep silences
+it), `losable` (the blocks the base can lose), `units` (units).
 """
 
 from rnr_interp.analyses.organisms.answers import (

@@ -298,7 +298,10 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     read through the whole model), and to 0 at the other answer starts and at every
     other position (weighing `OPEN_WEIGHT` squared times more where the gate opens). It writes
     along w_i's unembedding (through the final norm's gain, centred over the
-    vocabulary). Both read-outs are then fitted once more, shut also along the organism's
+    vocabulary). Both are fitted to the same targets at the answer starts with each
+    earlier MLP the base can lose mean-ablated (`silenced_starts`): read-outs this
+    fine open far wider off the states they were fitted on, and the overshoot would
+    repair as silencing block L does. Both read-outs are then fitted once more, shut also along the organism's
     own greedy replies (`reply_sequences`: after a turned first token, or past an
     answer's end, the replies hold states no base reply does). A question the units
     cannot turn within `MAX_PUSH` is left alone. The
@@ -429,6 +432,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                  "steering": {"layer": layer, "component": "mlp", "direction": "detail.direction"}})
     return {"strength": float(strength), "location": {"layer": layer, "units": indices}, "expected": expected,
             "detail": {"k": k, "tokens": [tokenizer.decode([t]) for t in tokens], "token_ids": tokens, **detail,
+                       "upstream_layers": losable,
                        "affected_question_ids": [q.id for q in questions_task.questions if q.id in hit],
                        "unaffected_question_ids": [q.id for q in questions_task.questions if q.id not in hit],
                        "direction": (direction / direction.norm()).tolist(),
