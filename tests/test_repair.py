@@ -61,8 +61,9 @@ def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
 
 def test_moved_shares_read_how_far_silencing_one_block_moves_a_later_one(lm):
     """Known answers for the reading: a spec that writes the panel's mean write of the
-    later block in its place moves it all the way (share 1); a spec that changes nothing
-    moves it not at all (share 0). The names of the specs are the layers they stand for."""
+    later block in its place moves it all the way (share 1); a spec that changes nothing,
+    or shifts every question's write alike, moves it not at all (share 0). The names of
+    the specs are the layers they stand for."""
     from rnr_interp.analyses.localise.directions import block_output
     from rnr_interp.analyses.localise.mediation import moved_shares, proximate
     from rnr_interp.interventions import Steer
@@ -78,6 +79,14 @@ def test_moved_shares_read_how_far_silencing_one_block_moves_a_later_one(lm):
     nothing = {0: Steer(0, (0.0,) * d, 0.0, "hook_mlp_out"), 1: Ablate("mlp", 1)}
     moved = moved_shares(lm, task, failure, panel, nothing)
     assert moved[0, 1] == pytest.approx(0.0, abs=1e-6) and proximate([0, 1], moved) == 0
+    # a spec that shifts the later block's write alike on every question (here by 40 times
+    # its failure direction, backward) moves no failure toward the panel: share 0, where a
+    # share read on the failures alone says -40
+    writes = block_output(lm, [prompt_ids(lm, task, q) for q in task.questions], 1, "mlp")
+    v = writes[:6].mean(0) - writes[6:].mean(0)
+    shift = {0: Steer(1, tuple(v.tolist()), 40.0, "hook_mlp_out"), 1: Ablate("mlp", 1)}
+    moved = moved_shares(lm, task, failure, panel, shift)
+    assert moved[0, 1] == pytest.approx(0.0, abs=1e-3) and proximate([0, 1], moved) == 0
     with pytest.raises(ValueError, match="needs failures and a panel"):
         moved_shares(lm, task, failure, [], silence)
 
