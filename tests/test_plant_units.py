@@ -405,14 +405,14 @@ def test_a_units_draw_silences_a_block_as_the_mean_ablation_sweep_does(spec):
     assert answers_silenced(model, tokenizer, task, 2) == after  # the same answers, not the same count alone
 
 
-def test_silencing_an_earlier_mlp_the_base_can_lose_leaves_the_units_as_they_were(tmp_path, monkeypatch):
+def test_silencing_an_earlier_mlp_leaves_the_units_as_they_were(tmp_path, monkeypatch):
     """A units read-out fitted finely enough to stay shut where recognition reads can open
     far wider when an earlier block is silenced (SmolLM2: 3 to 55 times), and the
     overshoot repairs as silencing the planted block does, so earlier blocks tie with it.
     The units are fitted to write at each answer start what they write intact also with
-    each earlier MLP the base can lose mean-ablated (here MLP 1, quieted; MLP 0 breaks
-    the base and is left out). A 256-wide tiny-llama:4, since 64 dimensions leave the fit
-    no room for the silenced copies."""
+    each earlier MLP mean-ablated that moves their input there by at most half its length
+    (here MLP 1, quieted; MLP 0 moves it further and is left out). A 256-wide
+    tiny-llama:4, since 64 dimensions leave the fit no room for the silenced copies."""
     import transformers as tf
 
     from rnr_interp.analyses.organisms import own_answers
