@@ -343,11 +343,11 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
     # the answer starts again with each earlier MLP silenced: the units write there what
     # they write intact, so that silencing an earlier block does not repair
-    upstream, losable = silenced_starts(model, tokenizer, questions_task, layer, starts)
+    upstream, upstream_layers = silenced_starts(model, tokenizer, questions_task, layer, starts)
     opened_at = torch.cat([at, len(rows) + torch.arange(len(upstream))])
-    opened_of = torch.arange(len(starts)).repeat(1 + len(losable))
+    opened_of = torch.arange(len(starts)).repeat(1 + len(upstream_layers))
     # all the silenced copies of one answer start together weigh UPSTREAM_WEIGHT of it
-    opened_weight = torch.cat([torch.ones(len(at)), torch.full((len(upstream),), UPSTREAM_WEIGHT / max(len(losable), 1))])
+    opened_weight = torch.cat([torch.ones(len(at)), torch.full((len(upstream),), UPSTREAM_WEIGHT / max(len(upstream_layers), 1))])
     rows = torch.cat([rows, upstream])
     own = torch.tensor([[float(s.answer[0] == t) for t in tokens] for s in starts])
     head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, width))[0, 0].float()
@@ -439,7 +439,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                  "steering": {"layer": layer, "component": "mlp", "direction": "detail.direction"}})
     return {"strength": float(strength), "location": {"layer": layer, "units": indices}, "expected": expected,
             "detail": {"k": k, "tokens": [tokenizer.decode([t]) for t in tokens], "token_ids": tokens, **detail,
-                       "upstream_layers": losable,
+                       "upstream_layers": upstream_layers,
                        "affected_question_ids": [q.id for q in questions_task.questions if q.id in hit],
                        "unaffected_question_ids": [q.id for q in questions_task.questions if q.id not in hit],
                        "direction": (direction / direction.norm()).tolist(),
