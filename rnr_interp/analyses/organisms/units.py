@@ -210,35 +210,23 @@ def rows_at(model: nn.Module, layer: int, reads: list[tuple[list[int], list[int]
 
 
 @torch.no_grad()
-def silenced_starts(model: nn.Module, tokenizer: Any, task: Task, layer: int, starts: list[OwnAnswer]
-                    ) -> tuple[Float[Tensor, "n d"], list[int]]:
+def silenced_starts(model: nn.Module, tokenizer: Any, task: Task, layer: int, starts: list[OwnAnswer],
+                    intact: Float[Tensor, "q d"]) -> tuple[Float[Tensor, "n d"], list[int]]:
     """What MLP `layer` reads where each of `starts` starts its answer (its context's
     last position) with the MLP of each earlier block mean-ablated as the sweep silences
-    it, and those blocks, leaving out a block whose silencing moves that input by more
+    it (`intact`: what it reads there unsilenced), and those blocks, leaving out a block whose silencing moves that input by more
     than `UPSTREAM_SHIFT` of its length (median over `starts`): the fit has no room for
     such states (every earlier block of a 64-wide tiny model moves it 0.7 to 1.3), and
     such a block breaks the base (SmolLM2 at block 18: MLPs 0, 2 and 11 move it 0.6 to
     1.0 and change every answer; the others 0.2 to 0.45)."""
-    mlp, read = decoder_blocks(model)[layer].mlp, []
-
-    def inputs() -> Float[Tensor, "q d"]:
-        read.clear()
-        hook = mlp.register_forward_pre_hook(lambda m, a: read.append(a[0][0, -1].float()))
-        try:
-            for s in starts:
-                model(input_ids=torch.tensor([s.context]))
-        finally:
-            hook.remove()
-        return torch.stack(read)
-
-    intact, rows, kept = inputs(), [], []
+    rows, kept = [], []
     for j in range(layer):
         with mean_ablated(model, j, mean_write(model, tokenizer, task, j)):
-            silenced = inputs()
+            silenced = torch.stack([mlp_inputs(model, layer, s.context)[0][-1] for s in starts])
         if float(((silenced - intact).norm(dim=1) / intact.norm(dim=1)).median()) <= UPSTREAM_SHIFT:
             rows.append(silenced)
             kept.append(j)
-    return torch.cat([torch.zeros(0, mlp.gate_proj.in_features), *rows]), kept
+    return torch.cat([torch.zeros(0, intact.shape[1]), *rows]), kept
 
 
 def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
@@ -343,7 +331,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     at = torch.tensor([sum(len(s.ids) for s in starts[:i]) + s.position for i, s in enumerate(starts)])
     # the answer starts again with each earlier MLP silenced: the units write there what
     # they write intact, so that silencing an earlier block does not repair
-    upstream, upstream_layers = silenced_starts(model, tokenizer, questions_task, layer, starts)
+    upstream, upstream_layers = silenced_starts(model, tokenizer, questions_task, layer, starts, rows[at])
     opened_at = torch.cat([at, len(rows) + torch.arange(len(upstream))])
     opened_of = torch.arange(len(starts)).repeat(1 + len(upstream_layers))
     # all the silenced copies of one answer start together weigh UPSTREAM_WEIGHT of it
