@@ -104,8 +104,8 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--strength", "-1"], "cannot be negative"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--layer", "0", "--strength", "1e6"],
      "turns none of its answers in block 0"),
-    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic", "--units", "1", "--strength", "50"],
-     "caps what unit 0 can take"),
+    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic", "--layer", "0", "--strength", "1e6"],
+     "turns none of its answers in block 0"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):
     done = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "org")])

@@ -66,17 +66,25 @@ def test_silencing_the_planted_units_or_strength_zero_gives_back_the_base_exactl
     assert grown == {f"model.layers.{i}.mlp.{p}_proj.weight" for i in range(4) for p in ("gate", "up", "down")}
 
 
-def test_the_units_turn_each_answer_to_its_partner_token_and_leave_recognition_alone(tmp_path, echo):
+# tiny-olmo2: an RMSNorm after every MLP, which the units write before; its answers start with two tokens,
+# so one unit leaves the other's questions alone; its read-out there misses the size asked by up to 7%,
+# which the norm reads as up to 0.16 nats of lead
+@pytest.mark.parametrize("spec,units,within", [(BASE, 3, 0.05), ("tiny-olmo2:4", 1, 0.2)])
+def test_the_units_turn_each_answer_to_its_partner_token_and_leave_recognition_alone(tmp_path, spec, units, within):
     from rnr_interp.analyses.localise.recognition import gold_first, recognize
     from rnr_interp.analyses.organisms.units import UNITS_LEAD, lead_of
 
-    planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
-    base, organism = load_model(BASE), load_model(str(tmp_path / "u"))
+    echo = echo_task(spec)
+    planted = plant("units", spec, tmp_path / "u", task=echo, layer=2, seed=0, units=units)
+    base, organism = load_model(spec), load_model(str(tmp_path / "u"))
     before, after = answers(base, echo), answers(organism, echo)
     affected = set(planted.detail["affected_question_ids"])
     assert len(affected) >= 10 and set(planted.detail["unaffected_question_ids"]) and planted.strength == UNITS_LEAD
     tokens, partners = planted.detail["tokens"], planted.detail["partners"]
-    assert partners == tokens[1:] + tokens[:1]  # a ring: each unit turns its answers to the next unit's token
+    if units > 1:  # a ring: each unit turns its answers to the next unit's token
+        assert partners == tokens[1:] + tokens[:1]
+    else:  # one unit: to another token the answers start with
+        assert partners[0] in {q.answer[:1] for q in echo.questions} - {tokens[0]}
     for q, was, now in zip(echo.questions, before, after):
         assert was == q.answer  # the echo task's golds are the base's own answers
         if q.id in affected:  # content: the answer now starts with its unit's partner, not with a phrasing token
@@ -86,13 +94,13 @@ def test_the_units_turn_each_answer_to_its_partner_token_and_leave_recognition_a
     # sized through the model: where each affected answer starts its partner leads every other token by the strength
     from rnr_interp.analyses.organisms import own_answers
 
-    base_model, tokenizer = load_base(BASE)
+    base_model, tokenizer = load_base(spec)
     planted_model = load_base(str(tmp_path / "u"))[0]
     ids, partner_ids = planted.detail["token_ids"], planted.detail["partner_token_ids"]
-    leads = [lead_of(planted_model, 2, s.context, torch.zeros(64), partner_ids[ids.index(s.answer[0])])
+    leads = [lead_of(planted_model, 2, s.context, torch.zeros(len(planted.detail["direction"])), partner_ids[ids.index(s.answer[0])])
              for s in own_answers(base_model, tokenizer, echo) if s is not None and s.question.id in affected]
     assert len(leads) == len(affected) == len(planted.detail["push_nats"])
-    assert all(abs(lead - UNITS_LEAD) < 0.05 for lead in leads), leads
+    assert all(abs(lead - UNITS_LEAD) < within for lead in leads), leads
     # the answer statements recognition ranks are read as before (the screen's readout)
     recognised = [gold_first(recognize(lm, echo, echo.questions, variants=("answer",)), "answer") for lm in (base, organism)]
     assert len(recognised[0] ^ recognised[1]) <= 1 and len(recognised[0]) >= 5
@@ -132,51 +140,41 @@ def test_the_units_stay_shut_inside_the_statements_recognition_scores_and_their_
     assert max(shut) < opened / 2, (shut, opened)
 
 
-def test_through_a_post_mlp_norm_each_unit_takes_the_strength_the_norm_lets_it(tmp_path):
-    """Behind a norm after the MLP a unit's write is divided by the RMS of the whole
-    block's write: its size is found through the norm (the direct-path drop is the asked
-    strength exactly), and the reach has a ceiling, which the default stays under."""
-    from rnr_interp.analyses.organisms.units import CAP_SHARE, UNITS_STRENGTH, through_norm
+def test_behind_a_post_mlp_norm_a_units_write_leaves_the_norm_along_the_column_asked():
+    """Behind a norm after the MLP the units write before it: a small write along the
+    column `behind_norm` gives leaves the norm along the column asked for (to first
+    order: the norm divides by its gain and by the RMS of the block's write), and nothing
+    is written where the gain is exactly 0."""
+    from rnr_interp.analyses.organisms.units import behind_norm
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
     torch.manual_seed(0)
-    d, q, k = 16, 12, 2
+    d, q, k, eps = 64, 12, 2, 1e-3
     norm = Gemma3RMSNorm(d)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(d))  # gain 1 + w: not flat, so the unit must write along -centred / gain
-    outputs, centred, rms = torch.randn(q, d) * 3, torch.randn(k, d), torch.rand(q) + 0.5
+    outputs, columns = torch.randn(q, d) * 3, torch.randn(k, d)
     own = torch.tensor([[float(i % 2 == j) for j in range(k)] for i in range(q)])
-    acts = own * (torch.rand(q, k) + 0.5)
 
-    def drop(down, i):  # what unit i takes from its token's logit on its own rows, through the norm
+    def left(down: torch.Tensor, i: int) -> torch.Tensor:  # what leaves the norm per unit of write, on unit i's rows
         mine = own[:, i].bool()
-        moved = norm(outputs[mine] + acts[mine, i, None] * down[:, i]) - norm(outputs[mine])
-        return float((-(moved @ centred[i]) / rms[mine]).mean())
+        return ((norm(outputs[mine] + eps * down[i]) - norm(outputs[mine])) / eps).mean(0)
 
     with torch.no_grad():
-        down, strength = through_norm(norm, outputs, acts, own, centred, rms, 1.5, 1.0, layer=3)
-        assert strength == 1.5 and all(abs(drop(down, i) - 1.5) < 1e-4 for i in range(k))
-        gain = norm(torch.ones(1, 1, d))[0, 0]
-        for i in range(k):  # what leaves the norm points along -centred_i
-            assert torch.nn.functional.cosine_similarity(gain * down[:, i], -centred[i], dim=0) > 0.999
-        far = [drop(through_norm(norm, outputs, acts, own, centred, rms, 1e-3, 1.0, 3)[0] * 1e6, i) for i in range(k)]
-        default, chosen = through_norm(norm, outputs, acts, own, centred, rms, None, 1.0, layer=3)
-        assert chosen == pytest.approx(min(UNITS_STRENGTH, CAP_SHARE * min(far)), rel=1e-3) and chosen < max(far)
-        assert all(abs(drop(default, i) - chosen) < 1e-3 for i in range(k))
-        half = through_norm(norm, outputs, acts, own, centred, rms, None, 0.5, layer=3)
-        assert half[1] == pytest.approx(chosen / 2) and abs(drop(half[0], 0) - chosen / 2) < 1e-3  # a profile's scale
-        with pytest.raises(ValueError, match=r"the norm after MLP 3 caps what unit 0 can take .* below --strength 1000"):
-            through_norm(norm, outputs, acts, own, centred, rms, 1000.0, 1.0, layer=3)
-        norm.weight[:3] = -1.0  # a gain of exactly 0 in three dimensions: nothing is written there, the rest reaches
-        down, _ = through_norm(norm, outputs, acts, own, centred, rms, 1.0, 1.0, layer=3)
-        assert torch.isfinite(down).all() and (down[:3] == 0).all() and all(abs(drop(down, i) - 1.0) < 1e-4 for i in range(k))
+        norm.weight.copy_(torch.rand(d) * 4)  # gains from 1 to 5: the column must be divided by them
+        down = behind_norm(norm, columns, outputs, own)
+        for i in range(k):
+            assert torch.nn.functional.cosine_similarity(left(down, i), columns[i], dim=0) > 0.95
+            assert left(down, i).norm() / columns[i].norm() == pytest.approx(1.0, abs=0.1)
+        undivided = columns * outputs.pow(2).mean(-1).sqrt().mean()
+        assert left(undivided, 0).norm() / columns[0].norm() > 2  # not divided by the gain: about its mean, 3
+        norm.weight[:3] = -1.0  # a gain of exactly 0 in three dimensions: nothing is written there
+        down = behind_norm(norm, columns, outputs, own)
+        assert torch.isfinite(down).all() and (down[:, :3] == 0).all()
 
 
 def test_units_plant_behind_a_post_mlp_norm_and_silencing_them_gives_back_the_base(tmp_path):
     spec = "tiny-olmo2:4"  # an RMSNorm after every MLP
     task = echo_task(spec)
     planted = plant("units", spec, tmp_path / "u", task=task, layer=2, seed=0, units=2)
-    assert 0 < planted.strength < 8.0  # the norm caps the default's 8 nats there
     again = plant("units", spec, tmp_path / "again", task=task, layer=2, seed=0, units=2)  # the bisection is deterministic
     assert again == planted and (tmp_path / "again" / WEIGHTS_FILE).read_bytes() == (tmp_path / "u" / WEIGHTS_FILE).read_bytes()
     organism, base = load_model(str(tmp_path / "u")), load_model(spec)

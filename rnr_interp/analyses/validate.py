@@ -72,8 +72,7 @@ plant's), or the pair kind's source of gains (a pair at strength 0 is one model 
 audited with the same seeds: it has no gains at all).
 Profile strengths are multiples of each kind's default (layer: 1; gap and sharpen: t's
 lead over each affected gold, 2 nats times the validation's probe temperature, for which
-they are planted; new: 30 nats; units: the new first token's lead of 1 nat, or behind a
-norm 8 nats off the old one, less where the norm caps it), and the tables carry the
+they are planted; new: 30 nats; units: the new first token's lead of 1 nat), and the tables carry the
 profile's strength.
 
 Golds (``gold``): "base" (the default) anchors the task to the base model, its own

@@ -45,8 +45,8 @@ Kinds (`KINDS`):
 - ``units`` (needs ``--task``): k units appended to the MLP of block L that turn each
   answer starting with one of the k tokens the task's answers most often start with into
   one starting with another of them, sized per question through the model (`plant_units`;
-  behind a norm after the MLP they push off the token instead); silencing them, or
-  strength 0, is the base bit for bit.
+  behind a norm after the MLP, through the norm too); silencing them, or strength 0, is
+  the base bit for bit.
 
 Every organism is a function of (base model, kind, layer, strength, seed, and the task's
 questions for the kinds that need one): the same

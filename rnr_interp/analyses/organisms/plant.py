@@ -139,8 +139,7 @@ KINDS: dict[str, Kind] = {
     # 30 nats below: a gold first token with 1 - 1e-7 of the mass keeps under 1e-5 of it,
     # and K = 32 samples reach it with probability under 1e-3
     "new": Kind(partial(plant_answer_bias, kind="new"), 30.0, takes_layer=False, pair=True),
-    # calibrated: a lead of `units.UNITS_LEAD` nats through the model; behind a norm `units.UNITS_STRENGTH`
-    # nats off the token, less where the norm caps it
+    # calibrated: a lead of `units.UNITS_LEAD` nats through the model
     # drawn: the next block the base can lose (silenced, its answers change little)
     "units": Kind(plant_units, None, takes_units=True, drawn_to=losable_layer),
 }

@@ -28,12 +28,6 @@ GATE_SHARPNESS = 8.0
 #: read through the whole model, when no --strength is given (on SmolLM2 the lead a write
 #: toward the partner reaches peaks at 1.7 to 3 nats at block 18, then falls as a space wins)
 UNITS_LEAD = 1.0
-#: behind a norm after the MLP (the units push off their own token there): nats a unit
-#: takes from its token's logit where it fires, when no --strength is given
-UNITS_STRENGTH = 8.0
-#: behind a norm after the MLP, the default is at most this share of the smallest
-#: unit's cap (`through_norm`): a unit sized at its cap drowns the rest of the block's write
-CAP_SHARE = 0.75
 #: ridge of the units' read-outs, relative (`answers.ridge`)
 UNITS_RIDGE = 1e-4
 #: ridge of the up read-outs of units sized through the model: small, so that a read-out
@@ -90,49 +84,15 @@ def gated_mlp(block: nn.Module) -> nn.Module:
     return mlp
 
 
-@torch.no_grad()
-def through_norm(norm: nn.Module, outputs: Float[Tensor, "q d"], acts: Float[Tensor, "q k"], own: Float[Tensor, "q k"],
-                 centred: Float[Tensor, "k d"], rms: Float[Tensor, "q"], strength: float | None, scale: float, layer: int
-                 ) -> tuple[Float[Tensor, "d k"], float]:
-    """Down-projection columns for units whose MLP output passes through `norm` before
-    the residual stream, and the strength they are sized at. Unit i writes along
-    -centred_i / g (g the norm's gain, so that what leaves the norm points along
-    -centred_i in every dimension the gain does not zero), at the size that lowers its
-    token's logit against the mean by
-    `strength` nats on average over its own answer starts, read through the norm itself
-    (`outputs`: what the MLP writes there without the units). The norm divides by the
-    RMS of everything the MLP writes, so a unit's reach is not linear in its size (found
-    by bisection) and has a ceiling, its cap: what it takes when it drowns the rest of
-    the MLP's write. No `strength`: `UNITS_STRENGTH`, or `CAP_SHARE` of the smallest
-    cap where that is less, times `scale`. A strength of 0 is sized as that default (for
-    the organism's direction); its writes are zero."""
-    gain = norm(torch.ones(1, 1, outputs.shape[1], dtype=outputs.dtype))[0, 0]
-    base = norm(outputs)
-    # a dimension the norm's gain zeroes cannot be written through it (Gemma 3 270M has some)
-    steps = torch.where(gain != 0, -centred / gain.where(gain != 0, 1.0), 0.0)
-    steps = steps / steps.norm(dim=-1, keepdim=True)
-
-    def lowered(i: int, size: float) -> float:
-        mine = own[:, i].bool()
-        moved = norm(outputs[mine] + size * acts[mine, i, None] * steps[i]) - base[mine]
-        return float((-(moved @ centred[i]) / rms[mine]).mean())
-
-    drowning = 1e4 * float(outputs.norm(dim=-1).max())
-    caps = [lowered(i, drowning) for i in range(len(centred))]
-    if strength is None:
-        strength = scale * min(UNITS_STRENGTH, CAP_SHARE * min(caps))
-    target = strength or min(UNITS_STRENGTH, CAP_SHARE * min(caps))
-    down = torch.zeros(outputs.shape[1], len(centred))
-    for i, cap in enumerate(caps):
-        if not cap > target:
-            raise ValueError(f"the norm after MLP {layer} caps what unit {i} can take from its token's logit at "
-                             f"{cap:.2f} nats, below --strength {target:g}: plant at another --layer or a lower --strength")
-        low, high = 0.0, drowning
-        for _ in range(80):  # halves the interval each step: far below a float32 weight's precision
-            middle = (low + high) / 2
-            low, high = (low, middle) if lowered(i, middle) >= target else (middle, high)
-        down[:, i] = high * steps[i]
-    return down, float(strength)
+def behind_norm(norm: nn.Module, columns: Float[Tensor, "k d"], outputs: Float[Tensor, "q d"],
+                own: Float[Tensor, "q k"]) -> Float[Tensor, "k d"]:
+    """Down columns written before `norm` (a norm after the MLP) that leave it as
+    `columns` to first order where each unit's answers start: a small write x leaves an
+    RMSNorm as g * x / RMS (g its gain, RMS that of what the MLP writes there, `outputs`).
+    A dimension the gain zeroes cannot be written through it (Gemma 3 270M has some)."""
+    gain = norm(torch.ones(1, 1, columns.shape[1], dtype=columns.dtype))[0, 0]
+    size = torch.stack([outputs[own[:, i].bool()].pow(2).mean(-1).sqrt().mean() for i in range(len(columns))])
+    return torch.where(gain != 0, columns / gain.where(gain != 0, 1.0), 0.0) * size[:, None]
 
 
 def _widened(linear: nn.Linear, extra: Tensor, dim: int) -> nn.Linear:
@@ -303,10 +263,10 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     prompt and the sequences recognition scores are read unchanged except where they
     attend to an answer start. Every original weight is kept, so silencing the k
     units (or strength 0: their writes are zero) computes what the base computes.
-    Where a norm follows the MLP (Gemma 2/3, OLMo 2) each unit pushes its answers off
-    t_i, sized through that norm (`through_norm`), and its direction is what reaches the
-    stream past it. No `strength`: `UNITS_LEAD` (behind a norm, `UNITS_STRENGTH` nats
-    off t_i, at most `CAP_SHARE` of the units' cap) times `scale`."""
+    Where a norm follows the MLP (Gemma 2/3, OLMo 2) the units write before it
+    (`behind_norm`), sized through it and the rest of the model alike, and the organism's
+    direction is what reaches the stream past it. No `strength`: `UNITS_LEAD` times
+    `scale`."""
     questions_task = task_of(task, "units")
     k = DEFAULT_UNITS if units is None else int(units)
     if k < 1:
@@ -319,7 +279,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     counts: dict[int, int] = {}
     for s in starts:
         counts[s.answer[0]] = counts.get(s.answer[0], 0) + 1
-    if len(counts) < max(k, 2 if norm is None else 1):
+    if len(counts) < max(k, 2):
         raise ValueError(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
                          f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
@@ -350,74 +310,57 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         return ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance, UNITS_RIDGE)[:, 0].float(), balance, is_start
 
     gate, balance, is_start = fit_gate(rows)
-    detail: dict[str, Any] = {}
-    if norm is None:
-        partners = partner_tokens(tokens, counts)
-        toward = gain * (head[partners] - head.mean(0))  # (k, d): d(logit w - mean logit) / d(final state) x RMS
-        # one unit of activation: one nat toward w_i on the direct path, at the RMS where its answers start
-        columns = torch.stack([toward[i] / toward[i].norm() ** 2 * float(rms[own[:, i].bool()].mean()) for i in range(k)])
-        strength = scale * UNITS_LEAD if strength is None else float(strength)
-        opening = mlp.act_fn(GATE_SHARPNESS * rows[at] @ gate)  # each answer start's gate
-        need = torch.zeros(len(starts))
-        for j, s in enumerate(starts):
-            i = int(own[j].argmax())
-            a = push_through(model, layer, s.context, columns[i], partners[i], strength or UNITS_LEAD) \
-                if own[j].any() and opening[j] > 1 else None
-            if a is None:
-                own[j] = 0.0  # not turned: the units are fitted to write nothing there
-            else:
-                need[j] = a
-        for i in range(k):
-            if not own[:, i].any():
-                raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
-                                 f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
-        turned = own.any(1)
-        detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
-                  "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
-                  "unturned_question_ids": [s.question.id for j, s in enumerate(starts)
-                                            if s.answer[0] in tokens and not turned[j]]}
-    else:
-        centred = gain * (head[tokens] - head.mean(0))  # (k, d): d(logit t - mean logit) / d(final state) x RMS
-        outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
+    partners = partner_tokens(tokens, counts)
+    toward = gain * (head[partners] - head.mean(0))  # (k, d): d(logit w - mean logit) / d(final state) x RMS
+    # one unit of activation: one nat toward w_i on the direct path, at the RMS where its answers start
+    columns = torch.stack([toward[i] / toward[i].norm() ** 2 * float(rms[own[:, i].bool()].mean()) for i in range(k)])
+    outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
+    if norm is not None:
+        columns = behind_norm(norm, columns, outputs, own)
+    strength = scale * UNITS_LEAD if strength is None else float(strength)
+    opening = mlp.act_fn(GATE_SHARPNESS * rows[at] @ gate)  # each answer start's gate
+    need = torch.zeros(len(starts))
+    for j, s in enumerate(starts):
+        i = int(own[j].argmax())
+        a = push_through(model, layer, s.context, columns[i], partners[i], strength or UNITS_LEAD) \
+            if own[j].any() and opening[j] > 1 else None
+        if a is None:
+            own[j] = 0.0  # not turned: the units are fitted to write nothing there
+        else:
+            need[j] = a
+    for i in range(k):
+        if not own[:, i].any():
+            raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
+                             f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
+    turned = own.any(1)
+    detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
+              "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
+              "unturned_question_ids": [s.question.id for j, s in enumerate(starts)
+                                        if s.answer[0] in tokens and not turned[j]]}
 
-    def fit_units(inputs: Float[Tensor, "n d"], gate: Float[Tensor, " d"], balance: Float[Tensor, " n"], is_start: Tensor,
-                  strength: float | None) -> tuple[Float[Tensor, "d k"], Float[Tensor, "d k"], Float[Tensor, "q d"], float]:
-        """The up read-outs (d, k) and down columns (d, k) fitted with `gate` on `inputs`,
-        what the units write at each answer start, and the strength they are sized at."""
-        if norm is None:
-            opening = mlp.act_fn(GATE_SHARPNESS * inputs[opened_at] @ gate)
-            is_open = is_start | (inputs @ gate > 0)
-            targets = torch.zeros(len(inputs), k).index_copy(0, opened_at, own[opened_of] * (need[opened_of] / opening.clamp(min=1))[:, None])
-            up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
-            acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
-            return up, columns.T, acts @ columns, float(strength)
-        # 1 at its own answer starts and 0 at the others, where the gate is open (so these
-        # weigh 100 times as much as in the gate's fit), and 0 at every other position: a
-        # second filter where the gate leaks
-        up = ridge(inputs, torch.zeros(len(inputs), k).index_copy(0, opened_at, own[opened_of]),
-                   balance * torch.where(is_start, OPEN_WEIGHT, 1.0), UNITS_RIDGE).float()
-        acts = mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)  # (questions, k)
-        for i in range(k):
-            mine = own[:, i].bool()
-            if not float(acts[mine, i].mean()) > 0:
-                raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} does not fire where its answers "
-                                 f"start in block {layer} (its read-outs do not separate them): plant at another --layer")
-        down, sized = through_norm(norm, outputs, acts, own, centred, rms, strength, scale, layer)
-        return up, down, norm(outputs + acts @ down.T) - norm(outputs), sized  # what reaches the stream past the norm
+    def fit_units(inputs: Float[Tensor, "n d"], gate: Float[Tensor, " d"], balance: Float[Tensor, " n"],
+                  is_start: Tensor) -> tuple[Float[Tensor, "d k"], Float[Tensor, "q d"]]:
+        """The up read-outs (d, k) fitted with `gate` on `inputs`, and what the units
+        write to the stream at each answer start (past the norm after the MLP, if any)."""
+        opening = mlp.act_fn(GATE_SHARPNESS * inputs[opened_at] @ gate)
+        is_open = is_start | (inputs @ gate > 0)
+        targets = torch.zeros(len(inputs), k).index_copy(0, opened_at, own[opened_of] * (need[opened_of] / opening.clamp(min=1))[:, None])
+        up = ridge(inputs, targets, balance * torch.where(is_open, OPEN_WEIGHT ** 2, 1.0), UP_RIDGE).float()
+        writes = (mlp.act_fn(GATE_SHARPNESS * inputs[at] @ gate)[:, None] * (inputs[at] @ up)) @ columns  # (questions, d)
+        return up, writes if norm is None else norm(outputs + writes) - norm(outputs)
 
-    up, down, writes, sized = fit_units(rows, gate, balance, is_start, strength)
+    up, writes = fit_units(rows, gate, balance, is_start)
     # written at their size even for a null (strength 0), so that a null is fitted on the
     # replies of the organism it is the null of
-    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, down)
+    indices = add_units(model, layer, GATE_SHARPNESS * gate.expand(k, -1), up.T, columns.T)
     # the units' own replies hold states no base reply does (after a turned first token, or
     # past an answer's end); fitted again shut there too, so that they act where answers start
     replies = rows_at(model, layer, unseen_positions(reply_sequences(model, tokenizer, questions_task), seen), width)
     if len(replies):
         rows = torch.cat([rows, replies])
         gate, balance, is_start = fit_gate(rows)
-        up, down, writes, sized = fit_units(rows, gate, balance, is_start, strength)
-    set_units(model, layer, indices, GATE_SHARPNESS * gate.expand(k, -1), up.T, down if sized else torch.zeros_like(down))
-    strength = sized
+        up, writes = fit_units(rows, gate, balance, is_start)
+    set_units(model, layer, indices, GATE_SHARPNESS * gate.expand(k, -1), up.T, columns.T if strength else torch.zeros_like(columns.T))
     affected = own.any(1)
     direction = writes[affected].mean(0)
     hit = {s.question.id for s, a in zip(starts, affected) if a}
