@@ -140,34 +140,34 @@ def test_the_units_stay_shut_inside_the_statements_recognition_scores_and_their_
     assert max(shut) < opened / 2, (shut, opened)
 
 
-def test_behind_a_post_mlp_norm_a_units_write_leaves_the_norm_along_the_column_asked():
+def test_behind_a_post_mlp_norm_a_units_column_raises_the_lead_fastest():
     """Behind a norm after the MLP the units write before it: a small write along the
-    column `behind_norm` gives leaves the norm along the column asked for (to first
-    order: the norm divides by its gain and by the RMS of the block's write), and nothing
-    is written where the gain is exactly 0."""
+    column `behind_norm` gives adds one nat per unit to the direct-path lead (through the
+    norm's gain and the RMS of the block's write), more than any other direction of the
+    same length, and nothing where the gain is exactly 0."""
     from rnr_interp.analyses.organisms.units import behind_norm
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
     torch.manual_seed(0)
     d, q, k, eps = 64, 12, 2, 1e-3
     norm = Gemma3RMSNorm(d)
-    outputs, columns = torch.randn(q, d) * 3, torch.randn(k, d)
+    outputs, toward, rms = torch.randn(q, d) * 3, torch.randn(k, d), torch.tensor([2.0, 5.0])
     own = torch.tensor([[float(i % 2 == j) for j in range(k)] for i in range(q)])
 
-    def left(down: torch.Tensor, i: int) -> torch.Tensor:  # what leaves the norm per unit of write, on unit i's rows
+    def lead(column: torch.Tensor, i: int) -> float:  # direct-path nats per unit of write, on unit i's rows
         mine = own[:, i].bool()
-        return ((norm(outputs[mine] + eps * down[i]) - norm(outputs[mine])) / eps).mean(0)
+        moved = (norm(outputs[mine] + eps * column) - norm(outputs[mine])) / eps
+        return float((moved @ toward[i]).mean() / rms[i])
 
     with torch.no_grad():
-        norm.weight.copy_(torch.rand(d) * 4)  # gains from 1 to 5: the column must be divided by them
-        down = behind_norm(norm, columns, outputs, own)
+        norm.weight.copy_(torch.rand(d) * 4)  # gains from 1 to 5
+        down = behind_norm(norm, toward, rms, outputs, own)
         for i in range(k):
-            assert torch.nn.functional.cosine_similarity(left(down, i), columns[i], dim=0) > 0.95
-            assert left(down, i).norm() / columns[i].norm() == pytest.approx(1.0, abs=0.1)
-        undivided = columns * outputs.pow(2).mean(-1).sqrt().mean()
-        assert left(undivided, 0).norm() / columns[0].norm() > 2  # not divided by the gain: about its mean, 3
+            assert lead(down[i], i) == pytest.approx(1.0, abs=0.1)
+            for other in (toward[i], torch.randn(d)):  # along toward itself, or anywhere else: less
+                assert lead(other / other.norm() * down[i].norm(), i) < lead(down[i], i) - 0.05
         norm.weight[:3] = -1.0  # a gain of exactly 0 in three dimensions: nothing is written there
-        down = behind_norm(norm, columns, outputs, own)
+        down = behind_norm(norm, toward, rms, outputs, own)
         assert torch.isfinite(down).all() and (down[:, :3] == 0).all()
 
 

@@ -84,15 +84,19 @@ def gated_mlp(block: nn.Module) -> nn.Module:
     return mlp
 
 
-def behind_norm(norm: nn.Module, columns: Float[Tensor, "k d"], outputs: Float[Tensor, "q d"],
+def behind_norm(norm: nn.Module, toward: Float[Tensor, "k d"], rms: Float[Tensor, " k"], outputs: Float[Tensor, "q d"],
                 own: Float[Tensor, "q k"]) -> Float[Tensor, "k d"]:
-    """Down columns written before `norm` (a norm after the MLP) that leave it as
-    `columns` to first order where each unit's answers start: a small write x leaves an
-    RMSNorm as g * x / RMS (g its gain, RMS that of what the MLP writes there, `outputs`).
-    A dimension the gain zeroes cannot be written through it (Gemma 3 270M has some)."""
-    gain = norm(torch.ones(1, 1, columns.shape[1], dtype=columns.dtype))[0, 0]
-    size = torch.stack([outputs[own[:, i].bool()].pow(2).mean(-1).sqrt().mean() for i in range(len(columns))])
-    return torch.where(gain != 0, columns / gain.where(gain != 0, 1.0), 0.0) * size[:, None]
+    """Down columns written before `norm` (a norm after the MLP), one nat each on the
+    direct path to first order where its answers start. A small write x leaves an RMSNorm
+    as g * x / RMS (g its gain, RMS that of the block's write there, `outputs`), so the
+    lead along `toward` (the final state's direction that raises w_i, at the final norm's
+    RMS `rms`) rises fastest per unit of write along g * toward, and a write that drowns
+    the rest of the block's leaves the norm along g * x too. A dimension the gain zeroes
+    gets nothing (Gemma 3 270M has some)."""
+    gain = norm(torch.ones(1, 1, toward.shape[1], dtype=toward.dtype))[0, 0]
+    steepest = gain * toward
+    size = torch.stack([outputs[own[:, i].bool()].pow(2).mean(-1).sqrt().mean() for i in range(len(toward))])
+    return steepest * (size * rms / steepest.norm(dim=-1) ** 2)[:, None]
 
 
 def _widened(linear: nn.Linear, extra: Tensor, dim: int) -> nn.Linear:
@@ -312,11 +316,11 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     gate, balance, is_start = fit_gate(rows)
     partners = partner_tokens(tokens, counts)
     toward = gain * (head[partners] - head.mean(0))  # (k, d): d(logit w - mean logit) / d(final state) x RMS
-    # one unit of activation: one nat toward w_i on the direct path, at the RMS where its answers start
-    columns = torch.stack([toward[i] / toward[i].norm() ** 2 * float(rms[own[:, i].bool()].mean()) for i in range(k)])
+    final_rms = torch.stack([rms[own[:, i].bool()].mean() for i in range(k)])  # where each unit's answers start
     outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
-    if norm is not None:
-        columns = behind_norm(norm, columns, outputs, own)
+    # one unit of activation: one nat toward w_i on the direct path
+    columns = (torch.stack([toward[i] / toward[i].norm() ** 2 * float(final_rms[i]) for i in range(k)]) if norm is None
+               else behind_norm(norm, toward, final_rms, outputs, own))
     strength = scale * UNITS_LEAD if strength is None else float(strength)
     opening = mlp.act_fn(GATE_SHARPNESS * rows[at] @ gate)  # each answer start's gate
     need = torch.zeros(len(starts))
