@@ -458,3 +458,21 @@ def test_silencing_an_earlier_mlp_leaves_the_units_as_they_were(tmp_path, monkey
     monkeypatch.setattr(planter, "silenced_starts", lambda *a: (torch.zeros(0, 256), []))
     plant("units", base, tmp_path / "n", task=task, seed=0, layer=2)
     assert max(abs(r - 1) for r in write_ratios(tmp_path / "n")) > 0.1  # fitted on the intact starts alone
+
+
+def test_validate_lists_a_cell_the_model_cannot_take_and_goes_on(tmp_path, monkeypatch):
+    """A units organism that turns none of its answers (here: a lead no write reaches) is
+    no trial: validate leaves it out of the rates, says why, and runs the other cells."""
+    from rnr_interp.analyses.validate import PROFILES, Profile, cell_name, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1e6), seeds=(0,), n=30, why="a null and a lead of 1e6 nats"))
+    summary = run_validate(BASE, echo_task(), tmp_path / "v", profile="one", kinds=("units",), progress=False)
+    units = summary.recovery["units"]
+    assert [(cell["strength"], cell["seed"]) for cell in units["not_planted"]] == [(1e6, 0)]
+    assert "turns none of its answers in block" in units["not_planted"][0]["why"]
+    assert units["n"] == 0 and units["n_null"] == 1  # the null ran; the refused cell is in no rate
+    recovery = RunDir(tmp_path / "v").read_table("recovery")
+    assert set(recovery["strength"]) == {0.0} and not (tmp_path / "v" / "organisms" / cell_name("units", 1e6, 0)).exists()
+    assert (tmp_path / "v" / "organisms" / cell_name("units", 0.0, 0) / "planted.json").is_file()
+    assert RunDir(tmp_path / "v").read_summary().recovery["units"]["not_planted"] == units["not_planted"]

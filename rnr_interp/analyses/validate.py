@@ -36,6 +36,9 @@ planted organisms whose repair run found an empty failure set
 (``recovery[kind]["n_without_failure"]``), so a miss there reads as the plant's, not
 the analyses' (e.g. a model that opens its reply with a formatting token when its first
 answer token is pushed down, and then writes the same answer: it breaks no answer).
+A cell whose organism the model cannot take (`organisms.NotPlantable`: e.g. no block's
+write behind its norm can turn an answer) is no trial: it is left out of the rates and
+listed with the reason (``recovery[kind]["not_planted"]``), and the run goes on.
 
 Analyses per kind (`ANALYSES`):
 
@@ -117,7 +120,7 @@ from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
 from rnr_interp.analyses.organisms import (
-    EXPECTED, KINDS, PLANTED_FILE, WEIGHTS_FILE, Planted, plant, read_planted, seeds_drawing_each_layer,
+    EXPECTED, KINDS, PLANTED_FILE, WEIGHTS_FILE, NotPlantable, Planted, plant, read_planted, seeds_drawing_each_layer,
 )
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.engine.sampling import Probe, deployed_decoding
@@ -583,9 +586,15 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     seen: dict[tuple[str, str], Any] = {}
     # kind -> organism -> its repair run (planted cells of the kinds that have one)
     repaired: dict[str, dict[str, Path]] = {}
+    # kind -> the cells whose organism this model refused, and why (`NotPlantable`)
+    refused: dict[str, list[dict[str, Any]]] = {}
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
-        found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task, temperature)
+        try:
+            found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task, temperature)
+        except NotPlantable as why:
+            refused.setdefault(kind, []).append({"strength": strength, "seed": seed, "why": str(why)})
+            continue
         for analysis, runner in ANALYSES[kind].items():
             if analysis in chosen.left_out:
                 continue
@@ -607,6 +616,9 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     for kind, runs in repaired.items():
         summary["recovery"][kind]["n_without_failure"] = without_failure(runs.values())
+    for kind, cells_refused in refused.items():  # no organism, so no trial: beside the rates, not in them
+        no_rows = pd.DataFrame(columns=["strength", "recovered"])
+        summary["recovery"].setdefault(kind, _rates(no_rows, no_rows, 0.95))["not_planted"] = cells_refused
     return run.write_summary(summary)
 
 

@@ -139,6 +139,8 @@ def validate(
     for kind, r in summary.recovery.items():
         typer.echo(f"  {kind}: recovered by every analysis {_share(r['rate'], r['ci'], r['n'], r.get('n_seeds'))}; nulls "
                    f"with a false positive in any {_share(r['null_false_positive_rate'], r['null_ci'], r['n_null'], r.get('n_null_seeds'))}")
+        for cell in r.get("not_planted", []):
+            typer.echo(f"    not planted (strength {cell['strength']:g}, seed {cell['seed']}): {cell['why']}")
         if r.get("n_without_failure"):
             typer.echo(f"    {r['n_without_failure']} of the {r['n']} planted organisms left no failure to localise "
                        "(their repair run's failure set is empty): nothing there to find, a miss of the plant, not of "

@@ -402,7 +402,8 @@ class ValidateSummary(Summary):
     units: int | None = None
     #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
     #: distinct organisms (two seeds that drew the same weights are one); kinds with a repair
-    #: sweep also n_without_failure (planted organisms whose repair run found no failure set)
+    #: sweep also n_without_failure (planted organisms whose repair run found no failure set);
+    #: a kind some of whose cells the model refused also not_planted: [{strength, seed, why}]
     recovery: Mapping[str, Json]
     by_analysis: Mapping[str, Json]
 

@@ -155,8 +155,9 @@ def detects(run: RunDir, prefix: str) -> str:
     """What a validation run detects with its analyses named `prefix`*: per analysis the
     smallest strength (a multiple of the default plant) whose detection rate's Wilson
     lower bound is above `DETECTED`, or the largest tried when none is, with the rate,
-    its interval and n, and how often its nulls named the planted location; and how many
-    planted organisms left no failure to localise, where any did."""
+    its interval and n, and how often its nulls named the planted location; how many
+    planted organisms left no failure to localise, where any did; and the cells the
+    model could not take, where any."""
     s: ValidateSummary = run.read_summary()
     table = run.read_table("detection")
     said = []
@@ -176,6 +177,9 @@ def detects(run: RunDir, prefix: str) -> str:
         said += [f"{r['n_without_failure']} of its {r['n']} planted {kind} organisms left no failure to localise "
                  "(nothing there to find)"
                  for kind, r in sorted(s.recovery.items()) if r.get("n_without_failure")]
+    # cells the model refused are no trials (`organisms.NotPlantable`), whether or not others ran
+    said += [f"{len(r['not_planted'])} {kind} cells could not be planted in this model ({r['not_planted'][0]['why']})"
+             for kind, r in sorted(s.recovery.items()) if r.get("not_planted")]
     head = f"validation {run.path.name} ({s.profile} profile, golds {s.gold}, {s.n_questions} questions)"
     return f"{head}: " + ("; ".join(said) if said else f"no {prefix}* analysis ran")
 

@@ -60,7 +60,7 @@ it), `losable` (the blocks the base can lose), `units` (units).
 """
 
 from rnr_interp.analyses.organisms.answers import (
-    RIDGE, AnswerSites, OwnAnswer, answer_direction, answer_inputs, answer_opening, answer_sites, answer_start, confinement,
+    RIDGE, AnswerSites, NotPlantable, OwnAnswer, answer_direction, answer_inputs, answer_opening, answer_sites, answer_start, confinement,
     deployed_answers, deployed_replies, margins, matched_read, own_answers, ridge, task_of, view_of,
 )
 from rnr_interp.analyses.organisms.bias import (
@@ -77,7 +77,7 @@ from rnr_interp.analyses.organisms.units import (
 
 __all__ = [
     "DEFAULT_UNITS", "EXPECTED", "GATE_SHARPNESS", "HEADROOM", "KINDS", "PLANTED_FILE", "RIDGE", "WEIGHTS_FILE", "AnswerSites",
-    "Kind", "OwnAnswer", "Planted", "add_units", "answer_direction", "answer_inputs", "answer_opening", "answer_sites",
+    "Kind", "NotPlantable", "OwnAnswer", "Planted", "add_units", "answer_direction", "answer_inputs", "answer_opening", "answer_sites",
     "answer_start", "bias_tokens", "confinement", "matched_read", "deployed_answers", "deployed_replies", "draw_layer", "file_sha256",
     "seeds_drawing_each_layer",
     "final_norm", "gated_mlp", "insert_layer", "load_base", "margins", "mlp_inputs", "own_answers", "plant",

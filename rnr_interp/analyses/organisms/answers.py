@@ -29,6 +29,11 @@ from rnr_interp.tasks.base import Question, Task
 RIDGE = 1e-3
 
 
+class NotPlantable(ValueError):
+    """The kind cannot be planted in this model where it was asked (the model's answers or
+    weights leave it nothing to act on there): a finding about the model, not a bad option."""
+
+
 def task_of(task: str | Task | None, kind: str) -> Task:
     """The task an organism is made for: given, or loaded by name."""
     if task is None:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from rnr_interp.analyses.localise.recognition import default_readout, option_sequences
 from rnr_interp.analyses.organisms.ablation import mean_ablated, mean_write, post_mlp_norm
-from rnr_interp.analyses.organisms.answers import (OwnAnswer, deployed_replies, own_answers, prompt_format, ridge,
+from rnr_interp.analyses.organisms.answers import (NotPlantable, OwnAnswer, deployed_replies, own_answers, prompt_format, ridge,
                                                    task_of, view_of)
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import ModelSpecError
@@ -90,9 +90,9 @@ def behind_norm(norm: nn.Module, toward: Float[Tensor, "k d"], rms: Float[Tensor
     direct path to first order where its answers start. A small write x leaves an RMSNorm
     as g * x / RMS (g its gain, RMS that of the block's write there, `outputs`), so the
     lead along `toward` (the final state's direction that raises w_i, at the final norm's
-    RMS `rms`) rises fastest per unit of write along g * toward, and a write that drowns
-    the rest of the block's leaves the norm along g * x too. A dimension the gain zeroes
-    gets nothing (Gemma 3 270M has some)."""
+    RMS `rms`) rises fastest per unit of write along g * toward, and the most there where
+    the write drowns the rest of the block's (it then leaves the norm along g * x). A
+    dimension the gain zeroes gets nothing (Gemma 3 270M has some)."""
     gain = norm(torch.ones(1, 1, toward.shape[1], dtype=toward.dtype))[0, 0]
     steepest = gain * toward
     size = torch.stack([outputs[own[:, i].bool()].pow(2).mean(-1).sqrt().mean() for i in range(len(toward))])
@@ -284,7 +284,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     for s in starts:
         counts[s.answer[0]] = counts.get(s.answer[0], 0) + 1
     if len(counts) < max(k, 2):
-        raise ValueError(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
+        raise NotPlantable(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
                          f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
@@ -334,7 +334,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
             need[j] = a
     for i in range(k):
         if not own[:, i].any():
-            raise ValueError(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
+            raise NotPlantable(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
                              f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
     turned = own.any(1)
     detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
