@@ -28,9 +28,9 @@ GATE_SHARPNESS = 8.0
 #: read through the whole model, when no --strength is given (on SmolLM2 the lead a write
 #: toward the partner reaches peaks at 1.7 to 3 nats at block 18, then falls as a space wins)
 UNITS_LEAD = 1.0
-#: ridge of the units' read-outs, relative (`answers.ridge`)
+#: ridge of the units' gate read-out, relative (`answers.ridge`)
 UNITS_RIDGE = 1e-4
-#: ridge of the up read-outs of units sized through the model: small, so that a read-out
+#: ridge of the up read-outs: small, so that a read-out
 #: is near 0 at the prompt's end of a question whose answer starts later (that state
 #: differs little from an affected question's answer start, where it is large)
 UP_RIDGE = 1e-8
@@ -43,8 +43,7 @@ UPSTREAM_WEIGHT = 1.0
 #: the most an earlier block's silencing may move the planted MLP's input at the answer
 #: starts (a share of its length) for the units to be fitted there too (`silenced_starts`)
 UPSTREAM_SHIFT = 0.5
-#: the up read-outs' targets weigh this much more at the answer starts than elsewhere
-#: (units sized through the model: its square where the gate opens)
+#: the up read-outs' targets weigh this much squared more where the gate opens than elsewhere
 OPEN_WEIGHT = 100.0
 
 
@@ -285,7 +284,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         counts[s.answer[0]] = counts.get(s.answer[0], 0) + 1
     if len(counts) < max(k, 2):
         raise NotPlantable(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
-                         f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
+                           f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
     width = reads[0][0].shape[1]
@@ -335,7 +334,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     for i in range(k):
         if not own[:, i].any():
             raise NotPlantable(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
-                             f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
+                               f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
     turned = own.any(1)
     detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
               "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
