@@ -1,6 +1,6 @@
 """The units organism: k units added to one MLP that turn each answer starting with one
-of k tokens to start with another of them. Reproducible from its seed, the base exactly when its
-units are silenced or its strength is 0, content-dependent, and found by the ordinary
+of k tokens to start with another of them. Reproducible from its seed, the base (to float
+rounding) when its units are silenced or its strength is 0, content-dependent, and found by the ordinary
 localisation commands."""
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ from tests.test_localise_freeform import echo_task
 from tests.test_plant import logits
 
 BASE = "tiny-llama:4"
+# silenced, the units still widen the down projection: it sums its 128 + k products in another
+# order than the base's 128 (the CPU's matmul kernel picks the blocking), so the logits agree
+# to float32 rounding, bit for bit only on some kernels; every original weight is kept exactly
+ROUNDING = 1e-5
+
+
+def same_logits(a, b) -> bool:
+    return float((a - b).abs().max()) <= ROUNDING
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +52,16 @@ def test_a_units_organism_is_reproducible_from_its_seed(tmp_path, echo):
     assert len(first.detail["direction"]) == 64 and abs(torch.tensor(first.detail["direction"]).norm() - 1) < 1e-5
 
 
-def test_silencing_the_planted_units_or_strength_zero_gives_back_the_base_exactly(tmp_path, echo):
+def test_silencing_the_planted_units_or_strength_zero_gives_back_the_base(tmp_path, echo):
     planted = plant("units", BASE, tmp_path / "u", task=echo, layer=2, seed=0)
     organism, base = load_model(str(tmp_path / "u")), load_model(BASE)
     prompt = echo.user_message(echo.questions[0])
-    assert not torch.equal(logits(organism, prompt), logits(base, prompt))  # the units act at the answer start
+    assert not same_logits(logits(organism, prompt), logits(base, prompt))  # the units act at the answer start
     with applied(organism, [AblateUnits(2, planted.location["units"])]):
-        assert torch.equal(logits(organism, prompt), logits(base, prompt))
+        assert same_logits(logits(organism, prompt), logits(base, prompt))
     null = plant("units", BASE, tmp_path / "u0", task=echo, layer=2, seed=0, strength=0.0)
     assert null.expected == {"effect": False}
-    assert torch.equal(logits(load_model(str(tmp_path / "u0")), prompt), logits(base, prompt))
+    assert same_logits(logits(load_model(str(tmp_path / "u0")), prompt), logits(base, prompt))
     # every original weight is kept: the planted folder differs from the base only in the appended units
     theirs, ours = load_base(BASE)[0].state_dict(), load_base(str(tmp_path / "u"))[0].state_dict()
     grown = set()
@@ -184,11 +192,11 @@ def test_units_plant_behind_a_post_mlp_norm_and_silencing_them_gives_back_the_ba
     assert all(now != was for q, was, now in zip(task.questions, before, after) if q.id in affected)
     prompt = task.user_message(task.questions[0])
     with applied(organism, [AblateUnits(2, planted.location["units"])]):
-        assert torch.equal(logits(organism, prompt), logits(base, prompt))
+        assert same_logits(logits(organism, prompt), logits(base, prompt))
     null = plant("units", spec, tmp_path / "u0", task=task, layer=2, seed=0, units=2, scale=0.0)
     assert null.strength == 0.0 and null.expected == {"effect": False}
     assert null.detail["direction"] == planted.detail["direction"]  # sized as the organism it is the null of
-    assert torch.equal(logits(load_model(str(tmp_path / "u0")), prompt), logits(base, prompt))
+    assert same_logits(logits(load_model(str(tmp_path / "u0")), prompt), logits(base, prompt))
 
 
 def test_plant_units_command_writes_the_truth(tmp_path):
