@@ -1,6 +1,6 @@
 """The units organism: k units appended to one MLP that turn each answer the base model
 starts with one of k tokens to start with another of them (`plant_units`); silencing
-them, or strength 0, is the base bit for bit.
+them, or strength 0, is the base to float rounding (every original weight is kept).
 """
 
 from __future__ import annotations
@@ -235,6 +235,14 @@ def push_through(model: nn.Module, layer: int, context: list[int], column: Float
     return high
 
 
+def refuse_unturned(own: Float[Tensor, "q k"], tokens: list[int], tokenizer: Any, layer: int, why: str) -> None:
+    """`NotPlantable` where a unit (a column of `own`: the answer starts it turns) turns none."""
+    for i in range(own.shape[1]):
+        if not own[:, i].any():
+            raise NotPlantable(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
+                               f"block {layer} {why}: plant at another --layer")
+
+
 @torch.no_grad()
 def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float | None, scale: float, seed: int,
                 task: str | Task | None, units: int | None = None) -> dict[str, Any]:
@@ -265,7 +273,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     cannot turn within `MAX_PUSH` is left alone. The
     prompt and the sequences recognition scores are read unchanged except where they
     attend to an answer start. Every original weight is kept, so silencing the k
-    units (or strength 0: their writes are zero) computes what the base computes.
+    units (or strength 0: their writes are zero) computes what the base computes (to float rounding).
     Where a norm follows the MLP (Gemma 2/3, OLMo 2) the units write before it
     (`behind_norm`), sized through it and the rest of the model alike, and the organism's
     direction is what reaches the stream past it. No `strength`: `UNITS_LEAD` times
@@ -288,6 +296,23 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
     width = reads[0][0].shape[1]
+    own = torch.tensor([[float(s.answer[0] == t) for t in tokens] for s in starts])
+    head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, width))[0, 0].float()
+    rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
+    partners = partner_tokens(tokens, counts)
+    toward = gain * (head[partners] - head.mean(0))  # (k, d): d(logit w - mean logit) / d(final state) x RMS
+    final_rms = torch.stack([rms[own[:, i].bool()].mean() for i in range(k)])  # where each unit's answers start
+    outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
+    # one unit of activation: one nat toward w_i on the direct path
+    columns = (torch.stack([toward[i] / toward[i].norm() ** 2 * float(final_rms[i]) for i in range(k)]) if norm is None
+               else behind_norm(norm, toward, final_rms, outputs, own))
+    strength = scale * UNITS_LEAD if strength is None else float(strength)
+    # sized before the gate is fitted, so that a block no write can turn is refused before
+    # the fit's costliest step (the starts again under each earlier MLP's silencing)
+    pushes = [push_through(model, layer, s.context, columns[int(own[j].argmax())], partners[int(own[j].argmax())],
+                           strength or UNITS_LEAD) if own[j].any() else None for j, s in enumerate(starts)]
+    refuse_unturned(own * torch.tensor([[float(a is not None)] for a in pushes]), tokens, tokenizer, layer,
+                    f"within {MAX_PUSH:g} nats")
     seen = {tuple(s.ids[:n]) for s in starts for n in range(1, len(s.ids) + 1)}
     rows = torch.cat([x for x, *_ in reads]
                      + [rows_at(model, layer, unseen_positions(recognition_sequences(tokenizer, questions_task), seen), width)])
@@ -300,9 +325,6 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     # all the silenced copies of one answer start together weigh UPSTREAM_WEIGHT of it
     opened_weight = torch.cat([torch.ones(len(at)), torch.full((len(upstream),), UPSTREAM_WEIGHT / max(len(upstream_layers), 1))])
     rows = torch.cat([rows, upstream])
-    own = torch.tensor([[float(s.answer[0] == t) for t in tokens] for s in starts])
-    head, gain = model.get_output_embeddings().weight.detach().float(), final_norm(model)(torch.ones(1, 1, width))[0, 0].float()
-    rms = torch.stack([final[s.position] for s, (_, final, _) in zip(starts, reads)])
 
     def fit_gate(inputs: Float[Tensor, "n d"]) -> tuple[Float[Tensor, " d"], Float[Tensor, " n"], Tensor]:
         is_start = torch.zeros(len(inputs), dtype=torch.bool).index_fill(0, opened_at, True)
@@ -313,28 +335,14 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
         return ridge(inputs, torch.where(is_start, 1.0, -1.0)[:, None], balance, UNITS_RIDGE)[:, 0].float(), balance, is_start
 
     gate, balance, is_start = fit_gate(rows)
-    partners = partner_tokens(tokens, counts)
-    toward = gain * (head[partners] - head.mean(0))  # (k, d): d(logit w - mean logit) / d(final state) x RMS
-    final_rms = torch.stack([rms[own[:, i].bool()].mean() for i in range(k)])  # where each unit's answers start
-    outputs = torch.stack([out[s.position] for s, (*_, out) in zip(starts, reads)])
-    # one unit of activation: one nat toward w_i on the direct path
-    columns = (torch.stack([toward[i] / toward[i].norm() ** 2 * float(final_rms[i]) for i in range(k)]) if norm is None
-               else behind_norm(norm, toward, final_rms, outputs, own))
-    strength = scale * UNITS_LEAD if strength is None else float(strength)
     opening = mlp.act_fn(GATE_SHARPNESS * rows[at] @ gate)  # each answer start's gate
     need = torch.zeros(len(starts))
-    for j, s in enumerate(starts):
-        i = int(own[j].argmax())
-        a = push_through(model, layer, s.context, columns[i], partners[i], strength or UNITS_LEAD) \
-            if own[j].any() and opening[j] > 1 else None
-        if a is None:
+    for j, a in enumerate(pushes):
+        if a is None or not opening[j] > 1:
             own[j] = 0.0  # not turned: the units are fitted to write nothing there
         else:
             need[j] = a
-    for i in range(k):
-        if not own[:, i].any():
-            raise NotPlantable(f"the unit for token {tokenizer.decode([tokens[i]])!r} turns none of its answers in "
-                               f"block {layer} within {MAX_PUSH:g} nats: plant at another --layer")
+    refuse_unturned(own, tokens, tokenizer, layer, "where its gate opens")
     turned = own.any(1)
     detail = {"partners": [tokenizer.decode([t]) for t in partners], "partner_token_ids": partners,
               "push_nats": [round(float(need[j]), 3) for j in range(len(starts)) if turned[j]],
