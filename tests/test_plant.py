@@ -99,12 +99,12 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
     (["plant", "layer", "--model", BASE, "--temperature", "0.5"], "takes no --temperature"),
     (["plant", "gap", "--model", BASE, "--task", "arithmetic", "--temperature", "0"], "--temperature must be a positive"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "0"], "--units must be at least 1"),
-    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "fewer than --units 99"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--units", "99"], "not more than --units 99"),
     (["plant", "units", "--model", "tiny-gpt2:4", "--task", "arithmetic"], "gated MLP"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--strength", "-1"], "cannot be negative"),
     (["plant", "units", "--model", BASE, "--task", "arithmetic", "--layer", "0", "--strength", "1e6"],
      "turns none of its answers in block 0"),
-    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic", "--layer", "0", "--strength", "1e6"],
+    (["plant", "units", "--model", "tiny-olmo2:4", "--task", "arithmetic", "--units", "2", "--layer", "0", "--strength", "1e6"],
      "turns none of its answers in block 0"),
 ])
 def test_bad_plant_options_are_one_line_errors(tmp_path, args, message):

@@ -193,11 +193,14 @@ def silenced_starts(model: nn.Module, tokenizer: Any, task: Task, layer: int, st
 
 
 def partner_tokens(tokens: list[int], counts: dict[int, int]) -> list[int]:
-    """Each unit's partner, the token it turns its answers to: the next of the k tokens
-    (a ring, so every partner is a token the task's answers start with); for one unit, the
-    next most common first token."""
-    ring = tokens if len(tokens) > 1 else sorted(counts, key=lambda t: (-counts[t], t))[:2]
-    return [ring[(i + 1) % len(ring)] for i in range(len(tokens))]
+    """Each unit's partner, the token it turns its answers to: the rarest tokens the
+    task's answers start with (`counts`, ties by id) that none of the k `tokens` is, one
+    per unit while they last, then again from the rarest. Partners from the k tokens
+    themselves (a ring) make each gold another unit's partner: the units' mean write then
+    raises the golds with the wrong answers, and no single direction subtracted rescues.
+    Rare ones start few of the answers the units leave alone, so adding v can turn those."""
+    rest = sorted((t for t in counts if t not in tokens), key=lambda t: (counts[t], t))
+    return [rest[i % len(rest)] for i in range(len(tokens))]
 
 
 @torch.no_grad()
@@ -290,9 +293,10 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
     counts: dict[int, int] = {}
     for s in starts:
         counts[s.answer[0]] = counts.get(s.answer[0], 0) + 1
-    if len(counts) < max(k, 2):
+    if len(counts) <= k:
         raise NotPlantable(f"task {questions_task.name!r}: the base model's answers start with {len(counts)} distinct "
-                           f"tokens, fewer than --units {k} (one unit per token) or than the two a unit turns between")
+                           f"tokens, not more than --units {k} (one token per unit, and one more the units turn "
+                           f"their answers to): plant fewer --units")
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:k]
     reads = [mlp_inputs(model, layer, s.ids) for s in starts]
     width = reads[0][0].shape[1]
