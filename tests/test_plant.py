@@ -331,6 +331,23 @@ def test_validate_takes_seeds_and_one_per_layer(tmp_path):
     assert chosen.recovery["layer"]["n"] == 2  # seed 3 draws layer 2, seed 6 layer 1
 
 
+def test_validate_takes_strengths_in_place_of_the_profiles(tmp_path):
+    from tests.test_localise_freeform import echo_task
+
+    from rnr_interp.analyses.validate import run_validate
+    from rnr_interp.records import RunDir
+
+    for bad in ("1,x", "-1", "nan", ""):
+        r = CliRunner().invoke(app, ["validate", "--model", BASE, "--strengths", bad, "--out", str(tmp_path / "bad")])
+        assert r.exit_code == 2 and "--strengths must be comma-separated finite non-negative" in r.output
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="strengths must be one or more finite non-negative"):
+        run_validate(BASE, echo_task(), tmp_path / "no", strengths=[-0.5])
+    summary = run_validate(BASE, echo_task(), tmp_path / "v", seeds=[3], strengths=[1, 1.0], progress=False)
+    assert RunDir(tmp_path / "v").config["profile"]["strengths"] == [1.0]  # the planted cell alone, no null
+    assert summary.recovery["layer"]["n"] == 1 and summary.recovery["layer"]["n_null"] == 0
+
+
 # -- the answer-bias organisms: the realization gap and the checkpoint pairs --------------
 
 

@@ -97,6 +97,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -536,12 +537,13 @@ EVERY_LAYER = "layers"
 def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "quick", kinds: Sequence[str] = ("layer",),
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
                  ablation: str = "zero", grading: str | None = None, steer_at: str = "every", units: int | None = None,
-                 seeds: Sequence[int] | str | None = None,
+                 seeds: Sequence[int] | str | None = None, strengths: Sequence[float] | None = None,
                  keep_organisms: bool = False, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
     the profile's (`EVERY_LAYER`: one seed per layer the layer kinds can draw,
-    `seeds_drawing_each_layer`). `keep_organisms`: keep every organism's checkpoint
+    `seeds_drawing_each_layer`), and `strengths` the profile's strengths (multiples of
+    each kind's default; 0 is the null). `keep_organisms`: keep every organism's checkpoint
     (by default each is dropped once its cell's analyses are done)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
@@ -557,6 +559,10 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         if not seeds or any(int(x) < 0 for x in seeds):
             raise ValueError(f"seeds must be one or more non-negative integers, got {list(seeds)}")
         chosen = dataclasses.replace(chosen, seeds=tuple(dict.fromkeys(int(x) for x in seeds)))
+    if strengths is not None:
+        if not strengths or not all(math.isfinite(float(x)) and float(x) >= 0 for x in strengths):
+            raise ValueError(f"strengths must be one or more finite non-negative numbers, got {list(strengths)}")
+        chosen = dataclasses.replace(chosen, strengths=tuple(dict.fromkeys(float(x) for x in strengths)))
     check_ablation(ablation)
     if grading is not None:
         check_grading(grading)

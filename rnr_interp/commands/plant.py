@@ -5,6 +5,7 @@ scores what the analyses find in them."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -95,6 +96,8 @@ def validate(
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="comma-separated seeds replacing the profile's, or "
                                                  "'layers': one seed per layer the layer kinds can draw (seeds 0-9 "
                                                  "repeat layers; a repeat is one organism)")] = None,
+    strengths: Annotated[Optional[str], typer.Option("--strengths", help="comma-separated strengths replacing the "
+                                                     "profile's: multiples of each kind's default, 0 the null")] = None,
     keep_organisms: Annotated[bool, typer.Option("--keep-organisms", help="keep every organism's checkpoint in OUT/organisms "
                                                  "(by default each is dropped once its analyses are done and rebuilt "
                                                  "from its seed if needed again)")] = False,
@@ -124,13 +127,14 @@ def validate(
     if steer_at not in STEER_AT:
         fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
     seed_list = _seeds(seeds)
+    strength_list = _strengths(strengths)
     check_out(out)
 
     def body():
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
                                          temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, units=units, seeds=seed_list,
-                                         keep_organisms=keep_organisms, progress=not quiet)
+                                         strengths=strength_list, keep_organisms=keep_organisms, progress=not quiet)
 
     summary = execute(body)
     _figures(out)
@@ -160,6 +164,18 @@ def _seeds(text: str | None) -> tuple[int, ...] | str | None:
     if not parts or not all(p.isdigit() for p in parts):
         fail(f"--seeds must be comma-separated non-negative integers or {EVERY_LAYER!r}, got {text!r}")
     return tuple(int(p) for p in parts)
+
+
+def _strengths(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        parts = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        parts = ()
+    if not parts or not all(math.isfinite(p) and p >= 0 for p in parts):
+        fail(f"--strengths must be comma-separated finite non-negative numbers (multiples of each kind's default), got {text!r}")
+    return parts
 
 
 def _share(rate: float, ci, n: int, seeds: int | None = None) -> str:
