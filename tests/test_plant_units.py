@@ -1,5 +1,5 @@
 """The units organism: k units added to one MLP that turn each answer starting with one
-of k tokens to start with another of them. Reproducible from its seed, the base (to float
+of k tokens to start with a rarer token none of them is. Reproducible from its seed, the base (to float
 rounding) when its units are silenced or its strength is 0, content-dependent, and found by the ordinary
 localisation commands."""
 

@@ -44,9 +44,9 @@ Kinds (`KINDS`):
   the gains are ``base_unreachable``.
 - ``units`` (needs ``--task``): k units appended to the MLP of block L that turn each
   answer starting with one of the k tokens the task's answers most often start with into
-  one starting with another of them, sized per question through the model (`plant_units`;
+  one starting with a rarer first token none of them is, sized per question through the model (`plant_units`;
   behind a norm after the MLP, through the norm too); silencing them, or strength 0, is
-  the base bit for bit.
+  the base to float rounding.
 
 Every organism is a function of (base model, kind, layer, strength, seed, and the task's
 questions for the kinds that need one): the same

@@ -1,5 +1,5 @@
 """The units organism: k units appended to one MLP that turn each answer the base model
-starts with one of k tokens to start with another of them (`plant_units`); silencing
+starts with one of k tokens to start with a rarer token none of them is (`plant_units`); silencing
 them, or strength 0, is the base to float rounding (every original weight is kept).
 """
 
@@ -251,7 +251,7 @@ def plant_units(model: nn.Module, tokenizer: Any, *, layer: int, strength: float
                 task: str | Task | None, units: int | None = None) -> dict[str, Any]:
     """k units added to MLP `layer` that turn the base model's greedy answers starting
     with one of the k tokens the task's answers most often start with (t_i) into answers
-    starting with another of them (its partner w_i, `partner_tokens`): a change of
+    starting with a rarer first token none of them is (its partner w_i, `partner_tokens`): a change of
     content, not of phrasing (pushing t_i down alone lets a phrasing token such as "The"
     win). Where the base, decoding greedily, starts its answer (the state whose next
     token is the answer's first: `answers.own_answers`), each unit i reads two things
