@@ -267,7 +267,7 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
     summary = run_validate(quiet_mlp_base, echo_task(quiet_mlp_base), tmp_path / "v", profile="one", kinds=("units",),
                            progress=False)
     recovery = RunDir(tmp_path / "v").read_table("recovery").set_index(["strength", "analysis"])
-    planted = recovery.loc[1.0]  # the profile's multiple of the default strength (8 nats)
+    planted = recovery.loc[1.0]  # the profile's multiple of the default strength (a 1-nat lead)
     layer = int(planted.loc["repair:mlp", "planted"])
     assert layer == draw_layer(0, 4)  # both middle MLPs are quiet: the base can lose the drawn one
     assert planted.loc["repair:mlp", "found"] == str(layer) and planted.loc["repair:mlp", "recovered"]

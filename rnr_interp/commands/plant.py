@@ -24,7 +24,7 @@ def plant(
                                         "--task's answer position) | sharpen, new (a checkpoint pair: base/ biased so "
                                         "that sampling still reaches the gold, or never does; trained/ the model unchanged) "
                                         "| units (k units in the MLP of --layer that turn each answer starting with one of the "
-                                        "--task's k most common first tokens to start with another of them)")],
+                                        "--task's k most common first tokens to start with a rarer first token none of them is)")],
     model: ModelOpt = "smollm2",
     out: Annotated[Path, typer.Option("--out", "-o", parser=out_folder, help="new checkpoint folder (load it with --model)")] = Path("runs/organism"),
     layer: Annotated[Optional[int], typer.Option("--layer", help="where to plant (default: drawn from --seed, middle half; "
@@ -34,10 +34,8 @@ def plant(
                                                       "leads the gold by where each affected answer starts, by default "
                                                       "2 x --temperature; new: the golds' fall in nats there, 30 by default; "
                                                       "units: nats by which the partner token leads every other where "
-                                                      "the answer starts, read through the model, 1 by default; behind a "
-                                                      "norm after the MLP, nats taken from the token's logit, 8 by "
-                                                      "default, at most 3/4 of what the norm lets a unit take; "
-                                                      "0 = no effect)")] = None,
+                                                      "the answer starts, read through the model, 1 by default, behind a "
+                                                      "norm after the MLP too; 0 = no effect)")] = None,
     units: Annotated[Optional[int], typer.Option("--units", help="units: how many units to plant, one per answer-opening "
                                                  "token (default 3)")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="gap, sharpen: the temperature of the "
