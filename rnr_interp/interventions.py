@@ -295,9 +295,19 @@ def prompt_end_in_call(n_pos: int) -> int | None:
     return at if 0 <= at < n_pos else None
 
 
-#: where `Steer` adds its vector: at every position, or at the prompt's last position
-#: alone (the state that chooses the reply's first token)
-SteerAt = Literal["every", "prompt"]
+def reply_in_call(n_pos: int) -> slice | None:
+    """The positions, among a forward call's `n_pos`, that choose the reply's tokens: the
+    prompt's last and every one after it; None when the call holds none (a prefill that
+    ends before the prompt does). Outside the engine's generation, the call's last."""
+    offset, end = _SPAN.get()
+    at = n_pos - 1 if end is None else end - offset
+    return slice(max(at, 0), n_pos) if at < n_pos else None
+
+
+#: where `Steer` adds its vector: at every position, at the prompt's last position alone
+#: (the state that chooses the reply's first token), or there and at every generated one
+#: (a reply that opens with a preamble, "The answer is", states its answer later)
+SteerAt = Literal["every", "prompt", "reply"]
 STEER_AT: tuple[str, ...] = get_args(SteerAt)
 
 
@@ -310,9 +320,10 @@ def check_steer_at(at: str, what: str = "steer_at") -> None:
 @dataclass(frozen=True)
 class Steer(Intervention):
     """Add ``alpha * vector`` at site `site` (a key of the site table, e.g.
-    ``hook_mlp_out``) of block `layer`: at every position (`at` "every"), or at the
+    ``hook_mlp_out``) of block `layer`: at every position (`at` "every"), at the
     prompt's last position alone (`at` "prompt": generated tokens are left as the
-    steered prompt makes them)."""
+    steered prompt makes them), or there and at every generated position (`at` "reply":
+    the prompt itself is read unsteered)."""
 
     layer: int
     vector: tuple[float, ...]
@@ -348,7 +359,8 @@ class Steer(Intervention):
                 raise ValueError(f"Steer vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
             if self.at == "every":
                 return act + self.alpha * v
-            at = prompt_end_in_call(act.shape[1])
+            end = prompt_end_in_call(act.shape[1])
+            at = (None if end is None else slice(end, end + 1)) if self.at == "prompt" else reply_in_call(act.shape[1])
             if at is None:
                 return act
             act = act.clone()

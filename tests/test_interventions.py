@@ -339,8 +339,29 @@ def test_a_steer_at_the_prompt_end_moves_that_position_alone_in_every_decoding_p
     assert [[(g.tokens, g.token_logprobs) for g in row] for row in cached] != [[(g.tokens, g.token_logprobs) for g in row] for row in every]
     assert at_end.label().endswith(":at-prompt") and everywhere.label() == Steer(1, v, 8.0, "hook_resid_post", "every").label()
     assert loads(dumps([at_end])) == (at_end,) and from_json({k: w for k, w in to_json(everywhere).items() if k != "at"}) == everywhere
-    with pytest.raises(ValueError, match="at must be one of every, prompt"):
+    with pytest.raises(ValueError, match="at must be one of every, prompt, reply"):
         Steer(1, v, 1.0, at="answer")
+
+
+def test_a_steer_over_the_reply_leaves_the_prompt_and_steers_every_generated_position(lm):
+    v = tuple(torch.randn(lm.bridge.cfg.d_model, generator=torch.Generator().manual_seed(1)).tolist())
+    over_reply, at_end, everywhere = Steer(1, v, 8.0, at="reply"), Steer(1, v, 8.0, at="prompt"), Steer(1, v, 8.0)
+    # one forward over the prompts: the reply starts at the last position, so only it moves, as with "prompt"
+    assert torch.equal(logits_of(lm, [over_reply]), logits_of(lm, [at_end]))
+    prompts = [lm.encode(lm.render(p)) for p in PROMPTS]
+    dec = Decoding(max_new_tokens=8)
+    cached, uncached, end_only, every = (
+        [[(g.tokens, g.token_logprobs) for g in row] for row in generate(lm, prompts, decoding=dec, interventions=[s], use_cache=c)]
+        for s, c in ((over_reply, True), (over_reply, False), (at_end, True), (everywhere, True)))
+    # a cached step (one position) and an uncached one (the whole sequence again) steer the same positions
+    assert [[t for t, _ in row] for row in cached] == [[t for t, _ in row] for row in uncached]
+    for row, ref in zip(cached, uncached):
+        for (_, lp), (_, ref_lp) in zip(row, ref):
+            assert lp == pytest.approx(ref_lp, abs=1e-4)
+    # the first token is the prompt end's in both; the generated positions are steered too, the prompt is not
+    assert [row[0][0][:1] for row in cached] == [row[0][0][:1] for row in end_only]
+    assert cached != end_only and cached != every
+    assert over_reply.label().endswith(":at-reply") and loads(dumps([over_reply])) == (over_reply,)
 
 
 def test_specs_serialise_round_trip():

@@ -327,7 +327,7 @@ def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path
 
     monkeypatch.setitem(PROFILES, "one", Profile(strengths=(1.0,), seeds=(0,), n=30, why="one seed"))
     task = echo_task(quiet_mlp_base)
-    with pytest.raises(ValueError, match="steer_at must be one of every, prompt"):
+    with pytest.raises(ValueError, match="steer_at must be one of every, prompt, reply"):
         run_validate(quiet_mlp_base, task, tmp_path / "bad", profile="one", kinds=("units",), steer_at="end", progress=False)
     assert not (tmp_path / "bad").exists()  # refused before any work
     summary = run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), steer_at="prompt",
@@ -344,7 +344,7 @@ def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path
         run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), progress=False)
     done = CliRunner().invoke(app, ["validate", "--model", BASE, "--kinds", "units", "--steer-at", "end",
                                     "--out", str(tmp_path / "cli")])
-    assert done.exit_code == 2 and "--steer-at must be one of every, prompt" in done.output
+    assert done.exit_code == 2 and "--steer-at must be one of every, prompt, reply" in done.output
     assert not (tmp_path / "cli").exists()
 
 

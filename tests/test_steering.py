@@ -238,7 +238,7 @@ def test_steer_and_units_commands(tmp_path):
     if sr.read_summary().skipped is None:
         assert "the same along a random direction" in res.output
     res = CliRunner().invoke(app, ["steer", *common, "--steer-at", "answer", "--out", str(tmp_path / "sbad")])
-    assert res.exit_code != 0 and "--steer-at must be one of every, prompt" in res.output
+    assert res.exit_code != 0 and "--steer-at must be one of every, prompt, reply" in res.output
     res = CliRunner().invoke(app, ["units", *common, "--layer", "1", "--ks", "2,32", "--out", str(tmp_path / "u")])
     assert res.exit_code == 0, res.output
     u = RunDir(tmp_path / "u")
@@ -292,7 +292,7 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     probes = set(ctl_run.read_records()["probe"])
     assert {"steer:rescue-random:8", "steer:induction-random:8", "steer:rescue:8"} <= probes
     assert table.equals(steered_table.drop(columns=[c for c in steered_table if c not in table]))  # v's sweep unchanged
-    with pytest.raises(ValueError, match="steer_at must be one of every, prompt"):
+    with pytest.raises(ValueError, match="steer_at must be one of every, prompt, reply"):
         run_steer(lm, t, tmp_path / "s-bad", layer=1, decoding=d, progress=False, steer_at="answer")
     u = run_units(lm, t, tmp_path / "u", layer=1, ks=(2, 128), panel=6, decoding=d, progress=False)
     ur = RunDir(tmp_path / "u")

@@ -71,7 +71,9 @@ UnitsSilencedOpt = Annotated[Optional[int], typer.Option(
                     "attention and whole layers as --ablation says")]
 SteerAtOpt = Annotated[str, typer.Option(
     "--steer-at", help="where the vector is added: every (every position, the default) | prompt (the prompt's last "
-                       "position alone: the state that chooses the reply's first token; generated tokens are not steered)")]
+                       "position alone: the state that chooses the reply's first token; generated tokens are not steered) | reply (the "
+                       "prompt's last position and every generated one: where a reply that opens with a preamble "
+                       "states its answer; the prompt is read unsteered)")]
 LogToOpt = Annotated[Optional[str], typer.Option(
     "--log-to", help="when the run ends, log its config, summary and tables to wandb (an offline run under WANDB_DIR, "
                      "else ./wandb) or mlflow (MLFLOW_TRACKING_URI, else the file store ./mlruns)")]

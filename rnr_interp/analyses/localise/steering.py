@@ -116,7 +116,8 @@ def steering_vector(v: Tensor, unit: str, rms: float) -> Tensor:
 
 def steer_spec(layer: int, component: str, v: Tensor, alpha: float, site: str | None = None, at: str = "every") -> Steer:
     """Steering along v at block `layer`: at `site` if given, else where `component`
-    writes; at every position, or at the prompt's last one (`at`, `STEER_AT`)."""
+    writes; at every position, the prompt's last one, or that and every generated one
+    (`at`, `STEER_AT`)."""
     return Steer(layer=layer, vector=tuple(v.tolist()), alpha=float(alpha), site=site or COMPONENT_SITE[component], at=at)
 
 
@@ -368,7 +369,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     by default). `circular`: the cohort and every row under every cyclic shift.
     `read_at`: where v and the RMS norm are read (`defaults.READ_AT`): at the end of
     the prompt, or where each deployed reply's answer starts. `steer_at`: where the
-    vector is added (`STEER_AT`): at every position, or at the prompt's last one.
+    vector is added (`STEER_AT`): at every position, the prompt's last one, or that and
+    every generated one.
     `random_control`: the same sweep along a random direction as long as the steered
     vector (`random_direction`), table ``steering_random`` and the summary's
     ``random_control`` (as many rows again, so off by default)."""
