@@ -286,21 +286,26 @@ def sequence_span(offset: int, prompt_end: int | None) -> Iterator[None]:
         _SPAN.reset(token)
 
 
+def _prompt_end_index(n_pos: int) -> int:
+    """The prompt's last position as an index among a forward call's `n_pos` positions
+    (negative for a decoding step after the prompt). Outside the engine's generation a
+    call is read as one whole prompt."""
+    offset, end = _SPAN.get()
+    return n_pos - 1 if end is None else end - offset
+
+
 def prompt_end_in_call(n_pos: int) -> int | None:
     """The index, among a forward call's `n_pos` positions, of the prompt's last
-    position; None when this call does not hold it (a decoding step after the prompt).
-    Outside the engine's generation a call is read as one whole prompt."""
-    offset, end = _SPAN.get()
-    at = n_pos - 1 if end is None else end - offset
+    position; None when this call does not hold it (a decoding step after the prompt)."""
+    at = _prompt_end_index(n_pos)
     return at if 0 <= at < n_pos else None
 
 
 def reply_in_call(n_pos: int) -> slice | None:
     """The positions, among a forward call's `n_pos`, that choose the reply's tokens: the
     prompt's last and every one after it; None when the call holds none (a prefill that
-    ends before the prompt does). Outside the engine's generation, the call's last."""
-    offset, end = _SPAN.get()
-    at = n_pos - 1 if end is None else end - offset
+    ends before the prompt does)."""
+    at = _prompt_end_index(n_pos)
     return slice(max(at, 0), n_pos) if at < n_pos else None
 
 
@@ -359,8 +364,11 @@ class Steer(Intervention):
                 raise ValueError(f"Steer vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
             if self.at == "every":
                 return act + self.alpha * v
-            end = prompt_end_in_call(act.shape[1])
-            at = (None if end is None else slice(end, end + 1)) if self.at == "prompt" else reply_in_call(act.shape[1])
+            if self.at == "prompt":
+                end = prompt_end_in_call(act.shape[1])
+                at = None if end is None else slice(end, end + 1)
+            else:
+                at = reply_in_call(act.shape[1])
             if at is None:
                 return act
             act = act.clone()
