@@ -90,6 +90,7 @@ def test_plant_command_writes_a_checkpoint_every_command_loads(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["plant", "bogus", "--model", BASE], "kind must be one of"),
     (["plant", "layer", "--model", BASE, "--layer", "9"], "--layer must be in 0..3"),
+    (["plant", "units", "--model", BASE, "--task", "arithmetic", "--layer", "-1"], "--layer must be in 0..3"),
     (["plant", "null", "--model", BASE, "--strength", "1"], "takes neither --layer nor --strength"),
     (["plant", "layer", "--model", "/nowhere/model"], "plant takes a built-in model"),
     (["plant", "sharpen", "--model", BASE], "give --task"),

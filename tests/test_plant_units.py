@@ -348,6 +348,54 @@ def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path
     assert not (tmp_path / "cli").exists()
 
 
+def test_validate_plants_at_the_block_and_with_the_units_asked_and_reads_and_steers_as_told(tmp_path, monkeypatch,
+                                                                                            quiet_mlp_base):
+    """`--layer` and `--plant-units` plant as `rnr plant --layer --units` does (not at the
+    block the seed draws, 2 here); `--read-at`, `--alphas` and `--alpha-unit` reach the
+    units and steer runs; all of them are in the run's config, so a resume with others is
+    refused, and bad values are refused before any work."""
+    from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
+    from rnr_interp.records import RunDir
+
+    monkeypatch.setitem(PROFILES, "one", Profile(strengths=(1.0,), seeds=(0,), n=30, why="one seed"))
+    task = echo_task(quiet_mlp_base)
+    for bad, message in ((dict(plant_units=1), "add 'units' to the kinds"), (dict(layer=4), r"layer 4: .* has layers 0\.\.3"),
+                         (dict(kinds=("gap",), layer=1), "none of the kinds gap is planted at a layer"),
+                         (dict(alphas=(0.0, float("nan"))), "alphas must be one or more finite numbers"),
+                         (dict(read_at="end"), "read_at must be one of prompt, answer"),
+                         (dict(alpha_unit="nats"), "alpha_unit must be one of rms, raw")):
+        with pytest.raises(ValueError, match=message):
+            run_validate(quiet_mlp_base, task, tmp_path / "bad", profile="one",
+                         **{"kinds": ("units",) if "plant_units" not in bad else ("layer",), **bad}, progress=False)
+        assert not (tmp_path / "bad").exists(), bad
+    assert draw_layer(0, 4) == 2
+    summary = run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), layer=1, plant_units=1,
+                           read_at="answer", alphas=(0.0, 0.5), alpha_unit="raw", progress=False)
+    planted = read_planted(tmp_path / "v" / "organisms" / "units-s1-seed0")
+    assert planted.location["layer"] == 1 and len(planted.location["units"]) == 1 and planted.drawn == {}
+    recovery = RunDir(tmp_path / "v").read_table("recovery").set_index("analysis")
+    assert recovery.loc["repair:mlp", "planted"] == "1" and recovery.loc["repair:mlp", "found"] == "1"
+    assert recovery.loc["units:top-k", "found"].startswith("1:")
+    units = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__units-top-k")
+    steer = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__steer")
+    assert units.config["read_at"] == "answer" and steer.config["read_at"] == "answer"
+    assert steer.config["alphas"] == [0.0, 0.5] and steer.config["alpha_unit"] == "raw"
+    assert sorted(steer.read_table("steering")["alpha"].unique()) == [0.0, 0.5]
+    asked = dict(layer=1, plant_units=1, read_at="answer", alphas=[0.0, 0.5], alpha_unit="raw")
+    assert {key: RunDir(tmp_path / "v").config[key] for key in asked} == asked
+    assert {key: getattr(summary, key) for key in asked} == asked
+    with pytest.raises(ValueError, match="layer"):  # the same folder planted at the drawn block: another run
+        run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), plant_units=1, read_at="answer",
+                     alphas=(0.0, 0.5), alpha_unit="raw", progress=False)
+    for args, message in ((["--plant-units", "1"], "--plant-units is how many units the units kind plants"),
+                          (["--kinds", "units", "--alphas", "0,x"], "--alphas must be comma-separated numbers"),
+                          (["--kinds", "units", "--read-at", "end"], "--read-at must be one of prompt, answer"),
+                          (["--kinds", "units", "--layer", "-1"], "--layer must be >= 0")):
+        done = CliRunner().invoke(app, ["validate", "--model", BASE, *args, "--out", str(tmp_path / "cli")])
+        assert done.exit_code == 2 and message in done.output, (args, done.output)
+        assert not (tmp_path / "cli").exists()
+
+
 def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monkeypatch, echo):
     """On tiny-llama:4 as it is, silencing any whole MLP breaks most answers, so the
     paper's sweep repairs nothing and names no block; silencing each block's top 3 units

@@ -22,7 +22,9 @@ Its weights and ``planted.json`` (but the seed) are then the same bit for bit an
 analysis reads them with the same settings, so the second is one trial counted twice:
 ``organism`` (a hash of that ground truth, weights' sha256 included) names it, its
 analyses run once (a later seed reads the first seed's findings) and every rate and
-interval counts distinct organisms (``n``), with the seeds beside (``n_seeds``).
+interval counts distinct organisms (``n``), with the seeds beside (``n_seeds``). With a
+`layer` given (`rnr validate --layer`) the kinds planted at a layer are planted there
+whatever the seed, so their seeds plant one organism.
 
 Nulls are the strength-0 cells of each kind: the planted layer writes exactly zero (the
 planted bias is zero), so the organism computes what the base computes. A null's false
@@ -114,9 +116,10 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
+from rnr_interp.analyses.localise.defaults import ALPHA_UNITS
 from rnr_interp.analyses.localise.directions import check_units
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.localise.steering import run_steer, run_units, steering_beside_control
+from rnr_interp.analyses.localise.steering import check_read_at, run_steer, run_units, steering_beside_control
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
@@ -358,8 +361,9 @@ Runner = Callable[[Organism, Task, Path, "Cell"], Union[Found, dict[str, Found]]
 class Cell:
     """How every analysis of a validation runs: its batch size, its progress bar, the
     temperature probe of the audits (the gap and pair kinds), the repair sweeps'
-    ablation and the grading: the commands' defaults unless `rnr validate --temperature`,
-    `--ablation` or `--grading` say otherwise."""
+    ablation and the grading, where the units and steer runs read and how the steer runs
+    step: the commands' defaults unless `rnr validate --temperature`, `--ablation`,
+    `--grading`, `--read-at`, `--alphas` or `--alpha-unit` say otherwise."""
 
     batch_size: int = 32
     progress: bool = False
@@ -372,6 +376,12 @@ class Cell:
     steer_at: str = "every"
     #: the MLP sweep silences each block's top units alone (`rnr repair --units`); None: whole blocks
     units: int | None = None
+    #: where the units and steer runs read the block (`rnr units --read-at`, `rnr steer --read-at`)
+    read_at: str = "prompt"
+    #: the steer runs' alpha grid (`rnr steer --alphas`); None: the grid of `alpha_unit`
+    alphas: tuple[float, ...] | None = None
+    #: what one alpha is (`rnr steer --alpha-unit`)
+    alpha_unit: str = "rms"
 
 
 def _repair_layer(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
@@ -478,7 +488,7 @@ def _on_chosen_block(analyse: Callable[..., Any], organism: Organism, task: Task
 
 
 def _units_top(organism: Organism, task: Task, out: Path, cell: Cell) -> UnitsFound | None:
-    run = _on_chosen_block(run_units, organism, task, out, cell)
+    run = _on_chosen_block(run_units, organism, task, out, cell, read_at=cell.read_at)
     if run is None:
         return None
     scores = run.read_table("unit_scores").sort_values(["score", "unit"], ascending=[False, True], kind="stable")
@@ -489,7 +499,8 @@ def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, F
     """The steer run on the chosen block, with its random-direction control: a rescue or
     an induction any push of that length gives is not the direction's (on the units
     organism a random direction induces as much as v from alpha 0.25: docs/findings.md)."""
-    run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True, steer_at=cell.steer_at)
+    run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True, steer_at=cell.steer_at,
+                           read_at=cell.read_at, alphas=cell.alphas, alpha_unit=cell.alpha_unit)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
     table = steering_beside_control(run)
@@ -517,12 +528,17 @@ def cell_name(kind: str, strength: float, seed: int) -> str:
 
 
 def organism(base: str, kind: str, strength: float, seed: int, folder: Path, task: Task,
-             temperature: float = SAMPLING_TEMPERATURE) -> tuple[Organism, Planted]:
+             temperature: float = SAMPLING_TEMPERATURE, layer: int | None = None,
+             units: int | None = None) -> tuple[Organism, Planted]:
     """The organism of one cell and its ground truth: read back when its folder has its
-    ``planted.json``, else planted (at the layer the seed draws, as `rnr plant` does
-    without --layer) at `strength` times the kind's default, made for `task`'s questions
-    (a kind sized for a probe, for one at `temperature`)."""
-    sized = {"temperature": temperature} if KINDS[kind].takes_temperature else {}
+    ``planted.json``, else planted (at `layer` for a kind planted at a layer, else at the
+    layer the seed draws, as `rnr plant` does without --layer) at `strength` times the
+    kind's default, made for `task`'s questions (a kind sized for a probe, for one at
+    `temperature`; the units kind with `units` units, else its default)."""
+    spec = KINDS[kind]
+    sized = {**({"temperature": temperature} if spec.takes_temperature else {}),
+             **({"layer": layer} if spec.takes_layer and layer is not None else {}),
+             **({"units": units} if spec.takes_units and units is not None else {})}
     found = Organism(folder, partial(plant, kind, base, seed=seed, task=task, scale=strength, **sized))
     if (folder / PLANTED_FILE).is_file():
         return found, read_planted(folder)
@@ -538,13 +554,19 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                  gold: str = "base", batch_size: int = 32, temperature: float = SAMPLING_TEMPERATURE,
                  ablation: str = "zero", grading: str | None = None, steer_at: str = "every", units: int | None = None,
                  seeds: Sequence[int] | str | None = None, strengths: Sequence[float] | None = None,
+                 layer: int | None = None, plant_units: int | None = None, read_at: str = "prompt",
+                 alphas: Sequence[float] | None = None, alpha_unit: str = "rms",
                  keep_organisms: bool = False, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
     the profile's (`EVERY_LAYER`: one seed per layer the layer kinds can draw,
     `seeds_drawing_each_layer`), and `strengths` the profile's strengths (multiples of
-    each kind's default; 0 is the null). `keep_organisms`: keep every organism's checkpoint
-    (by default each is dropped once its cell's analyses are done)."""
+    each kind's default; 0 is the null). `layer` plants the kinds planted at a layer
+    (layer, units) there instead of at the layer each seed draws, and `plant_units` is how
+    many units the units kind plants (`rnr plant --layer`, `--units`); `read_at`,
+    `alphas` and `alpha_unit` are the units and steer runs' (`rnr steer`'s options).
+    `keep_organisms`: keep every organism's checkpoint (by default each is dropped once
+    its cell's analyses are done)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     if gold not in GOLDS:
@@ -568,22 +590,48 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         check_grading(grading)
     check_steer_at(steer_at)
     check_units(units)
+    check_read_at(read_at)
+    if alpha_unit not in ALPHA_UNITS:
+        raise ValueError(f"alpha_unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
+    if alphas is not None:
+        if not alphas or not all(math.isfinite(float(a)) for a in alphas):
+            raise ValueError(f"alphas must be one or more finite numbers, got {list(alphas)}")
+        alphas = tuple(float(a) for a in alphas)
+    if layer is not None:
+        at_a_layer = [k for k in kinds if KINDS[k].takes_layer]
+        if not at_a_layer:
+            raise ValueError(f"layer: none of the kinds {', '.join(kinds)} is planted at a layer "
+                             f"({', '.join(k for k in ANALYSES if KINDS[k].takes_layer)} are)")
+        if seeds == EVERY_LAYER:
+            raise ValueError(f"layer plants every organism at layer {layer}: seeds {EVERY_LAYER!r} (one per layer) "
+                             "asks for every layer")
+    if plant_units is not None:
+        if "units" not in kinds:
+            raise ValueError("plant_units is how many units the units kind plants: add 'units' to the kinds")
+        check_units(plant_units)
     # a bad temperature refused before any work
-    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at, units)
+    cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at, units, read_at, alphas,
+                alpha_unit)
     asked = task
-    lm = load_model(model) if gold == "base" or seeds == EVERY_LAYER else None
+    lm = load_model(model) if gold == "base" or seeds == EVERY_LAYER or layer is not None else None
+    if layer is not None and not 0 <= layer < lm.n_layers:
+        raise ValueError(f"layer {layer}: {model} has layers 0..{lm.n_layers - 1}")
     if seeds == EVERY_LAYER:
         chosen = dataclasses.replace(chosen, seeds=seeds_drawing_each_layer(lm.n_layers))
     if gold == "base":
         task = anchor_task(lm, task, batch_size, grading or DEFAULT_GRADING)
     del lm  # each analysis loads its organism; the base need not stay beside it
+    # the settings a run departs from the commands' defaults in: its config (a resume with
+    # others is refused) and its summary say them; a default run's are what they always were
+    departs = {name: value for name, value, default in (
+        ("steer_at", steer_at, "every"), ("units", units, None), ("layer", layer, None), ("plant_units", plant_units, None),
+        ("read_at", read_at, "prompt"), ("alphas", None if alphas is None else list(alphas), None),
+        ("alpha_unit", alpha_unit, "rms")) if value != default}
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
                               "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
                               **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),
                               **({} if ablation == "zero" else {"ablation": ablation}),
-                              **({} if grading is None else {"grading": grading}),
-                              **({} if steer_at == "every" else {"steer_at": steer_at}),
-                              **({} if units is None else {"units": units})})
+                              **({} if grading is None else {"grading": grading}), **departs})
     root = Path(out)
     cells = [(kind, s, seed) for kind in kinds for s in chosen.strengths for seed in chosen.seeds]
     rows: list[dict[str, Any]] = []
@@ -597,7 +645,8 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     for kind, strength, seed in tqdm(cells, desc="organisms", unit="organism", disable=not progress):
         name = cell_name(kind, strength, seed)
         try:
-            found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task, temperature)
+            found_in, planted = organism(model, kind, strength, seed, root / "organisms" / name, task, temperature,
+                                         layer, plant_units)
         except NotPlantable as why:
             refused.setdefault(kind, []).append({"strength": strength, "seed": seed, "why": str(why)})
             continue
@@ -618,7 +667,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
             found_in.drop()
     summary = {"kind": VALIDATE, "model": model, "task": task.name, "n_questions": len(task), "gold": gold,
                "temperature": temperature, "ablation": ablation, "grading": grading or DEFAULT_GRADING,
-               **({} if steer_at == "every" else {"steer_at": steer_at}), **({} if units is None else {"units": units}),
+               **departs,
                "profile": profile, "profile_why": chosen.why, **validation_summary(pd.DataFrame(rows, columns=RECOVERY_COLUMNS))}
     for kind, runs in repaired.items():
         summary["recovery"][kind]["n_without_failure"] = without_failure(runs.values())

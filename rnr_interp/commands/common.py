@@ -3,6 +3,7 @@ command skeleton."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
 
@@ -74,6 +75,15 @@ SteerAtOpt = Annotated[str, typer.Option(
                        "position alone: the state that chooses the reply's first token; generated tokens are not steered) | reply (the "
                        "prompt's last position and every generated one: where a reply that opens with a preamble "
                        "states its answer; the prompt is read unsteered)")]
+ReadAtOpt = Annotated[str, typer.Option(
+    "--read-at", help="where v (and the units' contributions) are read: prompt (the prompt's last position) | answer "
+    "(where each deployed reply's answer starts: after 'The final answer is' when the reply writes that)")]
+AlphasOpt = Annotated[Optional[str], typer.Option(
+    "--alphas", help="comma-separated alpha grid, in --alpha-unit (default: 0,0.125,0.25,0.5,1,2 for rms; "
+                     "0,0.5,1,2,4,8 for raw)")]
+AlphaUnitOpt = Annotated[str, typer.Option(
+    "--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS norm at the layer, along unit v; "
+                         "raw: multiples of the unnormalised v")]
 LogToOpt = Annotated[Optional[str], typer.Option(
     "--log-to", help="when the run ends, log its config, summary and tables to wandb (an offline run under WANDB_DIR, "
                      "else ./wandb) or mlflow (MLFLOW_TRACKING_URI, else the file store ./mlruns)")]
@@ -113,6 +123,31 @@ def fail(message: str) -> None:
     """One line on stderr naming the problem, exit 2."""
     say_error(message)
     raise typer.Exit(2)
+
+
+def numbers(option: str, text: str, kind: type = float) -> list:
+    """A comma-separated list of `kind` (finite), or a one-line refusal naming `option`."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        fail(f"{option} must be comma-separated {'whole ' if kind is int else ''}numbers, got {text!r}")
+    return values
+
+
+def check_read_at(read_at: str) -> None:
+    from rnr_interp.analyses.localise.defaults import READ_AT
+
+    if read_at not in READ_AT:
+        fail(f"--read-at must be one of {', '.join(READ_AT)}, got {read_at!r}")
+
+
+def check_alpha_unit(alpha_unit: str) -> None:
+    from rnr_interp.analyses.localise.defaults import ALPHA_UNITS
+
+    if alpha_unit not in ALPHA_UNITS:
+        fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
 
 
 def at_least(option: str, value: Optional[int], low: int = 1) -> None:

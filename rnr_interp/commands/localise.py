@@ -3,7 +3,6 @@ its run folder through the analysis, then the report's figures into ``figures/``
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -11,11 +10,11 @@ import typer
 
 from rnr_interp.commands.common import (
     AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
-    SteerAtOpt, UnitsSilencedOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
-    at_least, check_log_to, check_out, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
+    SteerAtOpt, UnitsSilencedOpt, ReadAtOpt, AlphasOpt, AlphaUnitOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
+    at_least, check_alpha_unit, check_log_to, check_out, check_read_at, numbers, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
     say_skipped,
 )
-from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP, READ_AT
+from rnr_interp.analyses.localise.defaults import DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP
 
 if TYPE_CHECKING:
     from rnr_interp.records import CohortSummary, SteerSummary, UnitsSummary
@@ -30,9 +29,6 @@ LayerOpt = Annotated[Optional[int], typer.Option("--layer", help="block layer (d
 PermuteOpt = Annotated[bool, typer.Option(
     "--permute-control", help="letter-permutation control: re-score on the held-out failures with each question's "
     "options rotated by one (off by default: it adds that part's rows again)")]
-ReadAtOpt = Annotated[str, typer.Option(
-    "--read-at", help="where v (and the units' contributions) are read: prompt (the prompt's last position) | answer "
-    "(where each deployed reply's answer starts: after 'The final answer is' when the reply writes that)")]
 CircularOpt = Annotated[bool, typer.Option(
     "--circular", help="letter-robust failure sets: generation is right only when right under every cyclic shift of "
     "the options (recognition stays the option-likelihood readout); every row is asked under every shift, so the "
@@ -58,27 +54,11 @@ def parse_layers(spec: Optional[str], n_layers: int) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def _numbers(option: str, text: str, kind: type = float) -> list:
-    """A comma-separated list of `kind` (finite), or a one-line refusal naming `option`."""
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) for v in values):
-        fail(f"{option} must be comma-separated {'whole ' if kind is int else ''}numbers, got {text!r}")
-    return values
-
-
 def _figures(out: Path) -> None:
     from rnr_interp.records import RunDir
     from rnr_interp.report.registry import write_run_figures
 
     write_run_figures(RunDir(out))
-
-
-def _check_read_at(read_at: str) -> None:
-    if read_at not in READ_AT:
-        fail(f"--read-at must be one of {', '.join(READ_AT)}, got {read_at!r}")
 
 
 def _localise(kind: str, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
@@ -295,10 +275,7 @@ def steer(
     out: OutOpt = Path("runs/steer"), layer: LayerOpt = None,
     component: Annotated[str, typer.Option("--component", help="mlp | attn | layer")] = "mlp",
     repair_run: RepairRunOpt = None,
-    alphas: Annotated[Optional[str], typer.Option("--alphas", help="comma-separated alpha grid, in --alpha-unit (default: "
-                                                   "0,0.125,0.25,0.5,1,2 for rms; 0,0.5,1,2,4,8 for raw)")] = None,
-    alpha_unit: Annotated[str, typer.Option("--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS "
-                                            "norm at the layer, along unit v; raw: multiples of the unnormalised v")] = "rms",
+    alphas: AlphasOpt = None, alpha_unit: AlphaUnitOpt = "rms",
     readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP, split_seed: SplitSeedOpt = 0,
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None,
     read_at: ReadAtOpt = "prompt",
@@ -326,14 +303,13 @@ def steer(
 
     if component not in COMPONENT_SITE:
         fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
-    if alpha_unit not in ALPHA_UNITS:
-        fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
-    _check_read_at(read_at)
+    check_alpha_unit(alpha_unit)
+    check_read_at(read_at)
     if steer_at not in STEER_AT:
         fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
     s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
-                  component=component, repair_run=repair_run, alphas=None if alphas is None else _numbers("--alphas", alphas),
+                  component=component, repair_run=repair_run, alphas=None if alphas is None else numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
                   permutation_control=permute_control, circular=circular, site=site, grading=grading, read_at=read_at,
                   steer_at=steer_at, random_control=random_control, vector=None if vector is None else _vector_file(vector))
@@ -391,10 +367,10 @@ def units(
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.records import UNITS
 
-    _check_read_at(read_at)
+    check_read_at(read_at)
     s = _localise(UNITS, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
-                  repair_run=repair_run, ks=_numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
+                  repair_run=repair_run, ks=numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular,
                   grading=grading, read_at=read_at)
     _print_curve(s, "unit analysis", f"MLP layer {s.layer} ({s.block_choice}), held-out whole-MLP repair "

@@ -13,8 +13,9 @@ import typer
 
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
-    AblationOpt, BatchOpt, GradingOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, SteerAtOpt, TaskOpt, UnitsSilencedOpt,
-    at_least, check_out, execute, fail, out_folder,
+    AblationOpt, AlphasOpt, AlphaUnitOpt, BatchOpt, GradingOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, ReadAtOpt,
+    SteerAtOpt, TaskOpt, UnitsSilencedOpt, at_least, check_alpha_unit, check_out, check_read_at, execute, fail, numbers,
+    out_folder,
 )
 
 
@@ -96,6 +97,12 @@ def validate(
                                                  "repeat layers; a repeat is one organism)")] = None,
     strengths: Annotated[Optional[str], typer.Option("--strengths", help="comma-separated strengths replacing the "
                                                      "profile's: multiples of each kind's default, 0 the null")] = None,
+    layer: Annotated[Optional[int], typer.Option("--layer", help="plant the layer and units kinds at this block instead "
+                                                 "of the block each seed draws (rnr plant --layer); at one block a "
+                                                 "kind's seeds plant one organism")] = None,
+    plant_units: Annotated[Optional[int], typer.Option("--plant-units", help="how many units the units kind plants "
+                                                       "(rnr plant units --units; default 3)")] = None,
+    read_at: ReadAtOpt = "prompt", alphas: AlphasOpt = None, alpha_unit: AlphaUnitOpt = "rms",
     keep_organisms: Annotated[bool, typer.Option("--keep-organisms", help="keep every organism's checkpoint in OUT/organisms "
                                                  "(by default each is dropped once its analyses are done and rebuilt "
                                                  "from its seed if needed again)")] = False,
@@ -113,6 +120,11 @@ def validate(
     at_least("--n", n)
     at_least("--batch-size", batch_size)
     at_least("--units", units)
+    at_least("--plant-units", plant_units)
+    at_least("--layer", layer, 0)
+    check_read_at(read_at)
+    check_alpha_unit(alpha_unit)
+    alpha_grid = None if alphas is None else tuple(numbers("--alphas", alphas))
     if profile not in PROFILES:
         fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     chosen = [k.strip() for k in kinds.split(",") if k.strip()]
@@ -124,6 +136,8 @@ def validate(
         fail(f"--ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
     if steer_at not in STEER_AT:
         fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
+    if plant_units is not None and "units" not in chosen:
+        fail("--plant-units is how many units the units kind plants: add units to --kinds")
     seed_list = _seeds(seeds)
     strength_list = _strengths(strengths)
     check_out(out)
@@ -132,7 +146,9 @@ def validate(
         t = load_task(task, data=data, n=n or PROFILES[profile].n)
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
                                          temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, units=units, seeds=seed_list,
-                                         strengths=strength_list, keep_organisms=keep_organisms, progress=not quiet)
+                                         strengths=strength_list, layer=layer, plant_units=plant_units, read_at=read_at,
+                                         alphas=alpha_grid, alpha_unit=alpha_unit, keep_organisms=keep_organisms,
+                                         progress=not quiet)
 
     summary = execute(body)
     _figures(out)

@@ -400,6 +400,15 @@ class ValidateSummary(Summary):
     steer_at: str | None = None
     #: the MLP sweeps silenced each block's top K units alone (`RepairSummary.units`; None: whole blocks)
     units: int | None = None
+    #: the block the kinds planted at a layer were planted at (None: the block each seed draws)
+    layer: int | None = None
+    #: how many units the units kind planted (None: its default)
+    plant_units: int | None = None
+    #: where the units and steer runs read the block (None: the prompt's end)
+    read_at: str | None = None
+    #: the steer runs' alpha grid and its unit (None: the unit's default grid; rms)
+    alphas: list[float] | None = None
+    alpha_unit: str | None = None
     #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
     #: distinct organisms (two seeds that drew the same weights are one); kinds with a repair
     #: sweep also n_without_failure (planted organisms whose repair run found no failure set);

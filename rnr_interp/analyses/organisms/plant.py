@@ -179,6 +179,8 @@ def plant(kind: str, base: str, out: Path, *, layer: int | None = None, strength
     threads = torch.get_num_threads()
     model, tokenizer = load_base(base)
     n_base = len(decoder_blocks(model))
+    if layer is not None and not 0 <= layer < n_base:
+        raise ValueError(f"--layer must be in 0..{n_base - 1} (the base model's layers), got {layer}")
     drawn: dict[str, Any] = {}
     if layer is None:
         layer = draw_layer(seed, n_base)
