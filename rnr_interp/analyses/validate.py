@@ -68,8 +68,9 @@ Analyses per kind (`ANALYSES`):
   same length beside v, `--random-control`; score = the held-out rate at the alpha where
   it most exceeds the random direction's; recovered when its Wilson interval lies above
   the random direction's rate there; the vector added where `rnr validate --steer-at`
-  says, at every position by default). An analysis of another block than the planted one
-  scores 0.
+  says, at every position by default, on the grid `--alphas` and `--alpha-unit` give).
+  Units and steer read the block where `--read-at` says (the prompt's end by default).
+  An analysis of another block than the planted one scores 0.
 
 A null of these kinds names its location when the analysis says what it says of the
 effect: "affected" alone (a gap on every question is the base model's own, not the
