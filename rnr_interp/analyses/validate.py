@@ -117,10 +117,9 @@ from rnr_interp.analyses.audit import run_audit
 from rnr_interp.analyses.checkpoints import compare_runs
 from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
-from rnr_interp.analyses.localise.defaults import ALPHA_UNITS
 from rnr_interp.analyses.localise.directions import check_units
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.localise.steering import check_read_at, run_steer, run_units, steering_beside_control
+from rnr_interp.analyses.localise.steering import check_alpha_unit, check_read_at, run_steer, run_units, steering_beside_control
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
@@ -592,15 +591,13 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     check_steer_at(steer_at)
     check_units(units)
     check_read_at(read_at)
-    if alpha_unit not in ALPHA_UNITS:
-        raise ValueError(f"alpha_unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
+    check_alpha_unit(alpha_unit)
     if alphas is not None:
         if not alphas or not all(math.isfinite(float(a)) for a in alphas):
             raise ValueError(f"alphas must be one or more finite numbers, got {list(alphas)}")
         alphas = tuple(float(a) for a in alphas)
     if layer is not None:
-        at_a_layer = [k for k in kinds if KINDS[k].takes_layer]
-        if not at_a_layer:
+        if not any(KINDS[k].takes_layer for k in kinds):
             raise ValueError(f"layer: none of the kinds {', '.join(kinds)} is planted at a layer "
                              f"({', '.join(k for k in ANALYSES if KINDS[k].takes_layer)} are)")
         if seeds == EVERY_LAYER:

@@ -101,8 +101,7 @@ def residual_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], lay
 
 def steering_vector(v: Tensor, unit: str, rms: float) -> Tensor:
     """u, the vector alpha multiplies: rms * v / |v| ("rms") or v itself ("raw")."""
-    if unit not in ALPHA_UNITS:
-        raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {unit!r}")
+    check_alpha_unit(unit)
     if unit == "raw":
         return v
     norm = float(v.norm())
@@ -281,6 +280,11 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                                 f"(selectivity {best['selectivity']:.3f})")
 
 
+def check_alpha_unit(alpha_unit: str) -> None:
+    if alpha_unit not in ALPHA_UNITS:
+        raise ValueError(f"alpha_unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
+
+
 def check_read_at(read_at: str) -> None:
     if read_at not in READ_AT:
         raise ValueError(f"read_at must be one of {', '.join(READ_AT)}, got {read_at!r}")
@@ -376,8 +380,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     ``random_control`` (as many rows again, so off by default)."""
     check_read_at(read_at)
     check_steer_at(steer_at)
-    if alpha_unit not in ALPHA_UNITS:
-        raise ValueError(f"alpha unit must be one of {ALPHA_UNITS}, got {alpha_unit!r}")
+    check_alpha_unit(alpha_unit)
     alphas = DEFAULT_ALPHAS_BY_UNIT[alpha_unit] if alphas is None else alphas
     if permutation_control:
         check_permutation_control(task)
