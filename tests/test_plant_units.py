@@ -275,14 +275,23 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
     assert repair.best["mlp"]["damage_rate"] == 0.0  # silencing the block hurts none of the healthy answers
     assert planted.loc["units:top-k", "found"].startswith(f"{layer}:") and planted.loc["units:top-k", "score"] >= 0.5
     assert planted.loc["steer:direction", "score"] > 0.75 and planted.loc["steer:direction", "recovered"]
-    # induction is read against a random direction of v's length: on this model the random
-    # direction breaks the healthy answers as often (2 of 2 from alpha 0.25), so the
-    # induction is not v's, though its own interval lies above 0
+    # induction is read as the failure induced (a panel answer turned to one the failure
+    # set gave), against a random direction of v's length doing the same
     steer = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__steer")
     along_v, random = (steer.read_table(t).set_index(["direction", "alpha"]) for t in ("steering", "steering_random"))
     induction = along_v.loc["induction"]
     assert steer.config["random_control"] == {"seed": 0} and (induction["lo"] > 0).any()
-    above = induction["lo"] > random.loc["induction", "rate"]
+    assert (induction["as_failure_k"] <= induction["k"]).all() and along_v.loc["rescue", "as_failure_k"].isna().all()
+    failure_answers = set(steer.read_summary().failure_answers)
+    repair_run = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__repair-mlp")
+    deployed = repair_run.read_records(filters=[("probe", "=", "deployed")]).set_index("question_id")["extracted"]
+    selection = repair_run.read_json("failure_set")["selection_ids"]
+    assert selection and failure_answers == {str(deployed[q]) for q in selection if deployed[q] == deployed[q]}
+    records = steer.read_records()
+    for alpha, row in induction.iterrows():
+        mine = records[records["probe"] == f"steer:induction:{alpha:g}"]
+        assert row["as_failure_k"] == sum(not c and str(e) in failure_answers for e, c in zip(mine["extracted"], mine["correct"]))
+    above = induction["as_failure_lo"] > random.loc["induction", "as_failure_rate"]
     assert bool(planted.loc["steer:induction", "recovered"]) == bool(above.any())
     # the null: nothing fails, so no analysis names anything
     null = recovery.loc[0.0]

@@ -305,3 +305,18 @@ def test_all_cells_collapsed_are_shown_flagged_not_as_empty_panels():
     cells.loc[cells.cell == "b", "excluded"] = False
     figs = dict(routing_figures_of(curves, cells, None, 0.2, "m · t"))
     assert "FLAGGED" not in figs["route_curves"].layout.title.text
+
+
+def test_the_steering_figure_draws_the_induced_failure_dotted_where_the_run_read_it():
+    from rnr_interp.report.repair_figures import steering_curves
+
+    nan = float("nan")
+    table = pd.DataFrame([{"alpha": a, "direction": d, "rate": r, "lo": 0.0, "hi": 1.0, "n": 4,
+                           "as_failure_rate": f if d == "induction" else nan}
+                          for a, r, f in ((0.0, 0.0, 0.0), (1.0, 1.0, 0.25)) for d in ("rescue", "induction")])
+    random = table.assign(as_failure_rate=[nan, 0.0, nan, 0.0])
+    fig = steering_curves(table, "t", "raw", random)
+    dotted = {t.line.dash: t for t in fig.data if t.line.dash in ("dot", "dashdot")}
+    assert set(dotted) == {"dot", "dashdot"} and list(dotted["dot"].y) == [0.0, 0.25]
+    assert dotted["dot"].name == "induction (panel, +alpha v): to an answer the failure set gave, n=4"
+    assert len(steering_curves(table.drop(columns="as_failure_rate"), "t", "raw").data) == 2  # a run from before: none

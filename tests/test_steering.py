@@ -371,3 +371,24 @@ def test_a_steering_run_without_its_alpha_unit_is_refused(tmp_path):
     assert steer_alpha_unit(RunDir.create(tmp_path / "rms", {"kind": "steer", "alpha_unit": "rms"})) == "rms"
     with pytest.raises(RunFolderError, match="before runs recorded their alpha unit .* rerun it"):
         steer_alpha_unit(RunDir.create(tmp_path / "old", {"kind": "steer"}))
+
+
+def test_an_induced_answer_takes_the_failure_s_form_only_when_it_is_wrong_and_one_the_failure_set_gave():
+    import pandas as pd
+
+    from rnr_interp.analyses.localise.readings import as_failure_count
+    from rnr_interp.tasks.base import Question
+
+    qs = [Question(id=f"q{i}", text="?", answer="5") for i in range(6)]
+    probe = "steer:induction:0.5"
+    rows = [("q0", "100", False),   # the failure's own answer: induced
+            ("q1", "7", False),     # wrong, but not an answer the failure set gave
+            ("q2", None, False),    # no answer at all: breakage
+            ("q3", float("nan"), False),
+            ("q4", "100", True)]    # graded right (its gold is 100): not a failure
+    records = pd.DataFrame([{"question_id": q, "probe": probe, "extracted": e, "correct": c} for q, e, c in rows]
+                           + [{"question_id": "q1", "probe": "steer:induction:1", "extracted": "100", "correct": False}])
+    assert as_failure_count(records, qs, probe, {"100"}) == 1  # q5 has no row under this probe
+    assert as_failure_count(records, qs, probe, {"100", "7"}) == 2
+    assert as_failure_count(records, qs, "steer:induction:1", {"100"}) == 1
+    assert as_failure_count(records, qs, probe, set()) == 0

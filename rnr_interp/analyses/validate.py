@@ -67,7 +67,9 @@ Analyses per kind (`ANALYSES`):
   ``steer:rescue`` and ``steer:induction`` (the run steers a random direction of the
   same length beside v, `--random-control`; score = the held-out rate at the alpha where
   it most exceeds the random direction's; recovered when its Wilson interval lies above
-  the random direction's rate there; the vector added where `rnr validate --steer-at`
+  the random direction's rate there; induction's rate counts the panel answers turned to
+  an answer the failure set gave, ``as_failure_rate``, not any wrong answer, so a push
+  that breaks answers into something else induces nothing; the vector added where `rnr validate --steer-at`
   says, at every position by default, on the grid `--alphas` and `--alpha-unit` give).
   Units and steer read the block where `--read-at` says (the prompt's end by default).
   An analysis of another block than the planted one scores 0.
@@ -507,7 +509,14 @@ def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, F
     if table is None:
         raise ValueError(f"{str(out)!r} is a steer run without the random-direction control (made by an older "
                          "validation): delete that folder and run the validation again to redo it")
+    if "as_failure_rate" not in table.columns:
+        raise ValueError(f"{str(out)!r} is a steer run that did not read whether induced answers take the failure's "
+                         "form (made by an older validation): delete that folder and run the validation again to redo it")
     layer = int(run.read_summary().layer)
+    # induction counts the failure induced (an answer the failure set gave), not any wrong answer
+    induced = table["direction"] == "induction"
+    table.loc[induced, ["rate", "lo", "random_rate"]] = (
+        table.loc[induced, ["as_failure_rate", "as_failure_lo", "random_as_failure_rate"]].to_numpy())
     table["above"] = table["rate"] - table["random_rate"]
     best = {d: table[table["direction"] == d].sort_values(["above", "alpha"], ascending=[False, True]).iloc[0]
             for d in ("rescue", "induction")}

@@ -108,7 +108,8 @@ def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw
                     random: pd.DataFrame | None = None) -> go.Figure:
     """Rescue rate (-alpha v on the failure set) and induction rate (+alpha v on the
     panel) against alpha, in `alpha_unit`; dashed beside them, the same along a random
-    direction of the same length (`random`: the run's ``steering_random`` table)."""
+    direction of the same length (`random`: the run's ``steering_random`` table); dotted,
+    the induced answers that are ones the failure set gave (``as_failure_rate``)."""
     names = {"rescue": "rescue (failure set, -alpha v)", "induction": "induction (panel, +alpha v)"}
     fig = go.Figure()
     for kind, frame in (("v", table), ("random", random)):
@@ -124,6 +125,10 @@ def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw
             line = {"color": STEERING_COLOURS.get(str(direction))} | ({"dash": "dash"} if kind == "random" else {})
             fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["rate"], mode="lines+markers", name=f"{name}, n={n}",
                                      line=line, **bars))
+            if "as_failure_rate" in sub.columns and sub["as_failure_rate"].notna().any():
+                fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["as_failure_rate"], mode="lines+markers",
+                                         name=f"{name}: to an answer the failure set gave, n={n}",
+                                         line=line | {"dash": "dot" if kind == "v" else "dashdot"}))
     fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title=ALPHA_AXIS.get(alpha_unit, alpha_unit),
                       yaxis_title="fraction of questions flipped", yaxis_range=[-0.05, 1.05])
     return fig

@@ -283,8 +283,16 @@ class CohortRun:
     def deployed_replies(self) -> dict[str, str]:
         """Each question's deployed reply (its text, by question id), from where the
         cohort's deployed answers are (`deployed_from`, else this run)."""
+        return self._deployed("text")
+
+    def deployed_answers(self, questions: Sequence[Question]) -> set[str]:
+        """The answers the deployed generation gave to `questions` (those that parse)."""
+        answers = self._deployed("extracted")
+        return {a for q in questions if (a := answer_of(answers.get(q.id))) is not None}
+
+    def _deployed(self, column: str) -> dict[str, Any]:
         records = (self.deployed_from or self.run).read_records(filters=[("probe", "=", DEPLOYED)])
-        return dict(zip(records["question_id"], records["text"]))
+        return dict(zip(records["question_id"], records[column]))
 
     def readings(self, probes: Sequence[str] = ()) -> dict[str, Any]:
         """`multiple_choice_readings` of the run's records, the deployed rows from where

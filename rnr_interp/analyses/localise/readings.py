@@ -1,12 +1,12 @@
 """Reading a cohort's rows: repair and damage rates of one probe (plainly or under the
-circular protocol), the multiple-choice readings against chance, and the letter-
+circular protocol), how many answers take the failure set's form, the multiple-choice readings against chance, and the letter-
 permutation control: the chosen intervention re-scored on the held-out failures with
 every question's options rotated (`tasks.rotate_options`), so a "repair" that only
 moved a letter bias shows as such (issue 17)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import pandas as pd
 
@@ -39,6 +39,19 @@ def outcome_counts(records: pd.DataFrame, questions: Sequence[Question], probe: 
         return sum(o.correct for o in outcomes.values()), len(questions)
     correct = probe_values(records, probe, "correct")
     return sum(bool(correct[q.id]) for q in questions), len(questions)
+
+
+def as_failure_count(records: pd.DataFrame, questions: Sequence[Question], probe: str,
+                     failure_answers: Collection[str]) -> int:
+    """How many of `questions` one probe answers wrong with an answer the failure set gave
+    (`failure_answers`, its deployed answers): an induction that takes the failure's
+    form, not just any wrong answer or no answer at all. Read from the probe's own rows,
+    under the options' own order also for a circular cohort (a letter is the failure's
+    form only where the options stand as the failure set saw them)."""
+    mine = records[records["probe"] == probe]
+    answers = dict(zip(mine["question_id"], zip(mine["extracted"], mine["correct"])))
+    return sum(q.id in answers and not bool(answers[q.id][1]) and answer_of(answers[q.id][0]) in failure_answers
+               for q in questions)
 
 
 def rates(records: pd.DataFrame, failure: Sequence[Question], panel: Sequence[Question], probe: str,

@@ -9,7 +9,10 @@ hook_resid_pre`` (the whole layer's write). v points from "answers right" toward
 
 Steering adds ``alpha * u`` to that same output at every position (`Steer` at the
 block's site). Rescue: ``-alpha * u`` on the failure set, rate = fraction now right.
-Induction: ``+alpha * u`` on the healthy panel, rate = fraction now wrong. The scale of
+Induction: ``+alpha * u`` on the healthy panel, rate = fraction now wrong, and beside it
+the fraction now wrong with an answer the failure set's selection part gave
+(``as_failure_rate``): the failure induced, told apart from a push that breaks the
+answer into something else (the paper's "+alpha v induces the failure"). The scale of
 u is stated (`AlphaUnit`): by default ("rms") u = s * v / |v|, v normalised to unit
 length and s the residual stream's RMS norm at that layer (``hook_resid_post``, last
 prompt position, over the selection questions), so alpha = 1 adds a vector as long as a
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -59,7 +62,7 @@ from rnr_interp.analyses.localise.cohort import (
 from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, READ_AT
 from rnr_interp.analyses.localise.directions import direction, last_position, read_ids, top_units, unit_scores
 from rnr_interp.analyses.localise.positions import reading_contexts
-from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts, rates
+from rnr_interp.analyses.localise.readings import as_failure_count, check_permutation_control, outcome_counts, rates
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
@@ -140,6 +143,9 @@ def given_vector(lm: LoadedModel, vector: Tensor, site: str | None, layer: int |
     return layer, site
 
 
+#: an induction row's count, rate and Wilson interval of answers that take the failure set's form
+AS_FAILURE_COLUMNS = ("as_failure_k", "as_failure_rate", "as_failure_lo", "as_failure_hi")
+
 #: the seed of the random direction a steering run's control steers along (`random_direction`)
 RANDOM_DIRECTION_SEED = 0
 
@@ -156,14 +162,18 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
                    component: str, v: Tensor, *, alphas: Sequence[float] = DEFAULT_ALPHAS, decoding: Decoding,
                    run: RunDir | None = None, batch_size: int = 32, progress: bool = False,
                    level: float = 0.95, circular: bool = False, site: str | None = None, at: str = "every",
-                   control: str = "") -> pd.DataFrame:
+                   control: str = "", failure_answers: Collection[str] | None = None) -> pd.DataFrame:
     """Table (alpha, direction, rate, lo, hi, k, n): rescue = -alpha v on `failure`
     (rate: now right), induction = +alpha v on `panel` (rate: now wrong); Wilson
     interval on each rate's own denominator. Pass the held-out parts: v is chosen on
     the selection parts. `v` is the vector alpha multiplies (`steering_vector`).
     `circular`: right means right under every cyclic shift of the options. `at`: where
     the vector is added (`STEER_AT`). `control`: a suffix of the probes' directions
-    ("-random": ``steer:rescue-random:A``), for a control vector's sweep beside v's."""
+    ("-random": ``steer:rescue-random:A``), for a control vector's sweep beside v's.
+    `failure_answers`: the failure set's own answers; induction rows then also count
+    the panel answers now wrong *with one of them* (``as_failure_k``, ``as_failure_rate``
+    with ``as_failure_lo``/``as_failure_hi``: the failure induced, not any breakage;
+    `readings.as_failure_count`), NaN on rescue rows and without it."""
     rescue, induction = f"rescue{control}", f"induction{control}"
     rows = []
     for alpha in alphas:
@@ -176,8 +186,13 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
         fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer(rescue, alpha)), circular)
         right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer(induction, alpha)), circular)
         for way, p in (("rescue", proportion(fixed, n_f, level)), ("induction", proportion(n_p - right, n_p, level))):
+            form = dict.fromkeys(AS_FAILURE_COLUMNS, float("nan"))
+            if way == "induction" and failure_answers is not None:
+                f = proportion(as_failure_count(records, panel, str(ProbeLabel.steer(induction, alpha)), failure_answers),
+                               n_p, level)
+                form = dict(zip(AS_FAILURE_COLUMNS, (f["k"], f["rate"], f["ci"][0], f["ci"][1])))
             table.append({"alpha": float(alpha), "direction": way, "rate": p["rate"], "lo": p["ci"][0],
-                          "hi": p["ci"][1], "k": p["k"], "n": p["n"]})
+                          "hi": p["ci"][1], "k": p["k"], "n": p["n"], **form})
     return pd.DataFrame(table)
 
 
@@ -349,11 +364,14 @@ def _skip(run: RunDir, summary: dict[str, Any], cohort: Cohort, table: str, colu
 
 def steering_beside_control(run: RunDir) -> pd.DataFrame | None:
     """A steer run's table (`steering_sweep`) with the random direction's rate at the same
-    alpha and direction beside v's (column ``random_rate``); None for a run made without
-    the control (`run_steer(random_control=False)`)."""
+    alpha and direction beside v's (column ``random_rate``, and ``random_as_failure_rate``
+    where the run read the failure's form); None for a run made without the control
+    (`run_steer(random_control=False)`)."""
     if run.read_summary().random_control is None:
         return None
-    control = run.read_table("steering_random")[["alpha", "direction", "rate"]].rename(columns={"rate": "random_rate"})
+    control = run.read_table("steering_random")
+    kept = [c for c in ("rate", "as_failure_rate") if c in control.columns]
+    control = control[["alpha", "direction", *kept]].rename(columns={c: f"random_{c}" for c in kept})
     return run.read_table("steering").merge(control, on=["alpha", "direction"], how="left")
 
 
@@ -419,8 +437,11 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                  "norm": float(v.norm()), "vector": v.tolist(), "why": why,
                                  "from": "selection parts of the failure set and panel" if vector is None else "given",
                                  "alpha_unit": alpha_unit, "residual_rms": rms, "steered_norm_per_alpha": float(u.norm())})
+    # the failure's form from the selection part, as v is: the held-out failures are what rescue reads
+    failure_answers = c.deployed_answers(f_sel)
     table = steering_sweep(lm, task, f_out, p_out, chosen, component, u, alphas=alphas, decoding=decoding, run=run,
-                           batch_size=batch_size, progress=progress, circular=cohort.circular, site=site, at=steer_at)
+                           batch_size=batch_size, progress=progress, circular=cohort.circular, site=site, at=steer_at,
+                           failure_answers=failure_answers)
     for effect, direction_name in ((RESCUE_EFFECT, "rescue"), (INDUCTION_EFFECT, "induction")):
         mine = table["direction"] == direction_name
         table.loc[mine, "power"] = [wilson_power(effect, int(n)) for n in table.loc[mine, "n"]]
@@ -429,14 +450,14 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         r = random_direction(u)
         random_table = steering_sweep(lm, task, f_out, p_out, chosen, component, r, alphas=alphas, decoding=decoding, run=run,
                                       batch_size=batch_size, progress=progress, circular=cohort.circular, site=site,
-                                      at=steer_at, control="-random")
+                                      at=steer_at, control="-random", failure_answers=failure_answers)
         run.write_table("steering_random", random_table)
         summary["random_control"] = {"seed": RANDOM_DIRECTION_SEED, "norm": float(r.norm()),
                                      "cosine_with_v": float(r.double() @ u.double() / (r.double().norm() * u.double().norm())),
                                      "table": random_table.to_dict(orient="records")}
     summary.update({"layer": chosen, "component": component, "block_choice": why,
                     "alpha_unit": alpha_unit, "alpha_unit_words": ALPHA_UNIT_WORDS[alpha_unit], "steer_at": steer_at,
-                    "v_norm": float(v.norm()), "residual_rms": rms, "steered_norm_per_alpha": float(u.norm()),
+                    "failure_answers": sorted(failure_answers), "v_norm": float(v.norm()), "residual_rms": rms, "steered_norm_per_alpha": float(u.norm()),
                     "scored_on": "held-out parts (v and the RMS norm from the selection parts)",
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
