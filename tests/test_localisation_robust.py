@@ -237,14 +237,18 @@ def scaled_copy(c: float) -> LoadedModel:
     return lm
 
 
-def test_steering_in_rms_units_is_invariant_to_the_residual_scale(tmp_path):
+@pytest.mark.parametrize("unit", ["rms", "write"])
+def test_steering_in_rms_and_write_units_is_invariant_to_the_residual_scale(tmp_path, unit):
     task = parity_task(48)
     decoding = deployed_decoding(task, 2)
     alphas = (0.0, 0.5, 1.0, 2.0)
-    runs = {c: run_steer(scaled_copy(c), task, tmp_path / f"x{c:g}", layer=0, alphas=alphas, alpha_unit="rms",
+    runs = {c: run_steer(scaled_copy(c), task, tmp_path / f"x{c:g}", layer=0, alphas=alphas, alpha_unit=unit,
                          decoding=decoding, progress=False) for c in (1.0, 8.0)}
     one, eight = runs[1.0], runs[8.0]
-    assert one.alpha_unit == "rms" and eight.residual_rms == pytest.approx(8 * one.residual_rms, rel=1e-3)
+    assert one.alpha_unit == unit and eight.residual_rms == pytest.approx(8 * one.residual_rms, rel=1e-3)
+    scale = one.residual_rms if unit == "rms" else one.write_rms
+    assert one.steered_norm_per_alpha == pytest.approx(scale, rel=1e-5)
+    assert (one.write_rms is None) == (unit == "rms")
     assert eight.v_norm == pytest.approx(8 * one.v_norm, rel=1e-3)
     rates = {c: [(r["alpha"], r["direction"], r["k"], r["n"]) for r in s.table] for c, s in runs.items()}
     assert rates[1.0] == rates[8.0]

@@ -372,7 +372,7 @@ def test_validate_plants_at_the_block_and_with_the_units_asked_and_reads_and_ste
                          (dict(kinds=("gap",), layer=1), "none of the kinds gap is planted at a layer"),
                          (dict(alphas=(0.0, float("nan"))), "alphas must be one or more finite numbers"),
                          (dict(read_at="end"), "read_at must be one of prompt, answer"),
-                         (dict(alpha_unit="nats"), "alpha_unit must be one of rms, raw")):
+                         (dict(alpha_unit="nats"), "alpha_unit must be one of rms, raw, write")):
         with pytest.raises(ValueError, match=message):
             run_validate(quiet_mlp_base, task, tmp_path / "bad", profile="one",
                          **{"kinds": ("units",) if "plant_units" not in bad else ("layer",), **bad}, progress=False)

@@ -371,6 +371,9 @@ def test_a_steering_run_without_its_alpha_unit_is_refused(tmp_path):
     assert steer_alpha_unit(RunDir.create(tmp_path / "rms", {"kind": "steer", "alpha_unit": "rms"})) == "rms"
     with pytest.raises(RunFolderError, match="before runs recorded their alpha unit .* rerun it"):
         steer_alpha_unit(RunDir.create(tmp_path / "old", {"kind": "steer"}))
+    # the paper's claim is judged at alphas in rms or raw units; a run in the block's write units is not read as either
+    with pytest.raises(RunFolderError, match="alpha unit 'write'; the paper's claim is judged in rms or raw units"):
+        steer_alpha_unit(RunDir.create(tmp_path / "write", {"kind": "steer", "alpha_unit": "write"}))
 
 
 def test_an_induced_answer_takes_the_failure_s_form_only_when_it_is_wrong_and_one_the_failure_set_gave():
@@ -392,3 +395,21 @@ def test_an_induced_answer_takes_the_failure_s_form_only_when_it_is_wrong_and_on
     assert as_failure_count(records, qs, probe, {"100", "7"}) == 2
     assert as_failure_count(records, qs, "steer:induction:1", {"100"}) == 1
     assert as_failure_count(records, qs, probe, set()) == 0
+
+
+def test_the_write_unit_is_the_rms_norm_of_what_the_block_writes_at_the_last_prompt_position(lm, task):
+    from rnr_interp.analyses.localise.steering import steering_vector, write_rms
+
+    writes = []
+    handle = lm.hf_model.model.layers[1].mlp.register_forward_hook(lambda m, i, out: writes.append(out[0, -1].detach()))
+    try:
+        with torch.no_grad():
+            for ids in prompts(lm, task):
+                lm.hf_model(torch.tensor([list(ids)]))
+    finally:
+        handle.remove()
+    by_hand = float(torch.stack(writes).pow(2).sum(-1).mean().sqrt())
+    assert write_rms(lm, task, task.questions, 1, "mlp") == pytest.approx(by_hand, rel=1e-4)
+    v = torch.tensor([3.0, 4.0] + [0.0] * (writes[0].shape[0] - 2))
+    u = steering_vector(v, "write", by_hand)
+    assert float(u.norm()) == pytest.approx(by_hand) and float(u @ v) == pytest.approx(by_hand * 5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, TypeVar
 
 import typer
 
@@ -83,7 +83,8 @@ AlphasOpt = Annotated[Optional[str], typer.Option(
                      "0,0.5,1,2,4,8 for raw)")]
 AlphaUnitOpt = Annotated[str, typer.Option(
     "--alpha-unit", help="rms: alpha in multiples of the residual stream's RMS norm at the layer, along unit v; "
-                         "raw: multiples of the unnormalised v")]
+                         "raw: multiples of the unnormalised v; write: multiples of the RMS norm of what the block "
+                         "itself writes, along unit v")]
 LogToOpt = Annotated[Optional[str], typer.Option(
     "--log-to", help="when the run ends, log its config, summary and tables to wandb (an offline run under WANDB_DIR, "
                      "else ./wandb) or mlflow (MLFLOW_TRACKING_URI, else the file store ./mlruns)")]
@@ -136,18 +137,29 @@ def numbers(option: str, text: str, kind: type = float) -> list:
     return values
 
 
+def one_of(option: str, value: Optional[str], choices: Iterable[str]) -> None:
+    """Refuse `value` outside the closed list `choices`, naming `option` and the list."""
+    choices = list(choices)
+    if value not in choices:
+        fail(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+
+
 def check_read_at(read_at: str) -> None:
     from rnr_interp.analyses.localise.defaults import READ_AT
 
-    if read_at not in READ_AT:
-        fail(f"--read-at must be one of {', '.join(READ_AT)}, got {read_at!r}")
+    one_of("--read-at", read_at, READ_AT)
 
 
 def check_alpha_unit(alpha_unit: str) -> None:
     from rnr_interp.analyses.localise.defaults import ALPHA_UNITS
 
-    if alpha_unit not in ALPHA_UNITS:
-        fail(f"--alpha-unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
+    one_of("--alpha-unit", alpha_unit, ALPHA_UNITS)
+
+
+def check_steer_at(steer_at: str) -> None:
+    from rnr_interp.interventions import STEER_AT
+
+    one_of("--steer-at", steer_at, STEER_AT)
 
 
 def at_least(option: str, value: Optional[int], low: int = 1) -> None:
@@ -264,8 +276,8 @@ def check_grading_option(grading: Optional[str]) -> None:
     """Refuse a --grading that is not one of the gradings (None: not given)."""
     from rnr_interp.records import GRADINGS
 
-    if grading is not None and grading not in GRADINGS:
-        fail(f"--grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+    if grading is not None:
+        one_of("--grading", grading, GRADINGS)
 
 
 def print_grading(summary: AuditSummary | RouteSummary) -> None:

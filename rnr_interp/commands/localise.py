@@ -11,8 +11,8 @@ import typer
 from rnr_interp.commands.common import (
     AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
     SteerAtOpt, UnitsSilencedOpt, ReadAtOpt, AlphasOpt, AlphaUnitOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
-    at_least, check_alpha_unit, check_log_to, check_out, check_read_at, numbers, execute, fail, load_inputs, log_finished, print_multiple_choice, run_folder,
-    say_skipped,
+    at_least, check_alpha_unit, check_log_to, check_out, check_read_at, check_steer_at, numbers, one_of, execute, fail, load_inputs,
+    log_finished, print_multiple_choice, run_folder, say_skipped,
 )
 from rnr_interp.analyses.localise.defaults import DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP
 
@@ -298,15 +298,13 @@ def steer(
     held-out failures, induce failures in the held-out panel."""
     check_log_to(log_to)
     from rnr_interp.analyses.localise.cohort import Split
-    from rnr_interp.interventions import COMPONENT_SITE, STEER_AT
+    from rnr_interp.interventions import COMPONENT_SITE
     from rnr_interp.records import STEER
 
-    if component not in COMPONENT_SITE:
-        fail(f"--component must be one of {', '.join(COMPONENT_SITE)}, got {component!r}")
+    one_of("--component", component, COMPONENT_SITE)
     check_alpha_unit(alpha_unit)
     check_read_at(read_at)
-    if steer_at not in STEER_AT:
-        fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
+    check_steer_at(steer_at)
     s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else numbers("--alphas", alphas),

@@ -14,8 +14,8 @@ import typer
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
     AblationOpt, AlphasOpt, AlphaUnitOpt, BatchOpt, GradingOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, ReadAtOpt,
-    SteerAtOpt, TaskOpt, UnitsSilencedOpt, at_least, check_alpha_unit, check_out, check_read_at, execute, fail, numbers,
-    out_folder,
+    SteerAtOpt, TaskOpt, UnitsSilencedOpt, at_least, check_alpha_unit, check_out, check_read_at, check_steer_at, execute, fail, numbers,
+    one_of, out_folder,
 )
 
 
@@ -112,7 +112,7 @@ def validate(
     each organism as a user would, and score what they found against what was planted:
     recovery per kind, the detection curve, false positives on the nulls."""
     from rnr_interp.analyses.validate import ANALYSES, GOLDS, PROFILES
-    from rnr_interp.interventions import ABLATION_MODES, STEER_AT
+    from rnr_interp.interventions import ABLATION_MODES
     from rnr_interp.records import VALIDATE
     from rnr_interp.report.kinds import analysis_of
     from rnr_interp.tasks import load_task
@@ -125,17 +125,13 @@ def validate(
     check_read_at(read_at)
     check_alpha_unit(alpha_unit)
     alpha_grid = None if alphas is None else tuple(numbers("--alphas", alphas))
-    if profile not in PROFILES:
-        fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    one_of("--profile", profile, PROFILES)
     chosen = [k.strip() for k in kinds.split(",") if k.strip()]
     if not chosen or any(k not in ANALYSES for k in chosen):
         fail(f"--kinds must be a comma-separated list of {', '.join(ANALYSES)}, got {kinds!r}")
-    if gold not in GOLDS:
-        fail(f"--gold must be one of {', '.join(GOLDS)}, got {gold!r}")
-    if ablation not in ABLATION_MODES:
-        fail(f"--ablation must be one of {', '.join(ABLATION_MODES)}, got {ablation!r}")
-    if steer_at not in STEER_AT:
-        fail(f"--steer-at must be one of {', '.join(STEER_AT)}, got {steer_at!r}")
+    one_of("--gold", gold, GOLDS)
+    one_of("--ablation", ablation, ABLATION_MODES)
+    check_steer_at(steer_at)
     if plant_units is not None and "units" not in chosen:
         fail("--plant-units is how many units the units kind plants: add units to --kinds")
     seed_list = _seeds(seeds)

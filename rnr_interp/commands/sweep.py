@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rnr_interp.commands.common import check_out, execute, fail, out_folder
+from rnr_interp.commands.common import check_out, execute, fail, one_of, out_folder
 
 
 def sweep(
@@ -22,8 +22,7 @@ def sweep(
     from rnr_interp.engine.decoding import BACKENDS
     from rnr_interp.analyses.sweep import INDEX, Grid, status_counts, run_local, run_ray
 
-    if backend not in BACKENDS:
-        fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    one_of("--backend", backend, BACKENDS)
     if address and not use_ray:
         fail("--address needs --ray")
     check_out(out, marks=(INDEX,))

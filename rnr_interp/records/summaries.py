@@ -330,6 +330,8 @@ class SteerSummary(ChosenBlockSummary):
     v_norm: float | None = None
     residual_rms: float | None = None
     steered_norm_per_alpha: float | None = None
+    #: the RMS norm of the block's own write, the scale of alpha_unit "write" (only in that unit)
+    write_rms: float | None = None
     #: the answers the failure set's selection part gave: an induced answer among them takes the failure's form
     failure_answers: list[str] | None = None
     #: where the vector was added: at every position, or at the prompt's last one

@@ -97,7 +97,8 @@ def controls_figure(controls: pd.DataFrame, title: str = "") -> go.Figure:
 #: the x-axis label per alpha unit (`steering.ALPHA_UNITS`); runs written before the
 #: unit existed steered in raw multiples of v
 ALPHA_AXIS = {"rms": "alpha (multiples of the residual stream's RMS norm, along unit v)",
-              "raw": "alpha (raw multiples of the unnormalised v)"}
+              "raw": "alpha (raw multiples of the unnormalised v)",
+              "write": "alpha (multiples of the RMS norm of the block's own write, along unit v)"}
 
 
 #: one colour per steering direction, so v's curve and its random control pair up

@@ -464,7 +464,10 @@ def steer_alpha_unit(run: RunDir) -> str:
     if "alpha_unit" not in run.config:
         raise RunFolderError(f"{run.path}: a steering run written before runs recorded their alpha unit "
                              "(an earlier rnr_interp 0.1); rerun it")
-    return str(run.config["alpha_unit"])
+    if (unit := str(run.config["alpha_unit"])) not in JUDGED_ALPHA:
+        raise RunFolderError(f"{run.path}: steered in alpha unit {unit!r}; the paper's claim is judged in "
+                             f"{' or '.join(JUDGED_ALPHA)} units")
+    return unit
 
 
 def _steering_finding(folder: Path, scope: str) -> Finding:

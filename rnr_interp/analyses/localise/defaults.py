@@ -5,8 +5,9 @@ that the CLI can name them in its options without importing torch."""
 #: enough to see damage rates of a few percent (the paper's 0-12%)
 PANEL_CAP = 64
 #: how alpha is measured: "rms" (multiples of the residual stream's RMS norm at the
-#: block's layer, along unit v) or "raw" (multiples of the unnormalised v)
-ALPHA_UNITS = ("rms", "raw")
+#: block's layer, along unit v), "raw" (multiples of the unnormalised v) or "write"
+#: (multiples of the RMS norm of what the block itself writes there, along unit v)
+ALPHA_UNITS = ("rms", "raw", "write")
 #: the unit counts k of the units analysis
 DEFAULT_KS = (1, 4, 8, 16, 32, 64, 128)
 #: random-k draws per k: the control's spread, not one lucky or unlucky draw

@@ -18,7 +18,10 @@ length and s the residual stream's RMS norm at that layer (``hook_resid_post``, 
 prompt position, over the selection questions), so alpha = 1 adds a vector as long as a
 typical residual vector there, whatever |v| and the model's activation scale; with
 "raw", u = v (the unnormalised difference of means, alpha a multiple of it), kept for
-comparison and labelled. The paper gives its alphas (-8v, +4v) without a scale.
+comparison and labelled; with "write", u = w * v / |v| and w the RMS norm of the block's
+own write where v is read (`write_rms`), for a model whose residual stream is far longer
+than what one block writes (Gemma 3 at block 16: 11.5 times v's norm), where the RMS
+unit's smallest step is already a push larger than the block's whole effect. The paper gives its alphas (-8v, +4v) without a scale.
 
 Held out. The block, v and the unit scores come from the selection parts of the failure
 set and panel (`cohort.Split`); rescue, induction and unit repair are measured on the
@@ -60,7 +63,7 @@ from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, Cohort, CohortRun, Split, check_localisation_options, localisation_config, open_cohort,
 )
 from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, READ_AT
-from rnr_interp.analyses.localise.directions import direction, last_position, read_ids, top_units, unit_scores
+from rnr_interp.analyses.localise.directions import block_output, direction, last_position, read_ids, top_units, unit_scores
 from rnr_interp.analyses.localise.positions import reading_contexts
 from rnr_interp.analyses.localise.readings import as_failure_count, check_permutation_control, outcome_counts, rates
 from rnr_interp.engine.rows import run_rows
@@ -82,9 +85,14 @@ ALPHA_UNIT_WORDS = {
            "selection questions), along v normalised to unit length",
     "raw": "multiples of the unnormalised v (difference of mean block outputs): its length varies by model, task and "
            "block, so raw alphas do not compare across cells",
+    "write": "multiples of the RMS norm of the block's own write (its output where v is read, selection questions), "
+             "along v normalised to unit length: a model whose residual stream is much longer than what one block "
+             "writes (Gemma 3) is steered on the scale the block acts on",
 }
-#: the default grid per unit: rms alphas are fractions of a typical residual vector's length
-DEFAULT_ALPHAS_BY_UNIT = {"rms": (0.0, 0.125, 0.25, 0.5, 1.0, 2.0), "raw": (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)}
+#: the default grid per unit: rms alphas are fractions of a typical residual vector's
+#: length, write alphas of a typical write of the block
+DEFAULT_ALPHAS_BY_UNIT = {"rms": (0.0, 0.125, 0.25, 0.5, 1.0, 2.0), "raw": (0.0, 0.5, 1.0, 2.0, 4.0, 8.0),
+                          "write": (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)}
 DEFAULT_ALPHAS = DEFAULT_ALPHAS_BY_UNIT["rms"]
 
 
@@ -102,15 +110,29 @@ def residual_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], lay
     return float(acts.pow(2).sum(-1).mean().sqrt())
 
 
-def steering_vector(v: Tensor, unit: str, rms: float) -> Tensor:
-    """u, the vector alpha multiplies: rms * v / |v| ("rms") or v itself ("raw")."""
+def write_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], layer: int, component: str,
+              site: str | None = None, batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None) -> float:
+    """The RMS norm of what block (`layer`, `component`) writes, or of the activation at
+    `site` of that block when a given vector is added there, at the last position of each
+    question's context (`read_ids`): the scale of the "write" alpha unit."""
+    if not questions:
+        raise ValueError("the block's write RMS norm needs at least one question")
+    ids = read_ids(lm, task, questions, contexts)
+    acts = (last_position(lm, ids, [(site, layer)], batch_size)[site, layer] if site is not None
+            else block_output(lm, ids, layer, component, batch_size))
+    return float(acts.pow(2).sum(-1).mean().sqrt())
+
+
+def steering_vector(v: Tensor, unit: str, scale: float) -> Tensor:
+    """u, the vector alpha multiplies: scale * v / |v| ("rms": the residual's RMS norm;
+    "write": the block's write's, `write_rms`) or v itself ("raw")."""
     check_alpha_unit(unit)
     if unit == "raw":
         return v
     norm = float(v.norm())
     if norm == 0:
         raise ValueError("v is zero (the failure set and panel have the same mean block output): no direction to steer")
-    return v / norm * rms
+    return v / norm * scale
 
 
 # -- steering --------------------------------------------------------------------------
@@ -432,11 +454,14 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     else:
         chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
     rms = residual_rms(lm, task, [*f_sel, *p_sel], chosen, contexts=contexts)
-    u = steering_vector(v, alpha_unit, rms)
+    # only in its own unit, so a default run reads nothing it did not before
+    write = write_rms(lm, task, [*f_sel, *p_sel], chosen, component, site, contexts=contexts) if alpha_unit == "write" else None
+    u = steering_vector(v, alpha_unit, rms if write is None else write)
+    scales = {"residual_rms": rms, **({} if write is None else {"write_rms": write}), "steered_norm_per_alpha": float(u.norm())}
     run.write_json("direction", {"layer": chosen, "component": component, "site": site or COMPONENT_SITE[component],
                                  "norm": float(v.norm()), "vector": v.tolist(), "why": why,
                                  "from": "selection parts of the failure set and panel" if vector is None else "given",
-                                 "alpha_unit": alpha_unit, "residual_rms": rms, "steered_norm_per_alpha": float(u.norm())})
+                                 "alpha_unit": alpha_unit, **scales})
     # the failure's form from the selection part, as v is: the held-out failures are what rescue reads
     failure_answers = c.deployed_answers(f_sel)
     table = steering_sweep(lm, task, f_out, p_out, chosen, component, u, alphas=alphas, decoding=decoding, run=run,
@@ -457,7 +482,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                                      "table": random_table.to_dict(orient="records")}
     summary.update({"layer": chosen, "component": component, "block_choice": why,
                     "alpha_unit": alpha_unit, "alpha_unit_words": ALPHA_UNIT_WORDS[alpha_unit], "steer_at": steer_at,
-                    "failure_answers": sorted(failure_answers), "v_norm": float(v.norm()), "residual_rms": rms, "steered_norm_per_alpha": float(u.norm()),
+                    "failure_answers": sorted(failure_answers), "v_norm": float(v.norm()), **scales,
                     "scored_on": "held-out parts (v and the RMS norm from the selection parts)",
                     "table": table.to_dict(orient="records")})
     rescues = [str(ProbeLabel.steer("rescue", alpha)) for alpha in alphas]
