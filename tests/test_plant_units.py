@@ -544,3 +544,60 @@ def test_validate_lists_a_cell_the_model_cannot_take_and_goes_on(tmp_path, monke
     assert set(recovery["strength"]) == {0.0} and not (tmp_path / "v" / "organisms" / cell_name("units", 1e6, 0)).exists()
     assert (tmp_path / "v" / "organisms" / cell_name("units", 0.0, 0) / "planted.json").is_file()
     assert RunDir(tmp_path / "v").read_summary().recovery["units"]["not_planted"] == units["not_planted"]
+
+
+
+def _steer_run(path, v_rows, random_rows, failure_form=True):
+    """A finished steer run's folder, by hand: (alpha, direction, k, as_failure_k) of v and of the random direction
+    (and a rescue of 0 at each alpha)."""
+    import pandas as pd
+
+    from rnr_interp.metrics import proportion
+    from rnr_interp.records import RunDir
+
+    def table(rows):
+        out = []
+        for alpha, direction, k, f in [*rows, *((alpha, "rescue", 0, 0) for alpha, *_ in rows)]:
+            p, q = proportion(k, 9), proportion(f, 9)
+            form = {"as_failure_k": f, "as_failure_rate": q["rate"], "as_failure_lo": q["ci"][0], "as_failure_hi": q["ci"][1]}
+            out.append({"alpha": alpha, "direction": direction, "rate": p["rate"], "lo": p["ci"][0], "hi": p["ci"][1],
+                        "k": k, "n": 9, **(form if failure_form else {})})
+        return pd.DataFrame(out)
+
+    run = RunDir.create(path, {"kind": "steer", "alpha_unit": "raw"})
+    run.write_table("steering", table(v_rows))
+    run.write_table("steering_random", table(random_rows))
+    run.write_json("direction", {"vector": [1.0, 0.0]})
+    run.write_summary({"kind": "steer", "model": "m", "task": "t", "n_questions": 24, "n_failure": 5, "n_panel": 19,
+                       "layer": 16, "random_control": {"seed": 0}})
+    return run
+
+
+def test_validate_scores_the_induced_failure_not_any_breakage(tmp_path):
+    """Gemma's units organism as its steer runs read (docs/findings.md): at the default grid
+    v and the random direction break all 9 healthy answers into no answer (any wrong: 9 of
+    9 for both, the failure's answer: 0); at the fine grid v turns all 9 into the failure's
+    answer at 1/8 v and the random direction none."""
+    from rnr_interp.analyses.validate import RateFound, steering_found
+
+    broken = steering_found(_steer_run(tmp_path / "coarse", [(0.0, "induction", 0, 0), (0.5, "induction", 9, 0)],
+                                       [(0.0, "induction", 0, 0), (0.5, "induction", 9, 0)]))
+    assert broken["steer:induction"] == RateFound(16, 0.0, 0.0, 0.0)
+    # a breakage only v gives is still not the failure induced
+    only_v = steering_found(_steer_run(tmp_path / "v", [(0.0, "induction", 0, 0), (0.5, "induction", 9, 0)],
+                                       [(0.0, "induction", 0, 0), (0.5, "induction", 0, 0)]))
+    assert only_v["steer:induction"].rate == 0.0
+    fine = steering_found(_steer_run(tmp_path / "fine", [(0.0625, "induction", 8, 2), (0.125, "induction", 9, 9)],
+                                     [(0.0625, "induction", 0, 0), (0.125, "induction", 0, 0)]))
+    found = fine["steer:induction"]
+    assert (found.rate, found.control) == (1.0, 0.0) and found.lo > 0.6
+
+
+def test_validate_refuses_to_score_a_steer_run_an_older_validation_made(tmp_path):
+    """A steer run that did not read the induced failure's form is not scored as if it
+    had: its folder is named."""
+    from rnr_interp.analyses.validate import steering_found
+
+    old = _steer_run(tmp_path / "old", [(0.5, "induction", 9, 0)], [(0.5, "induction", 9, 0)], failure_form=False)
+    with pytest.raises(ValueError, match="'.*old' is a steer run made by an older validation .* induced failure's form"):
+        steering_found(old)

@@ -505,13 +505,17 @@ def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, F
                            read_at=cell.read_at, alphas=cell.alphas, alpha_unit=cell.alpha_unit)
     if run is None:
         return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
+    return steering_found(run)
+
+
+def steering_found(run: RunDir) -> dict[str, Found]:
+    """What a finished steer run (made with the random-direction control) found: its v,
+    and the rescue and the induced failure at the alpha where each most exceeds the
+    random direction's."""
     table = steering_beside_control(run)
-    if table is None:
-        raise ValueError(f"{str(out)!r} is a steer run without the random-direction control (made by an older "
-                         "validation): delete that folder and run the validation again to redo it")
-    if "as_failure_rate" not in table.columns:
-        raise ValueError(f"{str(out)!r} is a steer run that did not read whether induced answers take the failure's "
-                         "form (made by an older validation): delete that folder and run the validation again to redo it")
+    if table is None or "as_failure_rate" not in table.columns:
+        raise ValueError(f"{str(run.path)!r} is a steer run made by an older validation (without the random-direction "
+                         "control or the induced failure's form): delete that folder and run the validation again to redo it")
     layer = int(run.read_summary().layer)
     # induction counts the failure induced (an answer the failure set gave), not any wrong answer
     induced = table["direction"] == "induction"
