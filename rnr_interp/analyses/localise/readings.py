@@ -1,7 +1,7 @@
 """Reading a cohort's rows: repair and damage rates of one probe (plainly or under the
-circular protocol), how many answers take the failure set's form, the multiple-choice readings against chance, and the letter-
-permutation control: the chosen intervention re-scored on the held-out failures with
-every question's options rotated (`tasks.rotate_options`), so a "repair" that only
+circular protocol), how many answers take the failure set's form, the multiple-choice
+readings against chance, and the letter-permutation control: the chosen intervention
+re-scored on the held-out failures with every question's options rotated (`tasks.rotate_options`), so a "repair" that only
 moved a letter bias shows as such (issue 17)."""
 
 from __future__ import annotations
@@ -48,9 +48,8 @@ def as_failure_count(records: pd.DataFrame, questions: Sequence[Question], probe
     form, not just any wrong answer or no answer at all. Read from the probe's own rows,
     under the options' own order also for a circular cohort (a letter is the failure's
     form only where the options stand as the failure set saw them)."""
-    mine = records[records["probe"] == probe]
-    answers = dict(zip(mine["question_id"], zip(mine["extracted"], mine["correct"])))
-    return sum(q.id in answers and not bool(answers[q.id][1]) and answer_of(answers[q.id][0]) in failure_answers
+    extracted, correct = probe_values(records, probe, "extracted"), probe_values(records, probe, "correct")
+    return sum(q.id in correct and not bool(correct[q.id]) and answer_of(extracted[q.id]) in failure_answers
                for q in questions)
 
 

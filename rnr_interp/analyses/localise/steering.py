@@ -21,7 +21,8 @@ typical residual vector there, whatever |v| and the model's activation scale; wi
 comparison and labelled; with "write", u = w * v / |v| and w the RMS norm of the block's
 own write where v is read (`write_rms`), for a model whose residual stream is far longer
 than what one block writes (Gemma 3 at block 16: 11.5 times v's norm), where the RMS
-unit's smallest step is already a push larger than the block's whole effect. The paper gives its alphas (-8v, +4v) without a scale.
+unit's smallest step is already a push larger than the block's whole effect. The paper
+gives its alphas (-8v, +4v) without a scale.
 
 Held out. The block, v and the unit scores come from the selection parts of the failure
 set and panel (`cohort.Split`); rescue, induction and unit repair are measured on the
@@ -205,13 +206,13 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
                        desc=f"steer{control}", progress=progress)
     table = []
     for alpha in alphas:
+        induced = str(ProbeLabel.steer(induction, alpha))
         fixed, n_f = outcome_counts(records, failure, str(ProbeLabel.steer(rescue, alpha)), circular)
-        right, n_p = outcome_counts(records, panel, str(ProbeLabel.steer(induction, alpha)), circular)
+        right, n_p = outcome_counts(records, panel, induced, circular)
         for way, p in (("rescue", proportion(fixed, n_f, level)), ("induction", proportion(n_p - right, n_p, level))):
             form = dict.fromkeys(AS_FAILURE_COLUMNS, float("nan"))
             if way == "induction" and failure_answers is not None:
-                f = proportion(as_failure_count(records, panel, str(ProbeLabel.steer(induction, alpha)), failure_answers),
-                               n_p, level)
+                f = proportion(as_failure_count(records, panel, induced, failure_answers), n_p, level)
                 form = dict(zip(AS_FAILURE_COLUMNS, (f["k"], f["rate"], f["ci"][0], f["ci"][1])))
             table.append({"alpha": float(alpha), "direction": way, "rate": p["rate"], "lo": p["ci"][0],
                           "hi": p["ci"][1], "k": p["k"], "n": p["n"], **form})
