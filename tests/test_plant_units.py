@@ -423,13 +423,16 @@ def test_the_units_sweep_finds_units_whole_block_silencing_cannot(tmp_path, monk
     blind = RunDir(tmp_path / "whole" / "runs" / "units-s1-seed0__repair-mlp").read_table("repair")
     assert (blind[blind["component"] == "mlp"]["repair_rate"] == 0).all() and "silenced_units" not in blind
 
-    summary = run_validate(BASE, echo, tmp_path / "units", profile="one", kinds=("units",), units=3, progress=False)
+    # read where each answer starts: the echo replies are their answers, so that is the prompt's end,
+    # and the sweep's unit sets are scored where the units run scores the chosen block's
+    summary = run_validate(BASE, echo, tmp_path / "units", profile="one", kinds=("units",), units=3, read_at="answer",
+                           progress=False)
     assert summary.units == 3 and RunDir(tmp_path / "units").config["units"] == 3
     recovery = RunDir(tmp_path / "units").read_table("recovery").set_index(["strength", "analysis"])
     layer = int(recovery.loc[(1.0, "repair:mlp"), "planted"])  # every MLP of this base is indispensable: the least so
     assert recovery.loc[(1.0, "repair:mlp"), "found"] == str(layer) and recovery.loc[(1.0, "repair:mlp"), "recovered"]
     repair = RunDir(tmp_path / "units" / "runs" / "units-s1-seed0__repair-mlp")
-    assert repair.read_summary().units == 3 and repair.config["units"] == 3
+    assert repair.read_summary().units == 3 and repair.config["units"] == 3 and repair.config["read_at"] == "answer"
     table = repair.read_table("repair").set_index(["component", "layer"])
     planted = json.loads((tmp_path / "units" / "organisms" / "units-s1-seed0" / PLANTED_FILE).read_text())
     silenced = {int(u) for u in table.loc[("mlp", layer), "silenced_units"].split("|")}

@@ -607,6 +607,45 @@ def test_the_permutation_control_of_a_units_sweep_silences_the_units_the_sweep_d
     assert set(rotated["intervention"]) == {AblateUnits(s.chosen["layer"], tuple(int(u) for u in named.split("|"))).label()}
 
 
+def test_a_units_sweep_scores_its_units_where_each_answer_starts_when_asked(tmp_path, lm, monkeypatch):
+    """`run_repair(units=K, read_at="answer")` (`rnr repair --units K --read-at answer`)
+    scores every block's units at the end of each selection question's reading context,
+    built from the run's own deployed replies, as `rnr units --read-at answer` reads the
+    chosen block; config and summary say so; by default the prompts are read; a sweep of
+    whole blocks refuses a read_at it would not use (API and CLI), before any folder."""
+    from rnr_interp.analyses.localise import silencing
+    from rnr_interp.analyses.localise.positions import reading_contexts
+
+    task = letter_hash_task(40)
+    d = deployed_decoding(task, max_new_tokens=8)
+    seen = []
+    real = silencing.mlp_unit_sets
+    monkeypatch.setattr(silencing, "mlp_unit_sets", lambda *a, **k: seen.append(k["contexts"]) or real(*a, **k))
+    s = run_repair(lm, task, tmp_path / "a", panel=8, decoding=d, units=4, sweep="mlp", read_at="answer", progress=False)
+    run = RunDir(tmp_path / "a")
+    assert run.config["read_at"] == "answer" and s.read_at == "answer" and s.units == 4
+    deployed = run.read_records(filters=[("probe", "=", "deployed")])
+    replies = dict(zip(deployed["question_id"], deployed["text"]))
+    contexts = seen[0]
+    assert len(contexts) == s.split["n_failure_selection"] + s.split["n_panel_selection"] > 0
+    assert set(contexts) <= {*run.read_json("failure_set")["question_ids"], *run.read_json("healthy_panel")["question_ids"]}
+    by_id = {q.id: q for q in task.questions}
+    assert contexts == {i: reading_contexts(lm, task, [by_id[i]], replies, "answer")[0] for i in contexts}
+    seen.clear()
+    default = run_repair(lm, task, tmp_path / "p", panel=8, decoding=d, units=4, sweep="mlp", progress=False)
+    assert seen and seen[0] is None and default.read_at is None and "read_at" not in RunDir(tmp_path / "p").config
+    for bad, message in (("answer", "a sweep of whole blocks reads nothing: add units"), ("end", "read_at must be one of")):
+        with pytest.raises(ValueError, match=message):
+            run_repair(lm, task, tmp_path / "bad", panel=8, decoding=d, read_at=bad, progress=False)
+        assert not (tmp_path / "bad").exists()
+    app = typer.Typer()
+    app.command("repair")(repair_command)
+    app.command("failures")(failures_command)
+    res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",
+                                   "--read-at", "answer", "--out", str(tmp_path / "cli")])
+    assert res.exit_code == 2 and "add --units" in res.output and not (tmp_path / "cli").exists()
+
+
 def test_permutation_control_refuses_tasks_not_graded_by_letter(tmp_path, lm):
     boolq = BoolQ([Question(id="b0", text="Is it?", answer="yes", choices=("yes", "no"), gold_index=0, context="It is.")])
     with pytest.raises(ValueError, match="not option letters"):

@@ -186,6 +186,25 @@ def test_the_units_a_sweep_silences_are_each_blocks_own_top_units(family, task):
     assert got[0] != got[1]
 
 
+def test_the_units_a_sweep_silences_are_scored_where_each_answer_starts_when_asked(lm):
+    """`mlp_unit_sets` with reading contexts (`rnr repair --units K --read-at answer`)
+    scores each block's units where `rnr units --read-at answer` scores the chosen
+    block's: v and the contributions at the contexts' last positions, not the prompts'."""
+    from rnr_interp.analyses.localise.directions import mlp_unit_sets
+    from rnr_interp.analyses.localise.positions import reading_contexts
+
+    arithmetic = load_task("arithmetic", n=6)
+    failure, panel = arithmetic.questions[:3], arithmetic.questions[3:]
+    replies = {q.id: f"Let me add the numbers. The final answer is {q.answer}." for q in arithmetic.questions}
+    contexts = dict(zip(replies, reading_contexts(lm, arithmetic, arithmetic.questions, replies, "answer")))
+    assert all(contexts[q.id] != prompt_ids(lm, arithmetic, q) for q in arithmetic.questions)
+    got = mlp_unit_sets(lm, arithmetic, [0, 1], 5, failure, panel, contexts=contexts)
+    for layer in (0, 1):
+        v = direction(lm, arithmetic, failure, panel, layer=layer, component="mlp", contexts=contexts)
+        assert got[layer] == top_units(unit_scores(lm, arithmetic, failure, layer, v, contexts=contexts), 5)
+    assert got != mlp_unit_sets(lm, arithmetic, [0, 1], 5, failure, panel)
+
+
 def test_all_units_recover_the_whole_block_repair(lm):
     from tests.test_repair import parity_task
 

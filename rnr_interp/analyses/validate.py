@@ -58,7 +58,8 @@ Analyses per kind (`ANALYSES`):
   above, then `rnr compare`; found = the dominant source of the gained answers
   (``gained_from``: "base_reachable" or "base_unreachable", "" with no gains or a tie).
 - units -> ``repair:mlp``: `rnr repair --sweep mlp` (with `rnr validate --units K`,
-  `--units K`: each MLP block silenced in its top K units alone); found = the MLP block
+  `--units K`: each MLP block silenced in its top K units alone, scored where
+  `--read-at` says); found = the MLP block
   it chooses on the selection part. ``units:top-k``: `rnr units --repair-run` that repair run
   (the block it chose); score = recall at k of the planted units among the k best
   scored, recovered when at least `RECALL_RECOVERED`. `rnr steer --repair-run` the same
@@ -121,7 +122,8 @@ from rnr_interp.analyses.anchor import anchor_task
 from rnr_interp.analyses.localise.recognition import default_readout
 from rnr_interp.analyses.localise.directions import check_units
 from rnr_interp.analyses.localise.repair import run_repair
-from rnr_interp.analyses.localise.steering import check_alpha_unit, check_read_at, run_steer, run_units, steering_beside_control
+from rnr_interp.analyses.localise.positions import check_read_at
+from rnr_interp.analyses.localise.steering import check_alpha_unit, run_steer, run_units, steering_beside_control
 from rnr_interp.analyses.routing.config import RouteConfig
 from rnr_interp.analyses.routing.run import run_route_audit
 from rnr_interp.analyses.routing.spaces import make_space, space_size
@@ -378,7 +380,8 @@ class Cell:
     steer_at: str = "every"
     #: the MLP sweep silences each block's top units alone (`rnr repair --units`); None: whole blocks
     units: int | None = None
-    #: where the units and steer runs read the block (`rnr units --read-at`, `rnr steer --read-at`)
+    #: where the units and steer runs read the block (`rnr units --read-at`, `rnr steer --read-at`),
+    #: and, with `units`, where the MLP sweep scores each block's units (`rnr repair --read-at`)
     read_at: str = "prompt"
     #: the steer runs' alpha grid (`rnr steer --alphas`); None: the grid of `alpha_unit`
     alphas: tuple[float, ...] | None = None
@@ -461,7 +464,8 @@ def _repair_mlp(organism: Organism, task: Task, out: Path, cell: Cell) -> int | 
     if not (out / "summary.json").is_file():
         run_repair(load_model(organism.checkpoint()), task, out, readout=default_readout(task), sweep="mlp",
                    decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
-                   ablation=cell.ablation, grading=cell.grading, units=cell.units)
+                   ablation=cell.ablation, grading=cell.grading, units=cell.units,
+                   read_at="prompt" if cell.units is None else cell.read_at)
     chosen = RunDir(out).read_summary().chosen
     return None if chosen is None else int(chosen["layer"])
 

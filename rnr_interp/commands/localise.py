@@ -218,6 +218,9 @@ def repair(
                                        "then attention and whole layer at the chosen layer only (a third of the cost); "
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     ablation: AblationOpt = "zero", units: UnitsSilencedOpt = None,
+    read_at: Annotated[str, typer.Option("--read-at", help="with --units, where each block's units are scored: prompt "
+                                         "(the prompt's last position) | answer (where each deployed reply's answer "
+                                         "starts), as rnr units --read-at reads the chosen block")] = "prompt",
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -228,6 +231,9 @@ def repair(
     block chosen on half the failures and panel, scored on the other half."""
     check_log_to(log_to)
     at_least("--units", units)
+    check_read_at(read_at)
+    if units is None and read_at != "prompt":
+        fail("--read-at says where the units --units silences are scored: add --units (a sweep of whole blocks reads nothing)")
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.choice import tie_note
     from rnr_interp.analyses.localise.repair import controls_table
@@ -236,7 +242,7 @@ def repair(
     s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
-                  ablation=ablation, units=units, grading=grading,
+                  ablation=ablation, units=units, read_at=read_at, grading=grading,
                   per_model=lambda lm: {"layers": parse_layers(layers, lm.n_layers)})
     sp = s.split
     typer.echo(f"{s.model} on {s.task}: failure set {s.n_failure} ({sp['n_failure_selection']} choose, "
@@ -244,8 +250,9 @@ def repair(
                f"split stratified by {', '.join(sp['stratified_by'])}{'; circular' if s.circular['on'] else ''}")
     _print_cohort_warnings(s)
     if s.units is not None:
-        typer.echo(f"  each MLP block silenced in its {s.units} units most along its own failure direction (the units "
-                   "are in the repair table's silenced_units column)")
+        where = "where each deployed reply's answer starts" if s.read_at == "answer" else "at the prompt's end"
+        typer.echo(f"  each MLP block silenced in its {s.units} units most along its own failure direction, read {where} "
+                   "(the units are in the repair table's silenced_units column)")
     if s.failure_empty_reason:
         typer.echo(f"  no repair to find: {s.failure_empty_reason}")
     controls = controls_table(s.to_json())

@@ -26,6 +26,7 @@ from rnr_interp.analyses.localise.circular import (
     letter_bias,
 )
 from rnr_interp.analyses.localise.defaults import PANEL_CAP
+from rnr_interp.analyses.localise.positions import reading_contexts
 from rnr_interp.analyses.localise.readings import multiple_choice_readings, run_permutation_control
 from rnr_interp.analyses.localise.recognition import READOUTS, gold_first, recognition_choices, recognize
 from rnr_interp.engine.decoding import Decoding
@@ -289,6 +290,15 @@ class CohortRun:
         """The answers the deployed generation gave to `questions` (those that parse)."""
         answers = self._deployed("extracted")
         return {a for q in questions if (a := answer_of(answers.get(q.id))) is not None}
+
+    def reading_contexts(self, questions: Sequence[Question], read_at: str) -> dict[str, list[int]] | None:
+        """Each question's reading context by id (`positions.reading_contexts`) from the
+        cohort's deployed replies; None at the prompt's end (`directions.read_ids` then
+        reads the prompts)."""
+        if read_at == "prompt":
+            return None
+        return dict(zip([q.id for q in questions],
+                        reading_contexts(self.lm, self.task, questions, self.deployed_replies(), read_at)))
 
     def _deployed(self, column: str) -> dict[str, Any]:
         records = (self.deployed_from or self.run).read_records(filters=[("probe", "=", DEPLOYED)])

@@ -132,18 +132,20 @@ def check_units(units: int | None) -> None:
 
 
 def mlp_unit_sets(lm: LoadedModel, task: Task, layers: Sequence[int], k: int, failure: Sequence[Question],
-                  panel: Sequence[Question], batch_size: int = 16) -> dict[int, tuple[int, ...]]:
+                  panel: Sequence[Question], batch_size: int = 16,
+                  contexts: Mapping[str, Sequence[int]] | None = None) -> dict[int, tuple[int, ...]]:
     """Per MLP block of `layers`: its k units with the largest directional contribution
     along that block's own failure direction (as `direction` and `unit_scores` read
-    them, at the prompt's end, as `rnr units` scores the chosen block), every block read
-    in one pass over the questions. `failure` and `panel` are the selection parts: the
-    sets are chosen without the held-out questions they are scored on."""
+    them, at the last position of each context, `read_ids`: the prompt's end unless
+    `contexts` says otherwise, as `rnr units --read-at` scores the chosen block), every
+    block read in one pass over the questions. `failure` and `panel` are the selection
+    parts: the sets are chosen without the held-out questions they are scored on."""
     if not failure or not panel:
         raise ValueError(f"silencing units needs a failure set and a panel in the selection part to score them "
                          f"(got {len(failure)} and {len(panel)}): silence whole blocks instead, or ask more questions")
     site = COMPONENT_SITE["mlp"]
     sites = list(dict.fromkeys(key for layer in layers for key in [(site, layer), *unit_sites(lm, layer)]))
-    acts = last_position(lm, read_ids(lm, task, [*failure, *panel], None), sites, batch_size)
+    acts = last_position(lm, read_ids(lm, task, [*failure, *panel], contexts), sites, batch_size)
     n = len(failure)
     out = {}
     for layer in layers:

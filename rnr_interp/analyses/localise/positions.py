@@ -9,10 +9,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
+from rnr_interp.analyses.localise.defaults import READ_AT
 from rnr_interp.analyses.localise.recognition import answer_statement
 from rnr_interp.engine.sampling import prompt_ids
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
+
+
+def check_read_at(read_at: str) -> None:
+    if read_at not in READ_AT:
+        raise ValueError(f"read_at must be one of {', '.join(READ_AT)}, got {read_at!r}")
+
+
+def read_setting(read_at: str) -> dict[str, str]:
+    """`read_at` for a run config: only when it is not the prompt's end, so a default
+    run's config (and run id) is what it was before there was a choice."""
+    return {} if read_at == "prompt" else {"read_at": read_at}
 
 
 def answer_opening(task: Task) -> str:

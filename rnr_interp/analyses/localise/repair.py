@@ -45,6 +45,7 @@ from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import PANEL_CAP, CohortRun, Split, localisation_config, open_cohort
 from rnr_interp.analyses.localise.choice import CHOICE_RULE, best_blocks, break_tie
 from rnr_interp.analyses.localise.directions import check_units
+from rnr_interp.analyses.localise.positions import check_read_at, read_setting
 from rnr_interp.analyses.localise.silencing import as_swept, silencers, units_column
 from rnr_interp.analyses.localise.readings import check_permutation_control, outcome_counts
 from rnr_interp.engine.rows import run_rows
@@ -75,6 +76,7 @@ def silencing_sweep(
     layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, split: Split = Split(),
     run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
     circular: bool = False, ablation: str = "zero", units: int | None = None,
+    contexts: Mapping[str, Sequence[int]] | None = None,
 ) -> pd.DataFrame:
     """The repair table: one row per (layer, component) with repair_rate, damage_rate,
     selectivity (repair - damage) on every question, the same on the selection part
@@ -83,12 +85,13 @@ def silencing_sweep(
     shift of its options and a question counts as right only when right under all of
     them (a moved answer is a repair only then). `ablation`: how a block is silenced;
     `units`: an MLP block silenced in its top units alone, scored on the selection parts
-    (`silencers`)."""
+    at the end of each one's context in `contexts` (by question id; else its prompt:
+    `silencers`)."""
     layers = list(range(lm.n_layers)) if layers is None else list(layers)
     blocks = [(layer, c) for layer in layers for c in components]
     questions = list(dict.fromkeys([*failure, *panel]))
     selection = (split(failure)[0], split(panel)[0])
-    silence = silencers(lm, task, blocks, ablation, batch_size, units, selection) if questions else {}
+    silence = silencers(lm, task, blocks, ablation, batch_size, units, selection, contexts) if questions else {}
     rows = [Row(q, (silence[layer, c],), ablation_probe(c, layer)) for q in questions for layer, c in blocks]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
                        desc="sweep", progress=progress)
@@ -117,15 +120,18 @@ def silencing_sweep(
 
 
 def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str], ablation: str = "zero",
-                 units: int | None = None) -> pd.DataFrame:
-    """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are.
+                 units: int | None = None, read_at: str = "prompt") -> pd.DataFrame:
+    """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are,
+    each MLP block's `units` scored where `read_at` says (`positions.READ_AT`).
     With an empty failure set nothing can be repaired and no block chosen, so the panel
     is not swept either (its damage alone chooses nothing; on a null organism this was
     most of the run's time): the table keeps its rows, with no rates."""
     panel = c.cohort.panel if c.cohort.failure else []
+    contexts = c.reading_contexts([*c.cohort.parts("failure")[0], *c.cohort.parts("panel")[0]], read_at) if units else None
     return silencing_sweep(c.lm, c.task, c.cohort.failure, panel, decoding=c.decoding, layers=layers,
                            components=components, split=c.cohort.split, run=c.run, batch_size=c.batch_size,
-                           progress=c.progress, circular=c.cohort.circular, ablation=ablation, units=units)
+                           progress=c.progress, circular=c.cohort.circular, ablation=ablation, units=units,
+                           contexts=contexts)
 
 
 def heldout_rates(table: pd.DataFrame, layer: int, component: str) -> dict[str, Any] | None:
@@ -291,7 +297,7 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                layers: Sequence[int] | None = None, components: Sequence[str] = COMPONENTS, sweep: str = "all",
                permutation_control: bool = False, batch_size: int = 32, progress: bool = True,
                circular: bool = False, ablation: str = "zero", grading: str | None = None,
-               units: int | None = None) -> RepairSummary:
+               units: int | None = None, read_at: str = "prompt") -> RepairSummary:
     """Cohort + silencing sweep into a run folder (kind "repair"): the `repair` table,
     the `controls` table and a summary: the MLP block chosen on the selection part,
     same-layer attention and whole-layer controls, and each component's own best, all
@@ -303,12 +309,18 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     silenced, "zero" (the paper's) or "mean" (`silencers`). `units`: each MLP block is
     silenced in its `units` units most along its own failure direction alone, scored on
     the selection parts (`mlp_unit_sets`; attention and whole layers as `ablation` says),
-    where the paper silences the whole block. `grading`: what "right" is
+    where the paper silences the whole block; `read_at` is where those units are scored
+    (`positions.READ_AT`: the prompt's end, or where each deployed reply's answer starts,
+    as `run_units` reads the chosen block). `grading`: what "right" is
     (`cohort.localisation_config`)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     check_ablation(ablation)
     check_units(units)
+    check_read_at(read_at)
+    if units is None and read_at != "prompt":
+        raise ValueError(f"read_at={read_at!r} says where the units a units sweep silences are scored; "
+                         "a sweep of whole blocks reads nothing: add units")
     if permutation_control:
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
@@ -319,19 +331,21 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
         control["ablation"] = ablation
     if units is not None:
         control["units"] = units
+    control.update(read_setting(read_at))
     run = RunDir.create(out, localisation_config(REPAIR, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layers=layers, components=list(components),
                                                  sweep=sweep, **control))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
-    table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units)
+    table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units, read_at)
     ties = break_tie(c.lm, c.task, table, (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0]), ablation,
                      c.batch_size)
     if sweep != "all":
         chosen = best_blocks(table, on="selection", ties=ties).get(sweep)
         if chosen is not None:
             others = [component for component in components if component != sweep]
-            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation, units)], ignore_index=True)
+            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation, units, read_at)],
+                              ignore_index=True)
     run.write_table("repair", table)
     localisation = localisation_summary(table, ties)
     controls = controls_table(localisation)
@@ -340,7 +354,8 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     best = best_blocks(table, on="selection", ties=ties)
     best_probes = [ablation_probe(c, b["layer"]) for c, b in best.items() if b is not None]
     summary = {**c.summary(REPAIR, run.read_table("recognition"), readout=readout, sweep=sweep, ablation=ablation,
-                           screen=cell_screen(run, readout), **({} if units is None else {"units": units})),
+                           screen=cell_screen(run, readout), **({} if units is None else {"units": units}),
+                           **read_setting(read_at)),
                **localisation, "best": best, "best_all_questions": best_blocks(table, on="all"),
                "table": table.to_dict(orient="records"), **c.readings(best_probes)}
     if permutation_control:

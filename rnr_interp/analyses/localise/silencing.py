@@ -5,7 +5,7 @@ own failure direction alone (``--units``). `repair`'s sweep and the tie rule
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -47,16 +47,18 @@ def block_means(lm: LoadedModel, prompts: Sequence[Sequence[int]], blocks: Seque
 
 def silencers(lm: LoadedModel, task: Task, blocks: Sequence[tuple[int, str]], ablation: str = "zero",
               batch_size: int = 16, units: int | None = None,
-              selection: tuple[Sequence[Question], Sequence[Question]] = ((), ())) -> dict[tuple[int, str], Intervention]:
+              selection: tuple[Sequence[Question], Sequence[Question]] = ((), ()),
+              contexts: Mapping[str, Sequence[int]] | None = None) -> dict[tuple[int, str], Intervention]:
     """The spec that silences each block (layer, component) under `ablation`
     (`interventions.ABLATION_MODES`): "zero", or "mean", its mean write over every
     prompt position of the task's questions as deployed (`block_means`: all of them,
     failures and panel alike, so the reference does not depend on the cohort). With
-    `units`, an MLP block is silenced in its `units` units alone (`mlp_unit_sets`)."""
+    `units`, an MLP block is silenced in its `units` units alone (`mlp_unit_sets`, read
+    at the end of each selection question's context in `contexts`, else its prompt)."""
     check_ablation(ablation)
     check_units(units)
     unit_sets = mlp_unit_sets(lm, task, [layer for layer, c in blocks if c == "mlp"], units, *selection,
-                              batch_size=batch_size) if units else {}
+                              batch_size=batch_size, contexts=contexts) if units else {}
     out: dict[tuple[int, str], Intervention] = {
         (layer, "mlp"): AblateUnits(layer, chosen) for layer, chosen in unit_sets.items()}
     rest = [(layer, c) for layer, c in blocks if (layer, c) not in out]

@@ -63,9 +63,9 @@ from rnr_interp.analyses.localise.circular import ROTATION, circular_rows
 from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, Cohort, CohortRun, Split, check_localisation_options, localisation_config, open_cohort,
 )
-from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS, READ_AT
+from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
 from rnr_interp.analyses.localise.directions import block_output, direction, last_position, read_ids, top_units, unit_scores
-from rnr_interp.analyses.localise.positions import reading_contexts
+from rnr_interp.analyses.localise.positions import check_read_at, read_setting
 from rnr_interp.analyses.localise.readings import as_failure_count, check_permutation_control, outcome_counts, rates
 from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
@@ -323,26 +323,6 @@ def check_alpha_unit(alpha_unit: str) -> None:
         raise ValueError(f"alpha_unit must be one of {', '.join(ALPHA_UNITS)}, got {alpha_unit!r}")
 
 
-def check_read_at(read_at: str) -> None:
-    if read_at not in READ_AT:
-        raise ValueError(f"read_at must be one of {', '.join(READ_AT)}, got {read_at!r}")
-
-
-def read_setting(read_at: str) -> dict[str, str]:
-    """`read_at` for a run config: only when it is not the prompt's end, so a default
-    run's config (and run id) is what it was before there was a choice."""
-    return {} if read_at == "prompt" else {"read_at": read_at}
-
-
-def read_contexts(c: CohortRun, questions: Sequence[Question], read_at: str) -> dict[str, list[int]] | None:
-    """Each question's reading context by id (`positions.reading_contexts`) from the
-    cohort's deployed replies; None at the prompt's end (`read_ids` reads the prompts)."""
-    if read_at == "prompt":
-        return None
-    return dict(zip([q.id for q in questions],
-                    reading_contexts(c.lm, c.task, questions, c.deployed_replies(), read_at)))
-
-
 def _cohort_from(run: RunDir, repair_run: Path | None, task: Task, lm: LoadedModel, *, decoding: Decoding,
                  batch_size: int, progress: bool, **settings: Any) -> CohortRun:
     """This run's cohort, or the one stored in `repair_run` (same questions, model,
@@ -447,7 +427,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     if (skipped := _skip(run, summary, cohort, "steering", ["alpha", "direction", "rate", "lo", "hi", "k", "n"])) is not None:
         return skipped
     (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
-    contexts = read_contexts(c, [*f_sel, *p_sel], read_at)
+    contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     if vector is None:
         chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
                                    decoding=decoding, batch_size=batch_size, progress=progress)
@@ -525,7 +505,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
                                decoding=decoding, batch_size=batch_size, progress=progress)
     (f_sel, f_out), (p_sel, _) = cohort.parts("failure"), cohort.parts("panel")
-    contexts = read_contexts(c, [*f_sel, *p_sel], read_at)
+    contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     v = direction(lm, task, f_sel, p_sel, chosen, "mlp", contexts=contexts)
     scores = unit_scores(lm, task, f_sel, chosen, v, contexts=contexts)
     table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
