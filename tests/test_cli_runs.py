@@ -112,3 +112,24 @@ def test_route_summary_reads_records_only(tmp_path: Path, monkeypatch) -> None:
     assert any(line.startswith("chance nulls: the run's task cannot be reloaded here") for line in snap.missing)
     for key in ("temperature", "selectors", "oracle_at_k"):
         assert json.dumps(getattr(snap, key), sort_keys=True) == json.dumps(getattr(finished, key), sort_keys=True), key
+
+
+def test_task_seed_draws_other_questions_of_a_generated_task_and_a_file_task_refuses_it(tmp_path: Path) -> None:
+    """`--task-seed` (every command that takes --task) draws a generated task's questions
+    with that seed, recorded in the run's task source so a resume or reload gets the same
+    ones; a task read from a file refuses it by name, before any folder is made."""
+    out = tmp_path / "a"
+    done = CliRunner().invoke(app, ["audit", "--model", "tiny-llama:1", "--task", "copy", "--task-seed", "3", "--n", "3",
+                                    "--k", "1", "--out", str(out), "-q"])
+    assert done.exit_code == 0, done.output
+    described = RunDir(out).config["task"]
+    assert "seed=3" in described["source"]
+    drawn = load_task("copy", n=3, seed=3)
+    assert described["questions_hash"] == drawn.content_hash() != load_task("copy", n=3).content_hash()
+    for command in (["audit"], ["repair"], ["validate"]):
+        done = CliRunner().invoke(app, [*command, "--model", "tiny-llama:1", "--task", "arc_easy", "--task-seed", "1",
+                                        "--out", str(tmp_path / "refused")])
+        assert done.exit_code == 2 and "task 'arc_easy' reads its questions from a file" in done.output, done.output
+        assert not (tmp_path / "refused").exists()
+    done = CliRunner().invoke(app, ["plant", "layer", "--model", "tiny-llama:1", "--task-seed", "1", "--out", str(tmp_path / "p")])
+    assert done.exit_code == 2 and "--task-seed draws the questions of --task" in done.output

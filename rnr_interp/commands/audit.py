@@ -11,7 +11,7 @@ import typer
 
 from rnr_interp.commands.common import (
     AnswerTypeOpt, BatchOpt, DataOpt, GradingOpt, KOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt,
-    SaveLogprobsOpt, SeedOpt, TaskConfigOpt, TaskOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt,
+    SaveLogprobsOpt, SeedOpt, TaskConfigOpt, TaskOpt, TaskSeedOpt, TempOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt,
     lm_eval_options, at_least, built, check_grading_option, check_log_to, check_out, execute, fail, fmt_ci, load_inputs,
     log_finished, out_folder, print_grading, print_multiple_choice, run_folder,
 )
@@ -34,6 +34,7 @@ def audit(
     task: TaskOpt = "arithmetic",
     data: DataOpt = None,
     n: NOpt = None,
+    task_seed: TaskSeedOpt = None,
     k: KOpt = 32,
     out: OutOpt = Path("runs/audit"),
     temperature: TempOpt = SAMPLING_TEMPERATURE,
@@ -78,7 +79,7 @@ def audit(
     shared_format = prompt_format_of(prompt_like) if prompt_like is not None else None
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, answer_type=answer_type,
+        lm, t = load_inputs(model, task, data, n, out=out, task_seed=task_seed, max_new_tokens=max_new_tokens, answer_type=answer_type,
                             task_config=task_config, on_invalid=on_invalid, size=audit_size(k, batch_size),
                             lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         if shared_format is not None:  # else the task's own format (an lm-eval task's raw prompt)
@@ -261,6 +262,7 @@ def route(
     task: TaskOpt = "arithmetic",
     data: DataOpt = None,
     n: NOpt = None,
+    task_seed: TaskSeedOpt = None,
     k: Annotated[int, typer.Option("--k", help="temperature samples K per question")] = 32,
     budget: Annotated[Optional[int], typer.Option("--budget", help="route evaluations per search and question (default: K)")] = None,
     out: OutOpt = Path("runs/route"),
@@ -303,7 +305,7 @@ def route(
                 seed=seed, collapse=collapse, batch_size=batch_size, min_len=min_len, max_len=max_len)
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, answer_type=answer_type, task_config=task_config,
+        lm, t = load_inputs(model, task, data, n, out=out, task_seed=task_seed, answer_type=answer_type, task_config=task_config,
                             on_invalid=on_invalid, size=route_size(cfg, "--budget" if budget is not None else "--k"),
                             lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         return analysis_of(ROUTE).run(lm, t, out, cfg, progress=not quiet, grading=grading)
@@ -404,6 +406,7 @@ def temperature_sweep(
     task: TaskOpt = "arithmetic",
     data: DataOpt = None,
     n: NOpt = None,
+    task_seed: TaskSeedOpt = None,
     k: KOpt = 32,
     temperatures: Annotated[str, typer.Option("--temperatures", help="comma-separated, e.g. 0.7,1.0,1.3")] = "0.7,1.0,1.3",
     out: OutOpt = Path("runs/temperature"),
@@ -431,7 +434,7 @@ def temperature_sweep(
     check_grading_option(grading)
 
     def body():
-        lm, t = load_inputs(model, task, data, n, out=out, task_config=task_config, on_invalid=on_invalid,
+        lm, t = load_inputs(model, task, data, n, out=out, task_seed=task_seed, task_config=task_config, on_invalid=on_invalid,
                             size=audit_size(k, batch_size), lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template))
         return analysis_of(TEMPERATURE_SWEEP).run(lm, t, out, temps, k=k, seed=seed, batch_size=batch_size,
                                                   progress=not quiet, grading=grading)

@@ -45,6 +45,9 @@ ChatTemplateOpt = Annotated[bool, typer.Option(
 OnInvalidOpt = Annotated[str, typer.Option(
     "--on-invalid", help="a data row that does not parse: refuse (the file) | skip (the row, listed in the manifest and summary)")]
 NOpt = Annotated[Optional[int], typer.Option("--n", help="only the first N questions")]
+TaskSeedOpt = Annotated[Optional[int], typer.Option(
+    "--task-seed", help="generated tasks (arithmetic, arithmetic_mc, copy): the seed that draws their questions "
+                        "(default 0); another seed gives other questions, e.g. to check a finding out of sample")]
 KOpt = Annotated[int, typer.Option("--k", help="probe budget K per question")]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", parser=out_folder,
                                       help="run folder: new, empty, or a run of the same config to resume")]
@@ -207,10 +210,17 @@ def execute(body: Callable[[], T], *, known: tuple[type[Exception], ...] = KNOWN
     raise AssertionError("unreachable")  # fail() always exits
 
 
+def seeded(task_seed: Optional[int]) -> dict[str, int]:
+    """`load_task`'s seed for a generated task when --task-seed is given (a file task
+    refuses it, naming the task); nothing otherwise, so the task draws as it always did."""
+    return {} if task_seed is None else {"seed": task_seed}
+
+
 def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *, out: Optional[Path] = None,
                 max_new_tokens: Optional[int] = None, answer_type: Optional[str] = None,
                 task_config: Optional[Path] = None, on_invalid: str = "refuse", lm_eval: Optional[dict] = None,
-                size: Optional[Callable[..., tuple[RunSize, str]]] = None) -> tuple[LoadedModel, Task]:
+                size: Optional[Callable[..., tuple[RunSize, str]]] = None,
+                task_seed: Optional[int] = None) -> tuple[LoadedModel, Task]:
     """Model and task of a command, after the checks every analysis shares: --n,
     --max-new-tokens and --out first (cheap), then the task (quicker to find wrong than
     the model), the run's size, the model, and whether every prompt the run will ask plus
@@ -219,7 +229,8 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     YAML that replaces `task`; `on_invalid` says what an invalid data row does (skipped
     rows are counted on stderr); `lm_eval` holds an lm-eval task's options
     (`load_lm_eval`'s num_fewshot, fewshot_split, fewshot_seed, apply_chat_template;
-    refused for other tasks when set). An lm-eval task asked raw (its default) is asked
+    refused for other tasks when set); `task_seed` draws a generated task's questions
+    (`seeded`). An lm-eval task asked raw (its default) is asked
     in a bare prompt format (`sampling.ask_as_the_task_says`), recorded as every prompt format is.
     `size(task, max_new_tokens, generating)` gives the run's
     `RunSize` and the option that sets its budget, checked against the machine's memory
@@ -240,7 +251,7 @@ def load_inputs(model: str, task: str, data: Optional[Path], n: Optional[int], *
     if lm_eval and not is_lm_eval and (set_option := next((k for k in ("num_fewshot", "apply_chat_template") if lm_eval.get(k)), None)):
         raise ValueError(f"--{set_option.replace('_', '-')} applies to lm-eval tasks only (task {task!r} has its own prompt)")
     try:
-        t = load_task(task, data=data, n=n, on_invalid=on_invalid, task_config=task_config,
+        t = load_task(task, data=data, n=n, on_invalid=on_invalid, task_config=task_config, **seeded(task_seed),
                       **({"answer_type": answer_type} if answer_type else {}), **(lm_eval if lm_eval and is_lm_eval else {}))
     except HFLoadError as exc:  # an unreadable dataset folder or Arrow file is bad input too
         raise ValueError(str(exc)) from None

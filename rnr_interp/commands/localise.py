@@ -10,9 +10,10 @@ import typer
 
 from rnr_interp.commands.common import (
     AblationOpt, BatchOpt, GradingOpt, DataOpt, LogToOpt, MaxTokOpt, ModelOpt, NOpt, OnInvalidOpt, OutOpt, QuietOpt, SeedOpt, TaskConfigOpt, TaskOpt,
-    SteerAtOpt, UnitsSilencedOpt, ReadAtOpt, AlphasOpt, AlphaUnitOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt, lm_eval_options,
+    TaskSeedOpt, SteerAtOpt, UnitsSilencedOpt, ReadAtOpt, AlphasOpt, AlphaUnitOpt, NumFewshotOpt, FewshotSplitOpt, FewshotSeedOpt, ChatTemplateOpt,
+    lm_eval_options,
     at_least, check_alpha_unit, check_log_to, check_out, check_read_at, check_steer_at, numbers, one_of, execute, fail, load_inputs,
-    log_finished, print_multiple_choice, run_folder, say_skipped,
+    log_finished, print_multiple_choice, run_folder, say_skipped, seeded,
 )
 from rnr_interp.analyses.localise.defaults import DEFAULT_DRAWS, DEFAULT_KS, PANEL_CAP
 
@@ -63,7 +64,7 @@ def _figures(out: Path) -> None:
 
 def _localise(kind: str, model: str, task: str, data, n, out: Path, max_new_tokens, batch_size: int, quiet: bool,
               per_model=lambda lm: {}, task_config: Optional[Path] = None, on_invalid: str = "refuse",
-              lm_eval: Optional[dict] = None, **options) -> "CohortSummary":
+              lm_eval: Optional[dict] = None, task_seed: Optional[int] = None, **options) -> "CohortSummary":
     """The localisation commands' body: load, run the registered analysis of `kind`
     (`report.kinds`) with the task's deployed decoding (`sampling.deployed_decoding`, as
     every command), figures into the run folder; `per_model(lm)` gives the options that
@@ -78,7 +79,7 @@ def _localise(kind: str, model: str, task: str, data, n, out: Path, max_new_toke
         from rnr_interp.analyses.localise.recognition import default_readout
 
         lm, t = load_inputs(model, task, data, n, out=out, max_new_tokens=max_new_tokens, task_config=task_config,
-                            on_invalid=on_invalid, lm_eval=lm_eval)
+                            on_invalid=on_invalid, lm_eval=lm_eval, task_seed=task_seed)
         if "readout" in options:
             options["readout"] = options["readout"] or default_readout(t)
         return analysis_of(kind).run(lm, t, out, decoding=deployed_decoding(t, max_new_tokens), batch_size=batch_size,
@@ -143,7 +144,7 @@ def failures(
     model: Annotated[list[str], typer.Option("--model", "-m", help="model spec (repeatable: one cell per model x task)")] = ["smollm2"],
     task: Annotated[list[str], typer.Option("--task", "-t", help="task (repeatable): multiple choice, or free-form with "
                                             "distractors (arithmetic: near misses)")] = ["arc_easy"],
-    data: DataOpt = None, n: NOpt = 24,
+    data: DataOpt = None, n: NOpt = 24, task_seed: TaskSeedOpt = None,
     out: OutOpt = Path("runs/failures"), readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP,
     margin: Annotated[float, typer.Option("--margin", help="screen: least recognition - generation of a failure cell")] = 0.10,
     circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None, batch_size: BatchOpt = 32,
@@ -172,7 +173,7 @@ def failures(
         at_least("--max-new-tokens", max_new_tokens)
         check_out(out)
         criterion = FailureCriterion(margin=margin)
-        tasks = {t: load_task(t, data=data, n=n, on_invalid=on_invalid) for t in task}
+        tasks = {t: load_task(t, data=data, n=n, on_invalid=on_invalid, **seeded(task_seed)) for t in task}
         for t in tasks.values():
             say_skipped(t)
         summaries = []
@@ -211,7 +212,7 @@ def failures(
 
 
 def repair(
-    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24, task_seed: TaskSeedOpt = None,
     out: OutOpt = Path("runs/repair"), readout: ReadoutOpt = None, panel: PanelOpt = PANEL_CAP,
     split_seed: SplitSeedOpt = 0, layers: LayersOpt = None,
     sweep: Annotated[str, typer.Option("--sweep", help="all: every component at every layer; mlp: the MLP at every layer, "
@@ -239,7 +240,7 @@ def repair(
     from rnr_interp.analyses.localise.repair import controls_table
     from rnr_interp.records import REPAIR
 
-    s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+    s = _localise(REPAIR, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config, task_seed=task_seed,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), readout=readout, panel=panel,
                   split=Split(seed=split_seed), sweep=sweep, permutation_control=permute_control, circular=circular,
                   ablation=ablation, units=units, read_at=read_at, grading=grading,
@@ -278,7 +279,7 @@ def repair(
 
 
 def steer(
-    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24, task_seed: TaskSeedOpt = None,
     out: OutOpt = Path("runs/steer"), layer: LayerOpt = None,
     component: Annotated[str, typer.Option("--component", help="mlp | attn | layer")] = "mlp",
     repair_run: RepairRunOpt = None,
@@ -312,7 +313,7 @@ def steer(
     check_alpha_unit(alpha_unit)
     check_read_at(read_at)
     check_steer_at(steer_at)
-    s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+    s = _localise(STEER, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config, task_seed=task_seed,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   component=component, repair_run=repair_run, alphas=None if alphas is None else numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
@@ -353,7 +354,7 @@ def _vector_file(path: Path):
 
 
 def units(
-    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24,
+    model: ModelOpt = "smollm2", task: TaskOpt = "arc_easy", data: DataOpt = None, n: NOpt = 24, task_seed: TaskSeedOpt = None,
     out: OutOpt = Path("runs/units"), layer: LayerOpt = None, repair_run: RepairRunOpt = None,
     ks: Annotated[str, typer.Option("--ks", help="comma-separated k grid")] = _KS,
     seed: SeedOpt = 0,
@@ -373,7 +374,7 @@ def units(
     from rnr_interp.records import UNITS
 
     check_read_at(read_at)
-    s = _localise(UNITS, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config,
+    s = _localise(UNITS, model, task, data, n, out, max_new_tokens, batch_size, quiet, task_config=task_config, task_seed=task_seed,
                   on_invalid=on_invalid, lm_eval=lm_eval_options(num_fewshot, fewshot_split, fewshot_seed, apply_chat_template), layer=layer,
                   repair_run=repair_run, ks=numbers("--ks", ks, int), seed=seed, draws=draws, readout=readout,
                   panel=panel, split=Split(seed=split_seed), permutation_control=permute_control, circular=circular,

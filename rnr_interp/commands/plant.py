@@ -14,8 +14,8 @@ import typer
 from rnr_interp.engine.decoding import SAMPLING_TEMPERATURE
 from rnr_interp.commands.common import (
     AblationOpt, AlphasOpt, AlphaUnitOpt, BatchOpt, GradingOpt, DataOpt, ModelOpt, OutOpt, QuietOpt, ReadAtOpt,
-    SteerAtOpt, TaskOpt, UnitsSilencedOpt, at_least, check_alpha_unit, check_out, check_read_at, check_steer_at, execute, fail, numbers,
-    one_of, out_folder,
+    SteerAtOpt, TaskOpt, TaskSeedOpt, UnitsSilencedOpt, at_least, check_alpha_unit, check_out, check_read_at, check_steer_at, execute, fail, numbers,
+    one_of, out_folder, seeded,
 )
 
 
@@ -46,6 +46,7 @@ def plant(
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="the task the organism is made for (recorded)")] = None,
     n: Annotated[Optional[int], typer.Option("--n", help="the first N questions of --task (the answer-bias kinds are "
                                              "fitted on them; default: all)")] = None,
+    task_seed: TaskSeedOpt = None,
     quiet: QuietOpt = False,
 ):
     """Plant a known effect in MODEL and write it as a checkpoint folder every command
@@ -57,9 +58,12 @@ def plant(
     at_least("--n", n)
     if n is not None and task is None:
         fail("--n takes the first N questions of --task: give --task")
+    if task_seed is not None and task is None:
+        fail("--task-seed draws the questions of --task: give --task")
 
     def body():
-        questions = load_task(task, n=n) if task is not None and n is not None else task
+        asked = task is None or (n is None and task_seed is None)  # a task named alone: the organism loads it whole
+        questions = task if asked else load_task(task, n=n, **seeded(task_seed))
         return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions, units=units,
                               temperature=temperature)
 
@@ -81,6 +85,7 @@ def plant(
 def validate(
     model: ModelOpt = "smollm2", task: TaskOpt = "arithmetic", data: DataOpt = None,
     n: Annotated[Optional[int], typer.Option("--n", help="questions per organism (default: the profile's)")] = None,
+    task_seed: TaskSeedOpt = None,
     out: OutOpt = Path("runs/validate"),
     profile: Annotated[str, typer.Option("--profile", help="quick: the default strength and its null at 3 seeds | "
                                          "full: 5 strengths x 10 seeds (the detection curve)")] = "quick",
@@ -139,7 +144,7 @@ def validate(
     check_out(out)
 
     def body():
-        t = load_task(task, data=data, n=n or PROFILES[profile].n)
+        t = load_task(task, data=data, n=n or PROFILES[profile].n, **seeded(task_seed))
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
                                          temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, units=units, seeds=seed_list,
                                          strengths=strength_list, layer=layer, plant_units=plant_units, read_at=read_at,
