@@ -387,7 +387,8 @@ def test_validate_plants_at_the_block_and_with_the_units_asked_and_reads_and_ste
     assert recovery.loc["units:top-k", "found"].startswith("1:")
     units = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__units-top-k")
     steer = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__steer")
-    assert units.config["read_at"] == "answer" and steer.config["read_at"] == "answer"
+    repair = RunDir(tmp_path / "v" / "runs" / "units-s1-seed0__repair-mlp")
+    assert units.config["read_at"] == "answer" and steer.config["read_at"] == "answer" and repair.config["read_at"] == "answer"
     assert steer.config["alphas"] == [0.0, 0.5] and steer.config["alpha_unit"] == "raw"
     assert sorted(steer.read_table("steering")["alpha"].unique()) == [0.0, 0.5]
     asked = dict(layer=1, plant_units=1, read_at="answer", alphas=[0.0, 0.5], alpha_unit="raw")

@@ -111,6 +111,11 @@ def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
     assert break_tie(lm, task, units, selection) == {"mlp": expected}
     assert break_tie(lm, task, table, (selection[0], [])) == {}
     assert break_tie(lm, task, table.assign(repair_rate_selection=[1.0, 0.5]), selection) == {}
+    # read where the sweep read (`--read-at answer`): each question at the end of its context
+    contexts = {q.id: [*prompt_ids(lm, task, q), 11, 12, 13] for q in task.questions}
+    at_contexts = moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]}, contexts=contexts)
+    assert break_tie(lm, task, table, selection, "mean", contexts=contexts) == {"mlp": tie_break([0, 1], at_contexts)}
+    assert at_contexts[0, 1] != pytest.approx(moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]})[0, 1])
 
 
 class ParityMC(ArithmeticMC):
@@ -607,20 +612,22 @@ def test_the_permutation_control_of_a_units_sweep_silences_the_units_the_sweep_d
     assert set(rotated["intervention"]) == {AblateUnits(s.chosen["layer"], tuple(int(u) for u in named.split("|"))).label()}
 
 
-def test_a_units_sweep_scores_its_units_where_each_answer_starts_when_asked(tmp_path, lm, monkeypatch):
-    """`run_repair(units=K, read_at="answer")` (`rnr repair --units K --read-at answer`)
-    scores every block's units at the end of each selection question's reading context,
-    built from the run's own deployed replies, as `rnr units --read-at answer` reads the
-    chosen block; config and summary say so; by default the prompts are read; a sweep of
-    whole blocks refuses a read_at it would not use (API and CLI), before any folder."""
-    from rnr_interp.analyses.localise import silencing
+def test_a_sweep_reads_each_block_where_each_answer_starts_when_asked(tmp_path, lm, monkeypatch):
+    """`run_repair(read_at="answer")` (`rnr repair --read-at answer`) reads every block's
+    failure direction at the end of each selection question's reading context, built from
+    the run's own deployed replies, as `rnr units` and `rnr steer --read-at answer` read
+    the chosen block: to score its units (`--units K`) and to break a tie (with or without
+    units); config and summary say so; by default the prompts are read; a place that is
+    not one is refused before any folder."""
+    from rnr_interp.analyses.localise import repair, silencing
     from rnr_interp.analyses.localise.positions import reading_contexts
 
     task = letter_hash_task(40)
     d = deployed_decoding(task, max_new_tokens=8)
-    seen = []
-    real = silencing.mlp_unit_sets
+    seen, ties = [], []
+    real, real_tie = silencing.mlp_unit_sets, repair.break_tie
     monkeypatch.setattr(silencing, "mlp_unit_sets", lambda *a, **k: seen.append(k["contexts"]) or real(*a, **k))
+    monkeypatch.setattr(repair, "break_tie", lambda *a, **k: ties.append(k["contexts"]) or real_tie(*a, **k))
     s = run_repair(lm, task, tmp_path / "a", panel=8, decoding=d, units=4, sweep="mlp", read_at="answer", progress=False)
     run = RunDir(tmp_path / "a")
     assert run.config["read_at"] == "answer" and s.read_at == "answer" and s.units == 4
@@ -631,19 +638,22 @@ def test_a_units_sweep_scores_its_units_where_each_answer_starts_when_asked(tmp_
     assert set(contexts) <= {*run.read_json("failure_set")["question_ids"], *run.read_json("healthy_panel")["question_ids"]}
     by_id = {q.id: q for q in task.questions}
     assert contexts == {i: reading_contexts(lm, task, [by_id[i]], replies, "answer")[0] for i in contexts}
-    seen.clear()
+    assert ties == [contexts]
+    seen.clear(), ties.clear()
     default = run_repair(lm, task, tmp_path / "p", panel=8, decoding=d, units=4, sweep="mlp", progress=False)
-    assert seen and seen[0] is None and default.read_at is None and "read_at" not in RunDir(tmp_path / "p").config
-    for bad, message in (("answer", "a sweep of whole blocks reads nothing: add units"), ("end", "read_at must be one of")):
-        with pytest.raises(ValueError, match=message):
-            run_repair(lm, task, tmp_path / "bad", panel=8, decoding=d, read_at=bad, progress=False)
-        assert not (tmp_path / "bad").exists()
+    assert seen == ties == [None] and default.read_at is None and "read_at" not in RunDir(tmp_path / "p").config
+    ties.clear()
+    whole = run_repair(lm, task, tmp_path / "w", panel=8, decoding=d, sweep="mlp", read_at="answer", progress=False)
+    assert whole.read_at == "answer" and whole.units is None and ties == [contexts]
+    with pytest.raises(ValueError, match="read_at must be one of"):
+        run_repair(lm, task, tmp_path / "bad", panel=8, decoding=d, read_at="end", progress=False)
+    assert not (tmp_path / "bad").exists()
     app = typer.Typer()
     app.command("repair")(repair_command)
     app.command("failures")(failures_command)
     res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",
-                                   "--read-at", "answer", "--out", str(tmp_path / "cli")])
-    assert res.exit_code == 2 and "add --units" in res.output and not (tmp_path / "cli").exists()
+                                   "--read-at", "end", "--out", str(tmp_path / "cli")])
+    assert res.exit_code == 2 and "--read-at must be one of" in res.output and not (tmp_path / "cli").exists()
 
 
 def test_permutation_control_refuses_tasks_not_graded_by_letter(tmp_path, lm):

@@ -266,6 +266,30 @@ def test_steer_and_units_commands(tmp_path):
         assert set(u.read_table("units")["k"]) == {2, 32}
 
 
+def test_a_block_steering_or_units_choose_for_themselves_breaks_ties_where_they_read(tmp_path, lm, monkeypatch):
+    """Without --layer or --repair-run, `rnr units --read-at answer` sweeps the MLP blocks
+    itself; a tie among them is broken reading each selection question where it reads v
+    (`CohortRun.reading_contexts`), not at the prompt's end."""
+    from rnr_interp.analyses.localise import steering
+    from rnr_interp.analyses.localise.positions import reading_contexts
+    from rnr_interp.records import DEPLOYED
+    from tests.test_repair import parity_task
+
+    ties = []
+    real = steering.break_tie
+    monkeypatch.setattr(steering, "break_tie", lambda *a, **k: ties.append(k["contexts"]) or real(*a, **k))
+    t = parity_task(40)
+    d = deployed_decoding(t, max_new_tokens=8)
+    u = steering.run_units(lm, t, tmp_path / "u", ks=(2,), draws=2, panel=6, decoding=d, read_at="answer", progress=False)
+    assert u.skipped is None, u.skipped
+    run = RunDir(tmp_path / "u")
+    by_id = {q.id: q for q in t.questions}
+    ids = [*run.read_json("failure_set")["selection_ids"], *run.read_json("healthy_panel")["selection_ids"]]
+    deployed = run.read_records(filters=[("probe", "=", DEPLOYED)])
+    replies = dict(zip(deployed["question_id"], deployed["text"]))
+    assert ties == [dict(zip(ids, reading_contexts(lm, t, [by_id[i] for i in ids], replies, "answer")))]
+
+
 def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     from rnr_interp.analyses.localise.steering import run_steer, run_units
     from tests.test_repair import parity_task

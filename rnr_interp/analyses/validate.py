@@ -58,8 +58,9 @@ Analyses per kind (`ANALYSES`):
   above, then `rnr compare`; found = the dominant source of the gained answers
   (``gained_from``: "base_reachable" or "base_unreachable", "" with no gains or a tie).
 - units -> ``repair:mlp``: `rnr repair --sweep mlp` (with `rnr validate --units K`,
-  `--units K`: each MLP block silenced in its top K units alone, scored where
-  `--read-at` says); found = the MLP block
+  `--units K`: each MLP block silenced in its top K units alone; each block's
+  failure direction, for its units and the tie rule, read where `--read-at` says);
+  found = the MLP block
   it chooses on the selection part. ``units:top-k``: `rnr units --repair-run` that repair run
   (the block it chose); score = recall at k of the planted units among the k best
   scored, recovered when at least `RECALL_RECOVERED`. `rnr steer --repair-run` the same
@@ -381,7 +382,7 @@ class Cell:
     #: the MLP sweep silences each block's top units alone (`rnr repair --units`); None: whole blocks
     units: int | None = None
     #: where the units and steer runs read the block (`rnr units --read-at`, `rnr steer --read-at`),
-    #: and, with `units`, where the MLP sweep scores each block's units (`rnr repair --read-at`)
+    #: and where the MLP sweep reads each block's failure direction (`rnr repair --read-at`)
     read_at: str = "prompt"
     #: the steer runs' alpha grid (`rnr steer --alphas`); None: the grid of `alpha_unit`
     alphas: tuple[float, ...] | None = None
@@ -464,8 +465,7 @@ def _repair_mlp(organism: Organism, task: Task, out: Path, cell: Cell) -> int | 
     if not (out / "summary.json").is_file():
         run_repair(load_model(organism.checkpoint()), task, out, readout=default_readout(task), sweep="mlp",
                    decoding=deployed_decoding(task), batch_size=cell.batch_size, progress=cell.progress,
-                   ablation=cell.ablation, grading=cell.grading, units=cell.units,
-                   read_at="prompt" if cell.units is None else cell.read_at)
+                   ablation=cell.ablation, grading=cell.grading, units=cell.units, read_at=cell.read_at)
     chosen = RunDir(out).read_summary().chosen
     return None if chosen is None else int(chosen["layer"])
 

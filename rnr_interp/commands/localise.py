@@ -219,9 +219,10 @@ def repair(
                                        "then attention and whole layer at the chosen layer only (a third of the cost); "
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     ablation: AblationOpt = "zero", units: UnitsSilencedOpt = None,
-    read_at: Annotated[str, typer.Option("--read-at", help="with --units, where each block's units are scored: prompt "
-                                         "(the prompt's last position) | answer (where each deployed reply's answer "
-                                         "starts), as rnr units --read-at reads the chosen block")] = "prompt",
+    read_at: Annotated[str, typer.Option("--read-at", help="where each block's failure direction is read, to score "
+                                         "its units (--units) and to break a tie between MLP blocks: prompt (the "
+                                         "prompt's last position) | answer (where each deployed reply's answer "
+                                         "starts), as rnr units and rnr steer --read-at read the chosen block")] = "prompt",
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -233,8 +234,6 @@ def repair(
     check_log_to(log_to)
     at_least("--units", units)
     check_read_at(read_at)
-    if units is None and read_at != "prompt":
-        fail("--read-at says where the units --units silences are scored: add --units (a sweep of whole blocks reads nothing)")
     from rnr_interp.analyses.localise.cohort import Split
     from rnr_interp.analyses.localise.choice import tie_note
     from rnr_interp.analyses.localise.repair import controls_table

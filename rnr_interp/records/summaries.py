@@ -297,8 +297,8 @@ class RepairSummary(CohortSummary):
     #: units silenced per MLP block (`run_repair(units=K)`): its K units most along its own failure
     #: direction; None: the whole block (the paper's)
     units: int | None = None
-    #: where those units were scored (`run_repair(read_at=...)`): "answer", where each deployed
-    #: reply's answer starts; None: the prompt's end
+    #: where each block's failure direction was read, for its units and the tie rule
+    #: (`run_repair(read_at=...)`): "answer", where each deployed reply's answer starts; None: the prompt's end
     read_at: str | None = None
     screen: Json | None = None
     choice_rule: str | None = None

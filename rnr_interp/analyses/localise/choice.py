@@ -51,10 +51,12 @@ def best_blocks(table: pd.DataFrame, on: str = "selection",
 
 
 def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple[Sequence[Question], Sequence[Question]],
-              ablation: str = "zero", batch_size: int = 16, component: str = "mlp") -> dict[str, dict[str, Any]]:
+              ablation: str = "zero", batch_size: int = 16, component: str = "mlp",
+              contexts: Mapping[str, Sequence[int]] | None = None) -> dict[str, dict[str, Any]]:
     """{component: record} when `component`'s best blocks on the selection part tie:
     the tied block every earlier one acts through (`mediation`), each silenced as the
-    sweep silenced it (`silencing.as_swept`); {} when nothing ties, or the selection
+    sweep silenced it (`silencing.as_swept`) and read where the sweep read its units
+    (`contexts`, by question id; else the prompts); {} when nothing ties, or the selection
     part lacks failures or a panel to read a failure direction from (the earliest is
     named then)."""
     best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
@@ -62,7 +64,8 @@ def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple
         return {}
     tied = [best["layer"], *best["tied_with"]]
     silence = as_swept(lm, task, table, [(layer, component) for layer in tied], ablation, batch_size)
-    moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size)
+    moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size,
+                         contexts)
     return {component: tie_break(tied, moved)}
 
 

@@ -10,7 +10,8 @@ every earlier tied block acts through is the proximate one: the block the others
 runs through, and the one whose failure direction steering and the units analysis should
 read. `choice.break_tie` uses it to break a sweep's ties.
 
-Read at the last prompt position (as `directions` reads v), on the selection part only:
+Read at the last prompt position (as `directions` reads v), or at the end of each
+question's reading context when the sweep reads there (`read_at`), on the selection part only:
 for tied blocks A < B, the share of B's failure-minus-panel write along B's own failure
 direction that silencing A removes, beyond what it moves on the panel:
 
@@ -30,8 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from rnr_interp.analyses.localise.directions import block_outputs, mean_difference
-from rnr_interp.engine.sampling import prompt_ids
+from rnr_interp.analyses.localise.directions import block_outputs, mean_difference, read_ids
 from rnr_interp.interventions import Intervention, applied
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
@@ -42,19 +42,21 @@ ACTS_THROUGH = 0.5
 
 RULE = (f"the latest tied block that every earlier tied block acts through (silencing it moves the later block's "
         f"failure write, beyond what it moves the panel's, along its own failure direction at least {ACTS_THROUGH:g} of "
-        "the way to the panel's, at the prompt's end, selection part); none: the earliest")
+        "the way to the panel's, where the sweep reads: the prompt's end unless read_at says otherwise; selection "
+        "part); none: the earliest")
 
 
 @torch.inference_mode()
 def moved_shares(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question],
                  silence: Mapping[int, Intervention], component: str = "mlp",
-                 batch_size: int = 16) -> dict[tuple[int, int], float]:
+                 batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None) -> dict[tuple[int, int], float]:
     """moved(A -> B) for every pair of layers A < B of `silence` (layer -> the spec that
     silences that block, as the sweep did): one forward over the failures and the
-    panel, and one more per earlier block with it silenced."""
+    panel, and one more per earlier block with it silenced, each question read at the
+    end of its context (`read_ids`: its prompt unless `contexts` says otherwise)."""
     if not failure or not panel:
         raise ValueError(f"reading what tied blocks act through needs failures and a panel (got {len(failure)} and {len(panel)})")
-    prompts = [prompt_ids(lm, task, q) for q in [*failure, *panel]]
+    prompts = read_ids(lm, task, [*failure, *panel], contexts)
     n = len(failure)
     layers = sorted(silence)
     writes = block_outputs(lm, prompts, layers, component, batch_size)

@@ -120,14 +120,14 @@ def silencing_sweep(
 
 
 def sweep_cohort(c: CohortRun, layers: Sequence[int], components: Sequence[str], ablation: str = "zero",
-                 units: int | None = None, read_at: str = "prompt") -> pd.DataFrame:
+                 units: int | None = None, contexts: Mapping[str, Sequence[int]] | None = None) -> pd.DataFrame:
     """`silencing_sweep` of `components` at `layers` over the run's cohort, asked as its rows are,
-    each MLP block's `units` scored where `read_at` says (`positions.READ_AT`).
+    each MLP block's `units` scored at the end of each selection question's context in
+    `contexts` (`CohortRun.reading_contexts`; else its prompt).
     With an empty failure set nothing can be repaired and no block chosen, so the panel
     is not swept either (its damage alone chooses nothing; on a null organism this was
     most of the run's time): the table keeps its rows, with no rates."""
     panel = c.cohort.panel if c.cohort.failure else []
-    contexts = c.reading_contexts([*c.cohort.parts("failure")[0], *c.cohort.parts("panel")[0]], read_at) if units else None
     return silencing_sweep(c.lm, c.task, c.cohort.failure, panel, decoding=c.decoding, layers=layers,
                            components=components, split=c.cohort.split, run=c.run, batch_size=c.batch_size,
                            progress=c.progress, circular=c.cohort.circular, ablation=ablation, units=units,
@@ -309,18 +309,16 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     silenced, "zero" (the paper's) or "mean" (`silencers`). `units`: each MLP block is
     silenced in its `units` units most along its own failure direction alone, scored on
     the selection parts (`mlp_unit_sets`; attention and whole layers as `ablation` says),
-    where the paper silences the whole block; `read_at` is where those units are scored
-    (`positions.READ_AT`: the prompt's end, or where each deployed reply's answer starts,
-    as `run_units` reads the chosen block). `grading`: what "right" is
-    (`cohort.localisation_config`)."""
+    where the paper silences the whole block. `read_at`: where the sweep reads each
+    block's failure direction, to score its units and to break a tie between MLP blocks
+    (`choice.break_tie`): `positions.READ_AT`, the prompt's end or where each deployed
+    reply's answer starts, as `run_units` and `run_steer` read the chosen block.
+    `grading`: what "right" is (`cohort.localisation_config`)."""
     if sweep not in SWEEPS:
         raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     check_ablation(ablation)
     check_units(units)
     check_read_at(read_at)
-    if units is None and read_at != "prompt":
-        raise ValueError(f"read_at={read_at!r} says where the units a units sweep silences are scored; "
-                         "a sweep of whole blocks reads nothing: add units")
     if permutation_control:
         check_permutation_control(task)
     decoding = decoding or deployed_decoding(task)
@@ -337,14 +335,15 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
                                                  sweep=sweep, **control))
     c = open_cohort(lm, task, run, readout=readout, panel=panel, split=split, decoding=decoding, batch_size=batch_size,
                     progress=progress, circular=circular)
-    table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units, read_at)
-    ties = break_tie(c.lm, c.task, table, (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0]), ablation,
-                     c.batch_size)
+    selection = (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0])
+    contexts = c.reading_contexts([*selection[0], *selection[1]], read_at)
+    table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units, contexts)
+    ties = break_tie(c.lm, c.task, table, selection, ablation, c.batch_size, contexts=contexts)
     if sweep != "all":
         chosen = best_blocks(table, on="selection", ties=ties).get(sweep)
         if chosen is not None:
             others = [component for component in components if component != sweep]
-            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation, units, read_at)],
+            table = pd.concat([table, sweep_cohort(c, [chosen["layer"]], others, ablation, units, contexts)],
                               ignore_index=True)
     run.write_table("repair", table)
     localisation = localisation_summary(table, ties)

@@ -282,10 +282,12 @@ def units_spread(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, layer: int | None, component: str,
-                 repair_run: Path | None, decoding: Decoding, batch_size: int, progress: bool) -> tuple[int, str]:
+                 repair_run: Path | None, decoding: Decoding, batch_size: int, progress: bool,
+                 contexts: Mapping[str, Sequence[int]] | None = None) -> tuple[int, str]:
     """The block to steer: given, else the one a repair run chose (for the MLP its
     chosen block, else the component's own best), else found by sweeping this component
-    (this run's `repair` table); always chosen on the selection part."""
+    (this run's `repair` table, ties broken reading each question at the end of its
+    context in `contexts`, as v is read); always chosen on the selection part."""
     if layer is not None:
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
@@ -309,7 +311,7 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                             circular=cohort.circular)
     run.write_table("repair", table)
     ties = break_tie(lm, task, table, (cohort.parts("failure")[0], cohort.parts("panel")[0]), batch_size=batch_size,
-                     component=component) if component == "mlp" else {}
+                     component=component, contexts=contexts) if component == "mlp" else {}
     best = best_blocks(table, on="selection", ties=ties).get(component)
     if best is None:
         raise ValueError(f"no {component} block repairs any of the {len(cohort.parts('failure')[0])} selection-part "
@@ -430,7 +432,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     if vector is None:
         chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
-                                   decoding=decoding, batch_size=batch_size, progress=progress)
+                                   decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts)
         v = direction(lm, task, f_sel, p_sel, chosen, component, contexts=contexts)
     else:
         chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
@@ -502,10 +504,10 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     cohort, summary = c.cohort, {**c.summary(UNITS), **c.readings()}
     if (skipped := _skip(run, summary, cohort, "units", ["k", "selection", "draw", "recovered_fraction"])) is not None:
         return skipped
-    chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
-                               decoding=decoding, batch_size=batch_size, progress=progress)
     (f_sel, f_out), (p_sel, _) = cohort.parts("failure"), cohort.parts("panel")
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
+    chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
+                               decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts)
     v = direction(lm, task, f_sel, p_sel, chosen, "mlp", contexts=contexts)
     scores = unit_scores(lm, task, f_sel, chosen, v, contexts=contexts)
     table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
