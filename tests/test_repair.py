@@ -654,6 +654,12 @@ def test_a_sweep_reads_each_block_where_each_answer_starts_when_asked(tmp_path, 
     res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6",
                                    "--read-at", "end", "--out", str(tmp_path / "cli")])
     assert res.exit_code == 2 and "--read-at must be one of" in res.output and not (tmp_path / "cli").exists()
+    res = CliRunner().invoke(app, ["repair", "--model", "tiny-llama:2", "--task", "arithmetic_mc", "--n", "6", "--panel", "3",
+                                   "--max-new-tokens", "4", "--sweep", "mlp", "--read-at", "answer", "--out", str(tmp_path / "cli"),
+                                   "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "broken reading each block's failure direction where each deployed reply's answer starts" in res.output
+    assert RunDir(tmp_path / "cli").config["read_at"] == "answer"
 
 
 def test_permutation_control_refuses_tasks_not_graded_by_letter(tmp_path, lm):

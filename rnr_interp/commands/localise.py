@@ -249,10 +249,12 @@ def repair(
                f"{sp['n_failure_heldout']} held out), panel {s.n_panel} ({sp['n_panel_selection']} / {sp['n_panel_heldout']}); "
                f"split stratified by {', '.join(sp['stratified_by'])}{'; circular' if s.circular['on'] else ''}")
     _print_cohort_warnings(s)
+    where = "where each deployed reply's answer starts" if s.read_at == "answer" else "at the prompt's end"
     if s.units is not None:
-        where = "where each deployed reply's answer starts" if s.read_at == "answer" else "at the prompt's end"
         typer.echo(f"  each MLP block silenced in its {s.units} units most along its own failure direction, read {where} "
                    "(the units are in the repair table's silenced_units column)")
+    elif s.read_at is not None:
+        typer.echo(f"  a tie between MLP blocks is broken reading each block's failure direction {where}")
     if s.failure_empty_reason:
         typer.echo(f"  no repair to find: {s.failure_empty_reason}")
     controls = controls_table(s.to_json())
