@@ -481,3 +481,11 @@ def test_rotation_refuses_questions_not_graded_by_letter():
     yes_no = Question(id="b", text="Is it?", answer="yes", choices=("yes", "no"), gold_index=0)
     with pytest.raises(ValueError, match="not by its gold option's letter"):
         rotate_options(yes_no)
+
+
+def test_a_seed_draws_a_generated_task_and_is_refused_by_a_file_task_by_name():
+    assert load_task("copy", n=4, seed=2).content_hash() != load_task("copy", n=4).content_hash()
+    with pytest.raises(ValueError, match="task 'gsm8k' reads its questions from a file"):
+        load_task("gsm8k", seed=2)
+    with pytest.raises(ValueError, match="unknown task 'nope'"):  # not told it reads a file
+        load_task("nope", seed=2)

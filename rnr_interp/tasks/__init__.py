@@ -100,7 +100,7 @@ def _load_task(name: str, data: str | Path | None, n: int | None, task_config: s
         if task_config is not None:
             return load_lm_eval(config=task_config, data=data, **kw).head(n)
         return load_lm_eval(name.removeprefix(LM_EVAL_PREFIX), data=data, **kw).head(n)
-    if "seed" in kw and name not in _SYNTHETIC:
+    if "seed" in kw and name in _FILE_TASKS:
         raise ValueError(f"task {name!r} reads its questions from a file: a seed draws the questions of a generated "
                          f"task only ({', '.join(_SYNTHETIC)})")
     if name in _SYNTHETIC:
