@@ -62,8 +62,8 @@ def plant(
         fail("--task-seed draws the questions of --task: give --task")
 
     def body():
-        asked = task is None or (n is None and task_seed is None)  # a task named alone: the organism loads it whole
-        questions = task if asked else load_task(task, n=n, **seeded(task_seed))
+        named_alone = task is None or (n is None and task_seed is None)  # the organism loads a named task whole
+        questions = task if named_alone else load_task(task, n=n, **seeded(task_seed))
         return plant_organism(kind, model, out, layer=layer, strength=strength, seed=seed, task=questions, units=units,
                               temperature=temperature)
 

@@ -1,8 +1,9 @@
 """Reading a cohort's rows: repair and damage rates of one probe (plainly or under the
 circular protocol), how many answers take the failure set's form, the multiple-choice
 readings against chance, and the letter-permutation control: the chosen intervention
-re-scored on the held-out failures with every question's options rotated (`tasks.rotate_options`), so a "repair" that only
-moved a letter bias shows as such (issue 17)."""
+re-scored on the held-out failures with every question's options rotated
+(`tasks.rotate_options`), so a "repair" that only moved a letter bias shows as such
+(issue 17)."""
 
 from __future__ import annotations
 
