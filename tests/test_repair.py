@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -116,6 +117,79 @@ def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
     at_contexts = moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]}, contexts=contexts)
     assert break_tie(lm, task, table, selection, "mean", contexts=contexts) == {"mlp": tie_break([0, 1], at_contexts)}
     assert at_contexts[0, 1] != pytest.approx(moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]})[0, 1])
+    # with the deployed replies, each tied block's direct share is recorded beside the rule, which it does not change
+    from rnr_interp.analyses.localise.mediation import direct_shares
+
+    replies = {q.id: "A" for q in task.questions}
+    failing = [dataclasses.replace(q, answer="B") for q in selection[0]]
+    direct = direct_shares(lm, task, failing, replies, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]})
+    with_direct = break_tie(lm, task, table, (failing, selection[1]), "mean", replies=replies)["mlp"]
+    assert with_direct["direct"] == [{"block": layer, **direct[layer]} for layer in (0, 1)] and direct[0]["n"] == 6
+    assert {k: v for k, v in with_direct.items() if k != "direct"} == break_tie(lm, task, table, (failing, selection[1]),
+                                                                             "mean")["mlp"]
+
+
+def test_an_answer_forks_from_the_gold_at_the_first_token_they_differ_on(lm):
+    """`answer_fork`: the context up to the first answer token a wrong reply and the gold
+    part on (what the reply writes before its answer and the tokens they share), the
+    gold's token and the reply's; nothing where the reply is right, states no answer, or
+    one answer begins the other."""
+    from rnr_interp.analyses.localise.positions import answer_fork
+
+    task = load_task("copy", n=1)
+    q = dataclasses.replace(task.questions[0], answer="37")
+    context, gold, wrong = answer_fork(lm, task, q, "Sure. Answer: 31")
+    decode = lm.tokenizer.decode
+    assert context[:len(prompt_ids(lm, task, q))] == prompt_ids(lm, task, q)
+    assert decode(context).endswith("Sure. Answer: 3") and (decode([gold]), decode([wrong])) == ("7", "1")
+    assert answer_fork(lm, task, q, "Answer: 37") is None
+    assert answer_fork(lm, task, q, "I cannot say.") is None
+    assert answer_fork(lm, task, q, "Answer: 3") is None
+
+
+@pytest.mark.parametrize("name", ["tiny-llama:3", "tiny-gemma2:3"])
+def test_a_blocks_direct_share_is_what_its_own_write_carries_to_the_logits(name):
+    """`direct_shares`: the total effect of silencing a block on the gold-vs-failure margin
+    where each reply leaves the gold is the model's own logits' (read back through the
+    final norm, output embedding and soft cap: Gemma 2 has one); the last block writes
+    straight to the logits (share 1); an earlier one's own write carries a share of its
+    effect that is not 1."""
+    from rnr_interp.analyses.localise.directions import last_position, unembedded
+    from rnr_interp.analyses.localise.mediation import direct_shares
+    from rnr_interp.analyses.localise.positions import answer_fork
+    from rnr_interp.engine.generate import forward, left_pad
+    from rnr_interp.interventions import applied
+
+    lm = load_model(name)
+    task = load_task("copy", n=4)
+    failure = [dataclasses.replace(q, answer="37") for q in task.questions]
+    replies = {q.id: f"Answer: 3{d}" for q, d in zip(failure, "1245")}
+    last = lm.n_layers - 1
+    silence = {0: Ablate("mlp", 0), last: Ablate("mlp", last)}
+    shares = direct_shares(lm, task, failure, replies, silence)
+    forks = [answer_fork(lm, task, q, replies[q.id]) for q in failure]
+
+    def margins(specs=()):
+        out = []
+        for context, gold, wrong in forks:
+            ids, mask = left_pad([context], lm.pad_id, lm.device)
+            with applied(lm, list(specs)):
+                logits = forward(lm, ids, mask, last_only=True)[0][0, -1].float()
+            out.append(float((logits[gold] - logits[wrong]).detach()))
+        return np.array(out)
+
+    intact = margins()
+    site = ("hook_resid_post", last)
+    contexts, golds = [f[0] for f in forks], [f[1] for f in forks]
+    final = last_position(lm, contexts, [site])[site]
+    own = forward(lm, *left_pad(contexts, lm.pad_id, lm.device), last_only=True)[0][:, -1].detach().float()
+    assert unembedded(lm, final)[torch.arange(4), golds].numpy() == pytest.approx(own[torch.arange(4), golds].numpy(), abs=1e-4)
+    for layer in (0, last):
+        assert shares[layer]["n"] == 4
+        assert shares[layer]["total"] == pytest.approx(float((margins([silence[layer]]) - intact).mean()), abs=1e-4)
+    assert shares[last]["share"] == pytest.approx(1.0, abs=1e-4)
+    assert shares[0]["share"] != pytest.approx(1.0, abs=1e-2)
+    assert direct_shares(lm, task, failure, {q.id: "Answer: 37" for q in failure}, silence) == {}
 
 
 class ParityMC(ArithmeticMC):

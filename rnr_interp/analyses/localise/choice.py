@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from rnr_interp.analyses.localise.mediation import RULE as TIE_RULE, moved_shares, tie_break
+from rnr_interp.analyses.localise.mediation import RULE as TIE_RULE, direct_shares, moved_shares, tie_break
 from rnr_interp.analyses.localise.silencing import as_swept
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
@@ -52,13 +52,15 @@ def best_blocks(table: pd.DataFrame, on: str = "selection",
 
 def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple[Sequence[Question], Sequence[Question]],
               ablation: str = "zero", batch_size: int = 16, component: str = "mlp",
-              contexts: Mapping[str, Sequence[int]] | None = None) -> dict[str, dict[str, Any]]:
+              contexts: Mapping[str, Sequence[int]] | None = None,
+              replies: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """{component: record} when `component`'s best blocks on the selection part tie:
     the tied block every earlier one acts through (`mediation`), each silenced as the
     sweep silenced it (`silencing.as_swept`) and read where the sweep read its units
     (`contexts`, by question id; else the prompts); {} when nothing ties, or the selection
     part lacks failures or a panel to read a failure direction from (the earliest is
-    named then)."""
+    named then). With the deployed `replies` (by question id) the record also holds each
+    tied block's direct share (`mediation.direct_shares`), read beside the rule, not by it."""
     best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
     if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
         return {}
@@ -66,7 +68,12 @@ def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple
     silence = as_swept(lm, task, table, [(layer, component) for layer in tied], ablation, batch_size)
     moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size,
                          contexts)
-    return {component: tie_break(tied, moved)}
+    record = tie_break(tied, moved)
+    if replies is not None:
+        direct = direct_shares(lm, task, selection[0], replies, {layer: silence[layer, component] for layer in tied},
+                               component, batch_size)
+        record["direct"] = [{"block": layer, **reading} for layer, reading in sorted(direct.items())]
+    return {component: record}
 
 
 def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any]) -> str | None:
@@ -78,5 +85,8 @@ def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any])
     earliest = best["layer"] < min(best["tied_with"])
     why = ("the earliest" if "tie_break" not in best else "the one every earlier tied block acts through" if not earliest
            else "the earliest (no later one is acted through by every earlier one)")
+    direct = best.get("tie_break", {}).get("direct")
+    shares = "" if not direct else ("; the share of each one's repair its own write carries to the logits (read, not "
+                                    "used to choose): " + ", ".join(f"{d['block']} {d['share']:.2f}" for d in direct))
     return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
-            f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named")
+            f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named{shares}")

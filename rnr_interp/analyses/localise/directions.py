@@ -53,6 +53,20 @@ def block_output(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, 
     return block_outputs(lm, prompts, [layer], component, batch_size)[layer]
 
 
+def unembedded(lm: LoadedModel, resid: Float[Tensor, "n d"]) -> Float[Tensor, "n vocab"]:
+    """The logits final residual states give: the model's final norm, its output
+    embedding, and its logit soft cap where its config has one."""
+    model = lm.hf_model
+    norm, head = getattr(model.base_model, "norm", None), model.get_output_embeddings()
+    if norm is None or head is None:
+        raise ValueError(f"reading logits from the residual stream needs {type(model).__name__}'s final norm "
+                         "(base_model.norm) and output embedding")
+    with torch.inference_mode():
+        logits = head(norm(resid.to(lm.device, head.weight.dtype)[:, None]))[:, 0].float().cpu()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 def mean_difference(out: Float[Tensor, "n d"], n_failure: int) -> Float[Tensor, "d"]:
     """v from a block's writes over the failures (the first `n_failure` rows) and then
     the panel: the failures' mean write minus the panel's."""

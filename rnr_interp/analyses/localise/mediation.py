@@ -23,6 +23,20 @@ failure direction's length (SmolLM2, MLP 1 silenced, block 18: 13 times it; a sh
 read on the failures alone swung from -34 to +12), and only the part it moves the
 failures apart from the panel says the failure runs through B. A acts through B when
 moved(A -> B) >= `ACTS_THROUGH`.
+
+Recorded beside the rule, not used by it (`direct_shares`): how much of each tied
+block's repair its own changed write carries straight to the logits. A block that
+writes the failure repairs through its own write (share near 1); a block that feeds the
+writer repairs through the later blocks (share near 0). Read on the selection failures
+at the first answer token on which each deployed reply leaves the gold
+(`positions.answer_fork`), as the margin logit(gold token) - logit(failure's token):
+
+    total(A)  = margin(A silenced) - margin
+    direct(A) = margin(final residual + (A's write silenced - A's write)) - margin
+    share(A)  = mean direct(A) / mean total(A)
+
+(the final residual read intact, through the final norm and the output embedding,
+`directions.unembedded`). The last block's share is 1 by construction.
 """
 
 from __future__ import annotations
@@ -30,8 +44,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import torch
+from torch import Tensor
 
-from rnr_interp.analyses.localise.directions import block_outputs, mean_difference, read_ids
+from rnr_interp.analyses.localise.directions import block_outputs, last_position, mean_difference, read_ids, unembedded
+from rnr_interp.analyses.localise.positions import answer_fork
 from rnr_interp.interventions import Intervention, applied
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
@@ -68,6 +84,42 @@ def moved_shares(lm: LoadedModel, task: Task, failure: Sequence[Question], panel
         for b, write in silenced.items():
             gap = float(v[b] @ v[b])
             out[a, b] = float((v[b] - mean_difference(write, n)) @ v[b]) / gap if gap > 0 else float("nan")
+    return out
+
+
+@torch.inference_mode()
+def direct_shares(lm: LoadedModel, task: Task, failure: Sequence[Question], replies: Mapping[str, str],
+                  silence: Mapping[int, Intervention], component: str = "mlp",
+                  batch_size: int = 16) -> dict[int, dict[str, float]]:
+    """Per layer of `silence` (layer -> the spec that silences that block, as the sweep
+    did): the mean total and direct effect of silencing it on the gold-vs-failure margin
+    where each failure's deployed reply (`replies`, by question id) leaves the gold, and
+    direct / total (module docstring); {} when no reply parts from its gold on a token."""
+    forks = [fork for q in failure if q.id in replies and (fork := answer_fork(lm, task, q, replies[q.id])) is not None]
+    if not forks:
+        return {}
+    ids = [context for context, _, _ in forks]
+    rows = torch.arange(len(forks))
+    gold, wrong = torch.tensor([g for _, g, _ in forks]), torch.tensor([w for _, _, w in forks])
+    final_site = ("hook_resid_post", lm.n_layers - 1)
+
+    def margin(resid: Tensor) -> Tensor:
+        logits = unembedded(lm, resid)
+        return logits[rows, gold] - logits[rows, wrong]
+
+    layers = sorted(silence)
+    final = last_position(lm, ids, [final_site], batch_size)[final_site]
+    writes = block_outputs(lm, ids, layers, component, batch_size)
+    intact = margin(final)
+    out: dict[int, dict[str, float]] = {}
+    for layer in layers:
+        with applied(lm, [silence[layer]]):
+            silenced_final = last_position(lm, ids, [final_site], batch_size)[final_site]
+            silenced_write = block_outputs(lm, ids, [layer], component, batch_size)[layer]
+        total = float((margin(silenced_final) - intact).mean())
+        direct = float((margin(final + silenced_write - writes[layer]) - intact).mean())
+        out[layer] = {"total": total, "direct": direct, "share": direct / total if total else float("nan"),
+                      "n": len(forks)}
     return out
 
 

@@ -63,6 +63,24 @@ def answer_inputs(view: LoadedModel, task: Task, question: Question,
     return context, answer
 
 
+def answer_fork(lm: LoadedModel, task: Task, question: Question, reply: str) -> tuple[list[int], int, int] | None:
+    """Where `reply`'s wrong answer leaves the gold: the token ids up to the first answer
+    token on which the two differ (the prompt, what the reply writes before its answer,
+    and the tokens they share), the gold's token there and the reply's. None when the
+    reply states no answer the task reads, states the gold, or one answer's tokens are
+    the other's beginning (no token on which they part)."""
+    at = answer_start(task, question, reply)
+    said = task.read_answer(reply, question) if at is not None else None
+    if not said or said == question.answer:
+        return None
+    context, wrong = answer_inputs(lm, task, dataclasses.replace(question, answer=said), reply[:at])
+    gold_context, gold = answer_inputs(lm, task, question, reply[:at])
+    if gold_context != context:
+        return None
+    shared = next((i for i, (a, b) in enumerate(zip(gold, wrong)) if a != b), None)
+    return None if shared is None else ([*context, *gold[:shared]], gold[shared], wrong[shared])
+
+
 def reading_contexts(lm: LoadedModel, task: Task, questions: Sequence[Question], replies: Mapping[str, str],
                      read_at: str = "prompt") -> list[list[int]]:
     """Per question, the token ids whose last position is read: with "prompt" the

@@ -338,7 +338,8 @@ def run_repair(lm: LoadedModel, task: Task, out: str | Path, *, readout: str = "
     selection = (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0])
     contexts = c.reading_contexts([*selection[0], *selection[1]], read_at)
     table = sweep_cohort(c, layers, components if sweep == "all" else (sweep,), ablation, units, contexts)
-    ties = break_tie(c.lm, c.task, table, selection, ablation, c.batch_size, contexts=contexts)
+    ties = break_tie(c.lm, c.task, table, selection, ablation, c.batch_size, contexts=contexts,
+                     replies=c.deployed_replies())
     if sweep != "all":
         chosen = best_blocks(table, on="selection", ties=ties).get(sweep)
         if chosen is not None:
