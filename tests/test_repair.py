@@ -55,6 +55,13 @@ def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
     assert apart["named"] == 2 and best["layer"] == 2 and best["tied_with"] == [5, 11]
     assert "the earliest (no later one is acted through by every earlier one), 2" in tie_note("mlp", best, {
         "n_failure_selection": 4, "n_panel_selection": 3})
+    assert "logits" not in tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3})
+    # the direct shares, when read, are said with the tie; the block named stays the rule's
+    apart["direct"] = [{"block": 2, "share": -0.29}, {"block": 5, "share": 0.004}, {"block": 11, "share": 1.57}]
+    best = best_blocks(table, ties={"mlp": apart})["mlp"]
+    assert best["layer"] == 2 and tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3}).endswith(
+        ", 2, is named; the share of each one's repair its own write carries to the logits (read, not used to choose): "
+        "2 -0.29, 5 0.00, 11 1.57")
     # a record of another tie is not this one's
     assert best_blocks(table, ties={"mlp": tie_break([2, 11], {(2, 11): 0.9})})["mlp"]["layer"] == 2
     assert "tie_break" not in best_blocks(table)["mlp"]
