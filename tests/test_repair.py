@@ -55,13 +55,20 @@ def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
     assert apart["named"] == 2 and best["layer"] == 2 and best["tied_with"] == [5, 11]
     assert "the earliest (no later one is acted through by every earlier one), 2" in tie_note("mlp", best, {
         "n_failure_selection": 4, "n_panel_selection": 3})
-    assert "logits" not in tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3})
-    # the direct shares, when read, are said with the tie; the block named stays the rule's
-    apart["direct"] = [{"block": 2, "share": -0.29}, {"block": 5, "share": 0.004}, {"block": 11, "share": 1.57}]
-    best = best_blocks(table, ties={"mlp": apart})["mlp"]
-    assert best["layer"] == 2 and tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3}).endswith(
-        ", 2, is named; the share of each one's repair its own write carries to the logits (read, not used to choose): "
-        "2 -0.29, 5 0.00, 11 1.57")
+    assert "direct effect" not in tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3})
+    # where the direct effects were read they name the block: the largest, whatever acts through what
+    direct = {2: {"total": -0.14, "direct": 0.04, "share": -0.29, "n": 4}, 5: {"total": 1.3, "direct": 0.01, "share": 0.0, "n": 4},
+              11: {"total": 1.69, "direct": 2.65, "share": 1.57, "n": 4}}
+    written = tie_break([2, 5, 11], {(2, 5): -0.2, (2, 11): 0.9, (5, 11): 0.3}, direct)
+    assert (written["named"], written["named_by"]) == (11, "direct effect") and (apart["named_by"] == "acts through")
+    assert written["direct"] == [{"block": layer, **direct[layer]} for layer in (2, 5, 11)]
+    best = best_blocks(table, ties={"mlp": written})["mlp"]
+    assert best["layer"] == 11 and tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3}).endswith(
+        "and the one whose own write carries the most of its repair to the logits, 11, is named; mean direct effect "
+        "of each (nats): 2 +0.04, 5 +0.01, 11 +2.65")
+    # the effect in nats names it, not the share (a block that barely moves the margin can have any share)
+    assert tie_break([2, 11], {(2, 11): 0.0}, {2: {**direct[2], "share": 9.0}, 11: direct[11]})["named"] == 11
+    assert tie_break([2, 11], {(2, 11): 0.9}, {})["named_by"] == "acts through"
     # a record of another tie is not this one's
     assert best_blocks(table, ties={"mlp": tie_break([2, 11], {(2, 11): 0.9})})["mlp"]["layer"] == 2
     assert "tie_break" not in best_blocks(table)["mlp"]
@@ -124,16 +131,19 @@ def test_a_tie_is_broken_by_silencing_each_tied_block_as_the_sweep_did(lm):
     at_contexts = moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]}, contexts=contexts)
     assert break_tie(lm, task, table, selection, "mean", contexts=contexts) == {"mlp": tie_break([0, 1], at_contexts)}
     assert at_contexts[0, 1] != pytest.approx(moved_shares(lm, task, *selection, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]})[0, 1])
-    # with the deployed replies, each tied block's direct share is recorded beside the rule, which it does not change
+    # with the deployed replies, the direct effects are read and name the block
     from rnr_interp.analyses.localise.mediation import direct_shares
 
     replies = {q.id: "A" for q in task.questions}
     failing = [dataclasses.replace(q, answer="B") for q in selection[0]]
-    direct = direct_shares(lm, task, failing, replies, {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]})
+    silenced = {0: blocks[0, "mlp"], 1: blocks[1, "mlp"]}
+    direct = direct_shares(lm, task, failing, replies, silenced)
+    assert direct[0]["n"] == 6 and direct[0]["direct"] != pytest.approx(direct[1]["direct"])
     with_direct = break_tie(lm, task, table, (failing, selection[1]), "mean", replies=replies)["mlp"]
-    assert with_direct["direct"] == [{"block": layer, **direct[layer]} for layer in (0, 1)] and direct[0]["n"] == 6
-    assert {k: v for k, v in with_direct.items() if k != "direct"} == break_tie(lm, task, table, (failing, selection[1]),
-                                                                             "mean")["mlp"]
+    assert with_direct == tie_break([0, 1], moved_shares(lm, task, failing, selection[1], silenced), direct)
+    assert with_direct["named"] == max((0, 1), key=lambda layer: direct[layer]["direct"])
+    # no reply parts from its gold on a token: what acts through what names it
+    assert break_tie(lm, task, table, (failing, selection[1]), "mean", replies={})["mlp"]["named_by"] == "acts through"
 
 
 def test_an_answer_forks_from_the_gold_at_the_first_token_they_differ_on(lm):

@@ -1,7 +1,7 @@
 """Which block a sweep's repair table names: per component, the highest selectivity on
 the selection part, and how ties are broken (`CHOICE_RULE`): MLP blocks still tied after
-repair and damage by what acts through what (`mediation`), reading each tied block
-silenced as the sweep silenced it (`silencing`)."""
+repair and damage by which writes the failure, else what acts through what (`mediation`),
+reading each tied block silenced as the sweep silenced it (`silencing`)."""
 
 from __future__ import annotations
 
@@ -55,12 +55,13 @@ def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple
               contexts: Mapping[str, Sequence[int]] | None = None,
               replies: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """{component: record} when `component`'s best blocks on the selection part tie:
-    the tied block every earlier one acts through (`mediation`), each silenced as the
+    the tied block named by `mediation.RULE`, each silenced as the
     sweep silenced it (`silencing.as_swept`) and read where the sweep read its units
     (`contexts`, by question id; else the prompts); {} when nothing ties, or the selection
     part lacks failures or a panel to read a failure direction from (the earliest is
-    named then). With the deployed `replies` (by question id) the record also holds each
-    tied block's direct share (`mediation.direct_shares`), read beside the rule, not by it."""
+    named then). The deployed `replies` (by question id) give the direct effects
+    (`mediation.direct_shares`) the rule names the block by; without them, or where no
+    failure's reply parts from its gold on a token, what acts through what names it."""
     best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
     if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
         return {}
@@ -68,12 +69,9 @@ def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple
     silence = as_swept(lm, task, table, [(layer, component) for layer in tied], ablation, batch_size)
     moved = moved_shares(lm, task, *selection, {layer: silence[layer, component] for layer in tied}, component, batch_size,
                          contexts)
-    record = tie_break(tied, moved)
-    if replies is not None:
-        direct = direct_shares(lm, task, selection[0], replies, {layer: silence[layer, component] for layer in tied},
-                               component, batch_size)
-        record["direct"] = [{"block": layer, **reading} for layer, reading in sorted(direct.items())]
-    return {component: record}
+    direct = (direct_shares(lm, task, selection[0], replies, {layer: silence[layer, component] for layer in tied},
+                            component, batch_size) if replies is not None else None)
+    return {component: tie_break(tied, moved, direct)}
 
 
 def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any]) -> str | None:
@@ -82,11 +80,14 @@ def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any])
     if best is None or not best.get("tied_with"):
         return None
     layers = ", ".join(str(x) for x in sorted([best["layer"], *best["tied_with"]]))
+    broken = best.get("tie_break", {})
     earliest = best["layer"] < min(best["tied_with"])
-    why = ("the earliest" if "tie_break" not in best else "the one every earlier tied block acts through" if not earliest
+    why = ("the earliest" if not broken else
+           "the one whose own write carries the most of its repair to the logits" if broken.get("named_by") == "direct effect"
+           else "the one every earlier tied block acts through" if not earliest
            else "the earliest (no later one is acted through by every earlier one)")
-    direct = best.get("tie_break", {}).get("direct")
-    shares = "" if not direct else ("; the share of each one's repair its own write carries to the logits (read, not "
-                                    "used to choose): " + ", ".join(f"{d['block']} {d['share']:.2f}" for d in direct))
+    direct = broken.get("direct")
+    shares = "" if not direct else ("; mean direct effect of each (nats): "
+                                    + ", ".join(f"{d['block']} {d['direct']:+.2f}" for d in direct))
     return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
             f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named{shares}")

@@ -1,19 +1,35 @@
-"""Which of several equally selective blocks the others act through.
+"""Which of several equally selective blocks writes the failure, and which the others
+act through.
 
 A silencing sweep names every block whose removal stops a failure, the blocks that feed
 the failing computation included: on a failure that a late MLP writes from features early
 MLPs compute, silencing an early one repairs as well as silencing the late one, and both
-rank alike. Silencing a block upstream of the writer moves the writer's failure write
-back toward the healthy panel's; silencing the writer leaves the upstream blocks as they
-were (a block cannot change what an earlier block writes). So among tied blocks the one
-every earlier tied block acts through is the proximate one: the block the others' repair
-runs through, and the one whose failure direction steering and the units analysis should
-read. `choice.break_tie` uses it to break a sweep's ties.
+rank alike. `choice.break_tie` names one of them by `RULE`, in two readings.
 
+What writes it (`direct_shares`, the rule's first reading). A block that writes the
+failure repairs through its own write; a block that feeds the writer repairs through the
+later blocks. Read on the selection failures at the first answer token on which each
+deployed reply leaves the gold (`positions.answer_fork`), as the margin
+logit(gold token) - logit(failure's token):
+
+    total(A)  = margin(A silenced) - margin
+    direct(A) = margin(final residual + (A's write silenced - A's write)) - margin
+    share(A)  = mean direct(A) / mean total(A)
+
+(the final residual read intact, through the final norm and the output embedding,
+`directions.unembedded`; the last block's share is 1 by construction). The tied block
+with the largest mean direct effect, in nats, is named: the effect, not the share, since a
+block whose silencing barely moves the margin there (total near 0) can have any share.
+
+What acts through what (`moved_shares`, read where no failure's reply parts from its gold
+on a token, and recorded always). Silencing a block upstream of the writer moves the
+writer's failure write back toward the healthy panel's; silencing the writer leaves the
+upstream blocks as they were (a block cannot change what an earlier block writes). So
+among tied blocks the one every earlier tied block acts through is the proximate one.
 Read at the last prompt position (as `directions` reads v), or at the end of each
-question's reading context when the sweep reads there (`read_at`), on the selection part only:
-for tied blocks A < B, the share of B's failure-minus-panel write along B's own failure
-direction that silencing A removes, beyond what it moves on the panel:
+question's reading context when the sweep reads there (`read_at`), on the selection part
+only: for tied blocks A < B, the share of B's failure-minus-panel write along B's own
+failure direction that silencing A removes, beyond what it moves on the panel:
 
     moved(A -> B) = (((f_B - f_B|A) - (p_B - p_B|A)) . v_B) / ((f_B - p_B) . v_B),   v_B = f_B - p_B
 
@@ -22,21 +38,9 @@ early block shifts a later block's write on every question alike, by far more th
 failure direction's length (SmolLM2, MLP 1 silenced, block 18: 13 times it; a share
 read on the failures alone swung from -34 to +12), and only the part it moves the
 failures apart from the panel says the failure runs through B. A acts through B when
-moved(A -> B) >= `ACTS_THROUGH`.
-
-Recorded beside the rule, not used by it (`direct_shares`): how much of each tied
-block's repair its own changed write carries straight to the logits. A block that
-writes the failure repairs through its own write (share near 1); a block that feeds the
-writer repairs through the later blocks (share near 0). Read on the selection failures
-at the first answer token on which each deployed reply leaves the gold
-(`positions.answer_fork`), as the margin logit(gold token) - logit(failure's token):
-
-    total(A)  = margin(A silenced) - margin
-    direct(A) = margin(final residual + (A's write silenced - A's write)) - margin
-    share(A)  = mean direct(A) / mean total(A)
-
-(the final residual read intact, through the final norm and the output embedding,
-`directions.unembedded`). The last block's share is 1 by construction.
+moved(A -> B) >= `ACTS_THROUGH`. On units organisms whose planted block tied with earlier
+ones this reading named an earlier block in 4 of 4 ties, the direct effect the planted
+one in 4 of 4 (docs/findings.md, "Ties told apart by what writes the failure").
 """
 
 from __future__ import annotations
@@ -56,10 +60,12 @@ from rnr_interp.tasks.base import Question, Task
 #: for the earlier one to count as acting through it (half the way to the panel)
 ACTS_THROUGH = 0.5
 
-RULE = (f"the latest tied block that every earlier tied block acts through (silencing it moves the later block's "
-        f"failure write, beyond what it moves the panel's, along its own failure direction at least {ACTS_THROUGH:g} of "
-        "the way to the panel's, where the sweep reads: the prompt's end unless read_at says otherwise; selection "
-        "part); none: the earliest")
+RULE = ("the tied block whose own write carries the most of its repair straight to the logits (mean direct effect "
+        "on logit(gold) - logit(failure's token), nats, at the first answer token each selection failure's deployed "
+        "reply parts from the gold); where no reply parts from its gold on a token: the latest tied block that every "
+        "earlier tied block acts through (silencing it moves the later block's failure write, beyond what it moves "
+        f"the panel's, along its own failure direction at least {ACTS_THROUGH:g} of the way to the panel's, where the "
+        "sweep reads: the prompt's end unless read_at says otherwise; selection part); none: the earliest")
 
 
 @torch.inference_mode()
@@ -130,7 +136,20 @@ def proximate(layers: Sequence[int], moved: Mapping[tuple[int, int], float]) -> 
     return max(b for b in ordered if all(moved.get((a, b), float("nan")) >= ACTS_THROUGH for a in ordered if a < b))
 
 
-def tie_break(layers: Sequence[int], moved: Mapping[tuple[int, int], float]) -> dict[str, Any]:
-    """The summary's record of a broken tie: the rule, every moved share, the block named."""
-    return {"rule": RULE, "tied": sorted(layers), "named": proximate(layers, moved),
-            "moved": [{"silenced": a, "block": b, "share": share} for (a, b), share in sorted(moved.items())]}
+def writer(direct: Mapping[int, Mapping[str, float]]) -> int:
+    """The block of `direct` (`direct_shares`) with the largest mean direct effect (the
+    earliest of equals)."""
+    return max(sorted(direct), key=lambda layer: direct[layer]["direct"])
+
+
+def tie_break(layers: Sequence[int], moved: Mapping[tuple[int, int], float],
+              direct: Mapping[int, Mapping[str, float]] | None = None) -> dict[str, Any]:
+    """The summary's record of a broken tie: the rule, every moved share and direct
+    effect read, the block named and by which reading (`RULE`: the direct effect where
+    it was read, else what acts through what)."""
+    by_direct = bool(direct) and set(direct) == set(layers)
+    return {"rule": RULE, "tied": sorted(layers),
+            "named": writer(direct) if by_direct else proximate(layers, moved),
+            "named_by": "direct effect" if by_direct else "acts through",
+            "moved": [{"silenced": a, "block": b, "share": share} for (a, b), share in sorted(moved.items())],
+            **({"direct": [{"block": layer, **reading} for layer, reading in sorted(direct.items())]} if direct else {})}

@@ -283,11 +283,13 @@ def units_spread(table: pd.DataFrame) -> pd.DataFrame:
 
 def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, layer: int | None, component: str,
                  repair_run: Path | None, decoding: Decoding, batch_size: int, progress: bool,
-                 contexts: Mapping[str, Sequence[int]] | None = None) -> tuple[int, str]:
+                 contexts: Mapping[str, Sequence[int]] | None = None,
+                 replies: Mapping[str, str] | None = None) -> tuple[int, str]:
     """The block to steer: given, else the one a repair run chose (for the MLP its
     chosen block, else the component's own best), else found by sweeping this component
-    (this run's `repair` table, ties broken reading each question at the end of its
-    context in `contexts`, as v is read); always chosen on the selection part."""
+    (this run's `repair` table, ties broken as `choice.break_tie` breaks them from the
+    deployed `replies`, reading each question at the end of its context in `contexts`, as
+    v is read); always chosen on the selection part."""
     if layer is not None:
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
@@ -311,7 +313,7 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
                             circular=cohort.circular)
     run.write_table("repair", table)
     ties = break_tie(lm, task, table, (cohort.parts("failure")[0], cohort.parts("panel")[0]), batch_size=batch_size,
-                     component=component, contexts=contexts) if component == "mlp" else {}
+                     component=component, contexts=contexts, replies=replies) if component == "mlp" else {}
     best = best_blocks(table, on="selection", ties=ties).get(component)
     if best is None:
         raise ValueError(f"no {component} block repairs any of the {len(cohort.parts('failure')[0])} selection-part "
@@ -432,7 +434,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     if vector is None:
         chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
-                                   decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts)
+                                   decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts,
+                               replies=c.deployed_replies())
         v = direction(lm, task, f_sel, p_sel, chosen, component, contexts=contexts)
     else:
         chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
@@ -507,7 +510,8 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     (f_sel, f_out), (p_sel, _) = cohort.parts("failure"), cohort.parts("panel")
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
-                               decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts)
+                               decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts,
+                               replies=c.deployed_replies())
     v = direction(lm, task, f_sel, p_sel, chosen, "mlp", contexts=contexts)
     scores = unit_scores(lm, task, f_sel, chosen, v, contexts=contexts)
     table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
