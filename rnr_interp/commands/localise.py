@@ -220,9 +220,10 @@ def repair(
                                        "layer: the whole layer at every layer, then MLP and attention at the chosen one")] = "all",
     ablation: AblationOpt = "zero", units: UnitsSilencedOpt = None,
     read_at: Annotated[str, typer.Option("--read-at", help="where each block's failure direction is read, to score "
-                                         "its units (--units) and to break a tie between MLP blocks: prompt (the "
-                                         "prompt's last position) | answer (where each deployed reply's answer "
-                                         "starts), as rnr units and rnr steer --read-at read the chosen block")] = "prompt",
+                                         "its units (--units) and, where no failure's answer parts from its gold on "
+                                         "a token, to break a tie between MLP blocks: prompt (the prompt's last "
+                                         "position) | answer (where each deployed reply's answer starts), as rnr units "
+                                         "and rnr steer --read-at read the chosen block")] = "prompt",
     permute_control: PermuteOpt = False, circular: CircularOpt = False, grading: GradingOpt = None, max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -254,7 +255,8 @@ def repair(
         typer.echo(f"  each MLP block silenced in its {s.units} units most along its own failure direction, read {where} "
                    "(the units are in the repair table's silenced_units column)")
     elif s.read_at is not None:
-        typer.echo(f"  a tie between MLP blocks is broken reading each block's failure direction {where}")
+        typer.echo(f"  a tie between MLP blocks that no direct effect breaks is broken reading each block's failure "
+                   f"direction {where}")
     if s.failure_empty_reason:
         typer.echo(f"  no repair to find: {s.failure_empty_reason}")
     controls = controls_table(s.to_json())
