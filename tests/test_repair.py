@@ -164,11 +164,12 @@ def test_an_answer_forks_from_the_gold_at_the_first_token_they_differ_on(lm):
     assert answer_fork(lm, task, q, "Answer: 3") is None
 
 
-@pytest.mark.parametrize("name", ["tiny-llama:3", "tiny-gemma2:3"])
+@pytest.mark.parametrize("name", ["tiny-llama:3", "tiny-gemma2:3", "tiny-gpt2:3"])
 def test_a_blocks_direct_share_is_what_its_own_write_carries_to_the_logits(name):
     """`direct_shares`: the total effect of silencing a block on the gold-vs-failure margin
     where each reply leaves the gold is the model's own logits' (read back through the
-    final norm, output embedding and soft cap: Gemma 2 has one); the last block writes
+    bridge's final norm and unembedding, and the soft cap: Gemma 2 has one; GPT-2's final
+    norm is a LayerNorm); the last block writes
     straight to the logits (share 1); an earlier one's own write carries a share of its
     effect that is not 1."""
     from rnr_interp.analyses.localise.directions import last_position, unembedded

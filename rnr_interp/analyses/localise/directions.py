@@ -54,16 +54,14 @@ def block_output(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, 
 
 
 def unembedded(lm: LoadedModel, resid: Float[Tensor, "n d"]) -> Float[Tensor, "n vocab"]:
-    """The logits final residual states give: the model's final norm, its output
-    embedding, and its logit soft cap where its config has one."""
-    model = lm.hf_model
-    norm, head = getattr(model.base_model, "norm", None), model.get_output_embeddings()
-    if norm is None or head is None:
-        raise ValueError(f"reading logits from the residual stream needs {type(model).__name__}'s final norm "
-                         "(base_model.norm) and output embedding")
+    """The logits final residual states give: through the bridge's final norm
+    (``ln_final``) and unembedding (``unembed``), then the logit soft cap where the
+    model's config has one (the HF model applies it after its output embedding)."""
+    norm, unembed = lm.bridge.ln_final, lm.bridge.unembed
+    dtype = next(unembed.parameters()).dtype
     with torch.inference_mode():
-        logits = head(norm(resid.to(lm.device, head.weight.dtype)[:, None]))[:, 0].float().cpu()
-    cap = getattr(model.config, "final_logit_softcapping", None)
+        logits = unembed(norm(resid.to(lm.device, dtype)[:, None]))[:, 0].float().cpu()
+    cap = getattr(lm.hf_model.config, "final_logit_softcapping", None)
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
