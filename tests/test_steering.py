@@ -401,8 +401,7 @@ def test_block_from_a_repair_run_says_why_there_is_none(tmp_path, kind, own_best
     run.write_summary({"kind": kind, **cohort, **({"sweep": "mlp"} if kind == "repair" else {}),
                        **({"own_best": own_best} if own_best is not None else {})})
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        choose_block(None, None, None, None, layer=None, component="attn", repair_run=tmp_path / "repair",
-                     decoding=None, batch_size=1, progress=False)
+        choose_block(None, layer=None, component="attn", repair_run=tmp_path / "repair")
 
 
 def test_a_steering_run_without_its_alpha_unit_is_refused(tmp_path):

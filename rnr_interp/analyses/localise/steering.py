@@ -77,7 +77,7 @@ from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wils
 from rnr_interp.models import LoadedModel
 from rnr_interp.records import REPAIR, STEER, UNITS, ProbeLabel, RunDir, SteerSummary, UnitsSummary
 from rnr_interp.analyses.localise.choice import best_blocks, break_tie
-from rnr_interp.analyses.localise.repair import ablation_probe, silencing_sweep
+from rnr_interp.analyses.localise.repair import ablation_probe, sweep_cohort
 from rnr_interp.engine.sampling import deployed_decoding
 from rnr_interp.tasks.base import Question, Task
 
@@ -281,15 +281,13 @@ def units_spread(table: pd.DataFrame) -> pd.DataFrame:
 # -- run folders -------------------------------------------------------------------------
 
 
-def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, layer: int | None, component: str,
-                 repair_run: Path | None, decoding: Decoding, batch_size: int, progress: bool,
-                 contexts: Mapping[str, Sequence[int]] | None = None,
-                 replies: Mapping[str, str] | None = None) -> tuple[int, str]:
+def choose_block(c: CohortRun, *, layer: int | None, component: str, repair_run: Path | None,
+                 contexts: Mapping[str, Sequence[int]] | None = None) -> tuple[int, str]:
     """The block to steer: given, else the one a repair run chose (for the MLP its
     chosen block, else the component's own best), else found by sweeping this component
-    (this run's `repair` table, ties broken as `choice.break_tie` breaks them from the
-    deployed `replies`, reading each question at the end of its context in `contexts`, as
-    v is read); always chosen on the selection part."""
+    over this run's cohort `c` (its `repair` table, ties broken as `choice.break_tie`
+    breaks them from the cohort's deployed replies, reading each question at the end of
+    its context in `contexts`, as v is read); always chosen on the selection part."""
     if layer is not None:
         return layer, f"given (--layer {layer})"
     if repair_run is not None:
@@ -308,15 +306,14 @@ def choose_block(lm: LoadedModel, task: Task, cohort: Cohort, run: RunDir, *, la
         if best is None:
             raise ValueError(f"repair run {repair_run} found no {component} block that repairs any selection-part failure")
         return int(best["selection"]["layer"]), f"{component} block chosen on the selection part by repair run {repair_run}"
-    table = silencing_sweep(lm, task, cohort.failure, cohort.panel, decoding=decoding, components=(component,),
-                            split=cohort.split, run=run, batch_size=batch_size, progress=progress,
-                            circular=cohort.circular)
-    run.write_table("repair", table)
-    ties = break_tie(lm, task, table, (cohort.parts("failure")[0], cohort.parts("panel")[0]), batch_size=batch_size,
-                     component=component, contexts=contexts, replies=replies) if component == "mlp" else {}
+    table = sweep_cohort(c, range(c.lm.n_layers), (component,))
+    c.run.write_table("repair", table)
+    selection = (c.cohort.parts("failure")[0], c.cohort.parts("panel")[0])
+    ties = break_tie(c.lm, c.task, table, selection, batch_size=c.batch_size, component=component, contexts=contexts,
+                     replies=c.deployed_replies()) if component == "mlp" else {}
     best = best_blocks(table, on="selection", ties=ties).get(component)
     if best is None:
-        raise ValueError(f"no {component} block repairs any of the {len(cohort.parts('failure')[0])} selection-part "
+        raise ValueError(f"no {component} block repairs any of the {len(selection[0])} selection-part "
                          "failures; pass --layer")
     return int(best["layer"]), (f"best {component} block of this run's sweep on the selection part "
                                 f"(selectivity {best['selectivity']:.3f})")
@@ -433,9 +430,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     (f_sel, f_out), (p_sel, p_out) = cohort.parts("failure"), cohort.parts("panel")
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     if vector is None:
-        chosen, why = choose_block(lm, task, cohort, run, layer=layer, component=component, repair_run=repair_run,
-                                   decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts,
-                               replies=c.deployed_replies())
+        chosen, why = choose_block(c, layer=layer, component=component, repair_run=repair_run, contexts=contexts)
         v = direction(lm, task, f_sel, p_sel, chosen, component, contexts=contexts)
     else:
         chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
@@ -509,9 +504,7 @@ def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         return skipped
     (f_sel, f_out), (p_sel, _) = cohort.parts("failure"), cohort.parts("panel")
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
-    chosen, why = choose_block(lm, task, cohort, run, layer=layer, component="mlp", repair_run=repair_run,
-                               decoding=decoding, batch_size=batch_size, progress=progress, contexts=contexts,
-                               replies=c.deployed_replies())
+    chosen, why = choose_block(c, layer=layer, component="mlp", repair_run=repair_run, contexts=contexts)
     v = direction(lm, task, f_sel, p_sel, chosen, "mlp", contexts=contexts)
     scores = unit_scores(lm, task, f_sel, chosen, v, contexts=contexts)
     table, whole = units_sweep(lm, task, f_out, chosen, scores, ks=ks, seed=seed, draws=draws, decoding=decoding,
