@@ -34,17 +34,27 @@ def last_position(lm: LoadedModel, prompts: Sequence[Sequence[int]], sites: Sequ
     return {key: torch.cat(v) if v else torch.zeros(0) for key, v in got.items()}
 
 
+def write_sites(layers: Sequence[int], component: str) -> list[tuple[str, int]]:
+    """The sites `block_writes` reads each block (layer, component)'s write from: a
+    whole layer's is what it adds between its residual stream's ends."""
+    if component == "layer":
+        return [(site, layer) for layer in layers for site in ("hook_resid_pre", "hook_resid_post")]
+    return [(COMPONENT_SITE[component], layer) for layer in layers]
+
+
+def block_writes(acts: Mapping[tuple[str, int], Tensor], layers: Sequence[int],
+                 component: str) -> dict[int, Float[Tensor, "n d"]]:
+    """What block (layer, component) writes, from activations read at `write_sites`."""
+    if component == "layer":
+        return {layer: acts["hook_resid_post", layer] - acts["hook_resid_pre", layer] for layer in layers}
+    return {layer: acts[COMPONENT_SITE[component], layer] for layer in layers}
+
+
 def block_outputs(lm: LoadedModel, prompts: Sequence[Sequence[int]], layers: Sequence[int], component: str,
                   batch_size: int = 16) -> dict[int, Float[Tensor, "n d"]]:
     """What block (layer, component) writes into the residual stream at the last
     position, for every layer of `layers`, in one pass over `prompts`."""
-    if component == "layer":
-        acts = last_position(lm, prompts, [(site, layer) for layer in layers
-                                           for site in ("hook_resid_pre", "hook_resid_post")], batch_size)
-        return {layer: acts[("hook_resid_post", layer)] - acts[("hook_resid_pre", layer)] for layer in layers}
-    site = COMPONENT_SITE[component]
-    acts = last_position(lm, prompts, [(site, layer) for layer in layers], batch_size)
-    return {layer: acts[site, layer] for layer in layers}
+    return block_writes(last_position(lm, prompts, write_sites(layers, component), batch_size), layers, component)
 
 
 def block_output(lm: LoadedModel, prompts: Sequence[Sequence[int]], layer: int, component: str,

@@ -50,7 +50,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from rnr_interp.analyses.localise.directions import block_outputs, last_position, mean_difference, read_ids, unembedded
+from rnr_interp.analyses.localise.directions import (
+    block_outputs, block_writes, last_position, mean_difference, read_ids, unembedded, write_sites)
 from rnr_interp.analyses.localise.positions import answer_fork
 from rnr_interp.interventions import Intervention, applied
 from rnr_interp.models import LoadedModel
@@ -114,14 +115,14 @@ def direct_shares(lm: LoadedModel, task: Task, failure: Sequence[Question], repl
         return logits[rows, gold] - logits[rows, wrong]
 
     layers = sorted(silence)
-    final = last_position(lm, ids, [final_site], batch_size)[final_site]
-    writes = block_outputs(lm, ids, layers, component, batch_size)
+    acts = last_position(lm, ids, [*write_sites(layers, component), final_site], batch_size)
+    final, writes = acts[final_site], block_writes(acts, layers, component)
     intact = margin(final)
     out: dict[int, dict[str, float]] = {}
     for layer in layers:
         with applied(lm, [silence[layer]]):
-            silenced_final = last_position(lm, ids, [final_site], batch_size)[final_site]
-            silenced_write = block_outputs(lm, ids, [layer], component, batch_size)[layer]
+            acts = last_position(lm, ids, [*write_sites([layer], component), final_site], batch_size)
+        silenced_final, silenced_write = acts[final_site], block_writes(acts, [layer], component)[layer]
         total = float((margin(silenced_final) - intact).mean())
         direct = float((margin(final + silenced_write - writes[layer]) - intact).mean())
         out[layer] = {"total": total, "direct": direct, "share": direct / total if total else float("nan"),
