@@ -69,6 +69,19 @@ def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
     # the effect in nats names it, not the share (a block that barely moves the margin can have any share)
     assert tie_break([2, 11], {(2, 11): 0.0}, {2: {**direct[2], "share": 9.0}, 11: direct[11]})["named"] == 11
     assert tie_break([2, 11], {(2, 11): 0.9}, {})["named_by"] == "acts through"
+    # a largest direct effect no bigger than another tied block's (either way) names nothing: none writes the
+    # failure into the logits, and what acts through what names it (SmolLM2's units organism at block 17)
+    flat = {1: -0.0023, 12: -0.0106, 13: 0.002, 16: 0.0002, 17: -0.0876}
+    flat = {layer: {"total": 1.0, "direct": d, "share": d, "n": 4} for layer, d in flat.items()}
+    moved = {(a, b): 0.9 for a in flat for b in flat if a < b}
+    unwritten = tie_break(sorted(flat), moved, flat)
+    assert (unwritten["named"], unwritten["named_by"]) == (17, "acts through") and len(unwritten["direct"]) == 5
+    assert tie_break(sorted(flat), moved, {**flat, 13: {**flat[13], "direct": 0.09}})["named"] == 13
+    best = best_blocks(hand_table([(layer, "mlp", 1.0 if layer in flat else 0.0, 0.0, (4, 4), (3, 3)) for layer in range(18)]),
+                       ties={"mlp": unwritten})["mlp"]
+    assert tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3}).endswith(
+        "the one every earlier tied block acts through, 17, is named; no tied block's own write stands out in its "
+        "direct effect on the logits (nats): 1 -0.00, 12 -0.01, 13 +0.00, 16 +0.00, 17 -0.09")
     # a record of another tie is not this one's
     assert best_blocks(table, ties={"mlp": tie_break([2, 11], {(2, 11): 0.9})})["mlp"]["layer"] == 2
     assert "tie_break" not in best_blocks(table)["mlp"]

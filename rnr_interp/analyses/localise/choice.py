@@ -60,8 +60,9 @@ def break_tie(lm: LoadedModel, task: Task, table: pd.DataFrame, selection: tuple
     (`contexts`, by question id; else the prompts); {} when nothing ties, or the selection
     part lacks failures or a panel to read a failure direction from (the earliest is
     named then). The deployed `replies` (by question id) give the direct effects
-    (`mediation.direct_shares`) the rule names the block by; without them, or where no
-    failure's reply parts from its gold on a token, what acts through what names it."""
+    (`mediation.direct_shares`) the rule names the block by; without them, where no
+    failure's reply parts from its gold on a token, or where no tied block's direct
+    effect stands out (`mediation.writer`), what acts through what names it."""
     best = best_blocks(table, on="selection").get(component) if component in set(table["component"]) else None
     if best is None or not best["tied_with"] or not selection[0] or not selection[1]:
         return {}
@@ -87,7 +88,9 @@ def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any])
            else "the one every earlier tied block acts through" if not earliest
            else "the earliest (no later one is acted through by every earlier one)")
     direct = broken.get("direct")
-    shares = "" if not direct else ("; mean direct effect of each (nats): "
-                                    + ", ".join(f"{d['block']} {d['direct']:+.2f}" for d in direct))
+    shares = "" if not direct else (
+        ("; mean direct effect of each (nats): " if broken.get("named_by") == "direct effect"
+         else "; no tied block's own write stands out in its direct effect on the logits (nats): ")
+        + ", ".join(f"{d['block']} {d['direct']:+.2f}" for d in direct))
     return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
             f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named{shares}")

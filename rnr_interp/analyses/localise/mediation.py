@@ -20,9 +20,14 @@ logit(gold token) - logit(failure's token):
 `directions.unembedded`; the last block's share is 1 by construction). The tied block
 with the largest mean direct effect, in nats, is named: the effect, not the share, since a
 block whose silencing barely moves the margin there (total near 0) can have any share.
+It is named only where its own write moves the margin toward the gold by more than any
+other tied block's own write moves it either way: the blocks that repair through later
+ones show how far a write that is not the failure's moves the margin, and where no tied
+block stands out above that, none writes the failure into the logits (all repair through
+blocks after them) and the second reading names one.
 
 What acts through what (`moved_shares`, read where no failure's reply parts from its gold
-on a token, and recorded always). Silencing a block upstream of the writer moves the
+on a token or no tied block's direct effect stands out, and recorded always). Silencing a block upstream of the writer moves the
 writer's failure write back toward the healthy panel's; silencing the writer leaves the
 upstream blocks as they were (a block cannot change what an earlier block writes). So
 among tied blocks the one every earlier tied block acts through is the proximate one.
@@ -63,7 +68,8 @@ ACTS_THROUGH = 0.5
 
 RULE = ("the tied block whose own write carries the most of its repair straight to the logits (mean direct effect "
         "on logit(gold) - logit(failure's token), nats, at the first answer token each selection failure's deployed "
-        "reply parts from the gold); where no reply parts from its gold on a token: the latest tied block that every "
+        "reply parts from the gold), where that effect exceeds every other tied block's direct effect in size; "
+        "where no reply parts from its gold on a token, or no tied block's effect stands out so: the latest tied block that every "
         "earlier tied block acts through (silencing it moves the later block's failure write, beyond what it moves "
         f"the panel's, along its own failure direction at least {ACTS_THROUGH:g} of the way to the panel's, where the "
         "sweep reads: the prompt's end unless read_at says otherwise; selection part); none: the earliest")
@@ -137,20 +143,23 @@ def proximate(layers: Sequence[int], moved: Mapping[tuple[int, int], float]) -> 
     return max(b for b in ordered if all(moved.get((a, b), float("nan")) >= ACTS_THROUGH for a in ordered if a < b))
 
 
-def writer(direct: Mapping[int, Mapping[str, float]]) -> int:
+def writer(direct: Mapping[int, Mapping[str, float]]) -> int | None:
     """The block of `direct` (`direct_shares`) with the largest mean direct effect (the
-    earliest of equals)."""
-    return max(sorted(direct), key=lambda layer: direct[layer]["direct"])
+    earliest of equals), when that effect exceeds every other block's direct effect in
+    size; None when none stands out so (module docstring)."""
+    best = max(sorted(direct), key=lambda layer: direct[layer]["direct"])
+    others = max((abs(reading["direct"]) for layer, reading in direct.items() if layer != best), default=0.0)
+    return best if direct[best]["direct"] > others else None
 
 
 def tie_break(layers: Sequence[int], moved: Mapping[tuple[int, int], float],
               direct: Mapping[int, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The summary's record of a broken tie: the rule, every moved share and direct
     effect read, the block named and by which reading (`RULE`: the direct effect where
-    it was read, else what acts through what)."""
-    by_direct = bool(direct) and set(direct) == set(layers)
+    it was read and one block's stands out, else what acts through what)."""
+    written = writer(direct) if direct and set(direct) == set(layers) else None
     return {"rule": RULE, "tied": sorted(layers),
-            "named": writer(direct) if by_direct else proximate(layers, moved),
-            "named_by": "direct effect" if by_direct else "acts through",
+            "named": written if written is not None else proximate(layers, moved),
+            "named_by": "direct effect" if written is not None else "acts through",
             "moved": [{"silenced": a, "block": b, "share": share} for (a, b), share in sorted(moved.items())],
             **({"direct": [{"block": layer, **reading} for layer, reading in sorted(direct.items())]} if direct else {})}
