@@ -11,15 +11,19 @@ reading, shares, direct effects).
 - ``named-before`` (docs/findings.md, "Ties told apart by what acts through what"):
   seeds 4, 21, 38 at blocks 17, 11, 10, strict grading, `--units 3`; the tie rule before
   the direct effect named the planted block in all three.
+- ``unseen``: the same code and settings as ``named-before`` at the eight other seeds that
+  draw a middle layer (`seeds_drawing_each_layer`), never swept before; every MLP block is
+  swept, as `rnr validate` sweeps, since which blocks tie is not known in advance.
 
     git worktree add ../rnr-902362a 902362a     # held-out
     git worktree add ../rnr-dbf176b dbf176b     # named-before
     PYTHONPATH=../rnr-902362a python experiments/held_out_ties.py plant OUT --set held-out
     python experiments/held_out_ties.py sweep OUT --set held-out
 
-`plant` builds each organism (about 10 minutes each on 2 CPU threads) into OUT with the
-set's commit (under the torch threads it was first planted under: the fits' sums depend
-on them); `sweep` needs the checkout the rule is to be measured on.
+`plant` builds each organism into OUT with the set's commit (about 10 minutes each on 2
+CPU threads at 902362a, half a minute at dbf176b), under the torch threads it was first
+planted under (the fits' sums depend on them); `sweep` needs the checkout the rule is to
+be measured on (a sweep of every block: about 5 minutes an organism on one thread).
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ class Ties:
     grading: str
     units: int | None  #: `--units K` of the sweep (None: whole blocks)
     threads: int | None  #: torch threads they were planted under (None: not recorded)
-    tied: dict[int, list[int]]  #: seed -> the MLP blocks that tied, the planted one last
+    tied: dict[int, list[int] | None]  #: seed -> the MLP blocks that tied, the planted one last (None: sweep every block)
 
 
 SETS = {
     "held-out": Ties("902362a", "flexible", None, None, {10: [1, 7, 9, 10, 18], 1: [4, 14], 7: [9, 14, 19, 21]}),
     "named-before": Ties("dbf176b", "strict", 3, 1, {4: [1, 12, 13, 16, 17], 21: [1, 11], 38: [5, 10]}),
+    "unseen": Ties("dbf176b", "strict", 3, 1, dict.fromkeys([30, 24, 6, 16, 12, 0, 13, 7])),
 }
 
 
@@ -63,23 +68,26 @@ def plant(out: Path, ties: Ties) -> None:
     task = anchored(ties)
     for seed, blocks in ties.tied.items():
         _, planted = organism("smollm2", "units", 1.0, seed, out / f"units-s1-seed{seed}", task)
-        print(f"seed {seed}: planted at block {planted.location['layer']} (expected {blocks[-1]})", flush=True)
+        expected = "" if blocks is None else f" (expected {blocks[-1]})"
+        print(f"seed {seed}: planted at block {planted.location['layer']}{expected}", flush=True)
 
 
 def sweep(out: Path, ties: Ties) -> None:
     from rnr_interp.analyses.localise.recognition import default_readout
     from rnr_interp.analyses.localise.repair import run_repair
+    from rnr_interp.analyses.organisms import read_planted
     from rnr_interp.engine.sampling import deployed_decoding
     from rnr_interp.models import load_model
 
     task = anchored(ties)
     for seed, blocks in ties.tied.items():
-        summary = run_repair(load_model(str(out / f"units-s1-seed{seed}")), task, out / f"repair-seed{seed}",
+        organism = out / f"units-s1-seed{seed}"
+        summary = run_repair(load_model(str(organism)), task, out / f"repair-seed{seed}",
                              readout=default_readout(task), sweep="mlp", layers=blocks, decoding=deployed_decoding(task),
                              batch_size=32, ablation="mean", grading=ties.grading, units=ties.units, progress=False)
         chosen = summary.chosen or {}
         tie = chosen.get("selection", {}).get("tie_break", {})
-        print(json.dumps({"seed": seed, "planted": blocks[-1], "chosen": chosen.get("layer"),
+        print(json.dumps({"seed": seed, "planted": read_planted(organism).location["layer"], "chosen": chosen.get("layer"),
                           **{k: tie.get(k) for k in ("tied", "named", "named_by", "moved", "direct")}}, indent=1), flush=True)
 
 
