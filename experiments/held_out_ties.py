@@ -1,8 +1,8 @@
-"""Does the tie rule name the planted block? Two sets of SmolLM2 units organisms whose
-planted MLP block tied with earlier blocks, each planted by the code that first made it,
-then swept by this checkout's `run_repair` as `rnr validate` sweeps them (mean ablation,
-`--sweep mlp`, 24 copy questions anchored to the base) over the blocks that tied and the
-planted one; each summary's tie record is printed (rule, block named and by which
+"""Does the tie rule name the planted block? Three sets of SmolLM2 units organisms, each
+planted by the code that first made it, then swept by this checkout's `run_repair` as
+`rnr validate` sweeps them (mean ablation, `--sweep mlp`, 24 copy questions anchored to
+the base): over the blocks that tied and the planted one where those are known, else over
+every block; each summary's tie record is printed (rule, block named and by which
 reading, shares, direct effects).
 
 - ``held-out`` (docs/findings.md, "The units organism shut where recognition reads"):

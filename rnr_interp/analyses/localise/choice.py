@@ -83,13 +83,14 @@ def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any])
     layers = ", ".join(str(x) for x in sorted([best["layer"], *best["tied_with"]]))
     broken = best.get("tie_break", {})
     earliest = best["layer"] < min(best["tied_with"])
+    by_direct = broken.get("named_by") == "direct effect"
     why = ("the earliest" if not broken else
-           "the one whose own write carries the most of its repair to the logits" if broken.get("named_by") == "direct effect"
+           "the one whose own write carries the most of its repair to the logits" if by_direct
            else "the one every earlier tied block acts through" if not earliest
            else "the earliest (no later one is acted through by every earlier one)")
     direct = broken.get("direct")
     shares = "" if not direct else (
-        ("; mean direct effect of each (nats): " if broken.get("named_by") == "direct effect"
+        ("; mean direct effect of each (nats): " if by_direct
          else "; no tied block's own write stands out in its direct effect on the logits (nats): ")
         + ", ".join(f"{d['block']} {d['direct']:+.2f}" for d in direct))
     return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
