@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,8 @@ from rnr_interp.tasks.base import MultipleChoiceTask, Question, rotate_options
 from rnr_interp.tasks.gsm8k import GSM8K
 from rnr_interp.tasks.jsonl import JsonlTask
 
-REPO = Path(__file__).resolve().parents[1]
-GSM8K40 = REPO / "experiments" / "runs" / "gsm8k40"
+from gsm8k40_verify import GSM8K40, regrade_gsm8k40, stored_rows
+
 
 
 def gsm(answer: str = "131") -> tuple[GSM8K, Question]:
@@ -312,47 +311,46 @@ def _assert_reproduced(before_dir: Path, after_dir: Path, skip: str | None = Non
     return after
 
 
-def test_regrade_reproduces_the_gsm8k40_route_run_flexibly_but_self_verification(tmp_path, monkeypatch):
-    """The committed GSM8K route run regraded flexibly (its own grading): every number
-    and table as written, but the self-verification selector's, whose scores come from
-    the model (stubbed here; the slow test below loads it). Strictly, nothing is above
-    its flexible value."""
-    import rnr_interp.analyses.routing.evaluator as route_evaluator
-    from rnr_interp.analyses.routing.config import route_config_of
-    from rnr_interp.analyses.routing.summary import summarize_routes
-    from rnr_interp.commands.audit import regraded_folder
-    from rnr_interp.tasks import reload_task
-
+@pytest.mark.slow
+def test_regrade_reproduces_the_gsm8k40_route_run_flexibly(tmp_path):
+    """`rnr regrade` on the committed GSM8K route run, graded flexibly (the run's own
+    grading): every number of its summary and every table as they were written, the
+    self-verification selector's too, from the scores SmolLM2 gives its prompts (stored:
+    tests/gsm8k40_verify.py; the test below scores a sample again). Strictly, nothing is
+    above its flexible value."""
     if not _gsm8k40_data_here():
         pytest.skip("the GSM8K data file is not here")
-    monkeypatch.setattr(route_evaluator, "verify_scores", lambda lm, task, q, answers: [0.0] * len(answers))
-    run = RunDir(GSM8K40)
-    out, _ = regraded_folder(run, tmp_path / "re")
-    summary = summarize_routes(run, route_config_of(run), target=out,
-                               task=reload_task(run.config["task"]), lm=SimpleNamespace(spec=run.config["model"]))
-    out.write_summary(summary)
-    after = _assert_reproduced(GSM8K40, out.path, skip="self_verification")
-    assert after["grading"] == "flexible" and after["strict"]["temperature_oracle"] <= after["temperature"]["oracle"]
+    stored, asked = stored_rows(), []
+
+    def stored_scores(lm, task, questions, rows, probes):
+        asked.append((len(questions), list(probes)))
+        return stored
+
+    regrade_gsm8k40(tmp_path / "re", stored_scores)
+    assert asked == [(40, ["temperature", "native:random", "polar:random", "skiponly:random"])]
+    after = _assert_reproduced(GSM8K40, tmp_path / "re")
+    assert after["grading"] == "flexible" and after["strict"]["deployed"] <= after["deployed"]
+    assert after["strict"]["temperature_oracle"] <= after["temperature"]["oracle"]
     assert all(after["strict"]["oracle_at_k"][m] <= v for m, v in after["oracle_at_k"].items())
     assert after["null"]["O_K"] <= after["temperature"]["oracle"] + 0.2  # the null is a number of the same samples
 
 
 @pytest.mark.slow
-def test_regrade_reproduces_the_gsm8k40_route_run_flexibly(tmp_path):
-    """`rnr regrade` on the committed GSM8K route run, graded flexibly (the run's own
-    grading): every number of its summary and every table as they were written, the
-    self-verification selector's too (the model is loaded to score the candidates: about
-    5 to 7 minutes on 2 CPU cores alone)."""
-    from typer.testing import CliRunner
-
-    from rnr_interp.cli import app
+def test_the_stored_gsm8k40_verification_scores_are_smollm2s(smollm2):
+    """Two questions' stored self-verification scores, under every probe, scored again by
+    SmolLM2 with the same answers in one batch, as `verify_rows` scored them."""
+    from rnr_interp.analyses.routing.evaluator import verify_scores
+    from rnr_interp.tasks import reload_task
 
     if not _gsm8k40_data_here():
         pytest.skip("the GSM8K data file is not here")
-    result = CliRunner().invoke(app, ["regrade", str(GSM8K40), "--out", str(tmp_path / "re"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    after = _assert_reproduced(GSM8K40, tmp_path / "re")
-    assert after["grading"] == "flexible" and after["strict"]["deployed"] <= after["deployed"]
+    stored = pd.DataFrame(stored_rows())
+    assert len(stored) == 1868 and stored["probe"].nunique() == 4 and stored["question_id"].nunique() == 40
+    task = reload_task(RunDir(GSM8K40).config["task"])
+    by_id = {q.id: q for q in task.questions}
+    sample = stored[stored["question_id"].isin(stored["question_id"].unique()[[7, 29]])]
+    for (_, qid), g in sample.groupby(["probe", "question_id"], sort=False):
+        assert verify_scores(smollm2, task, by_id[qid], list(g["extracted"])) == pytest.approx(list(g["logprob"]), abs=1e-4)
 
 
 def test_a_circular_audit_asks_every_shift_and_reports_both_gradings(tmp_path):
