@@ -26,9 +26,9 @@ def stored_rows() -> list[dict]:
     return pd.read_csv(STORED, dtype={"question_id": str, "extracted": str}, keep_default_na=False).to_dict("records")
 
 
-def regrade_gsm8k40(out: Path, verify_rows) -> str:
+def regrade_gsm8k40(out: Path, verify_rows) -> None:
     """`rnr regrade` of the committed run into `out` (flexibly, its own grading), with
-    `verify_rows` in place of the summary's; returns what the command printed."""
+    `verify_rows` in place of the summary's."""
     import pytest
     from typer.testing import CliRunner
 
@@ -38,7 +38,6 @@ def regrade_gsm8k40(out: Path, verify_rows) -> str:
         patch.setattr("rnr_interp.analyses.routing.summary.verify_rows", verify_rows)
         result = CliRunner().invoke(app, ["regrade", str(GSM8K40), "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
-    return result.output
 
 
 def score_now(out: Path) -> pd.DataFrame:

@@ -24,7 +24,6 @@ from rnr_interp.tasks.jsonl import JsonlTask
 from gsm8k40_verify import GSM8K40, regrade_gsm8k40, stored_rows
 
 
-
 def gsm(answer: str = "131") -> tuple[GSM8K, Question]:
     q = Question(id="q", text="?", answer=answer)
     return GSM8K([q]), q

@@ -68,8 +68,8 @@ class BuiltinModel:
     def _making(self) -> Iterator[None]:
         """Hold `root/.lock` while the cache is made: two processes started at once on a
         fresh machine (two `rnr` jobs, test workers) would otherwise write the same
-        `.part` files; the second waits, then finds the cache made. Not reentrant (a
-        second flock of this process on another descriptor would wait on itself)."""
+        `.part` files; the second waits, then finds the cache made. Never nested: a
+        second flock of this process on another descriptor would wait on itself."""
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
@@ -84,10 +84,8 @@ class BuiltinModel:
         hf_dir = self.root / "hf"
         if self.is_cached():
             return hf_dir
+        gguf = self.gguf_path()
         with self._making():
-            gguf = self.root / self.gguf
-            if not gguf.is_file():
-                self._fetch(gguf)
             if not self.is_cached():
                 self._dequantize(gguf, hf_dir)
         return hf_dir
