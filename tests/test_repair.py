@@ -76,12 +76,17 @@ def test_a_broken_mlp_tie_names_the_block_the_others_act_through():
     moved = {(a, b): 0.9 for a in flat for b in flat if a < b}
     unwritten = tie_break(sorted(flat), moved, flat)
     assert (unwritten["named"], unwritten["named_by"]) == (17, "acts through") and len(unwritten["direct"]) == 5
-    assert tie_break(sorted(flat), moved, {**flat, 13: {**flat[13], "direct": 0.09}})["named"] == 13
+    # one that stands out above the others but moves the margin by under 0.1 nats names nothing either
+    assert tie_break(sorted(flat), moved, {**flat, 13: {**flat[13], "direct": 0.09}})["named_by"] == "acts through"
+    assert tie_break(sorted(flat), moved, {**flat, 13: {**flat[13], "direct": 0.1}})["named"] == 13
+    quiet = {layer: {**reading, "direct": reading["direct"] / 100} for layer, reading in flat.items()}
+    assert tie_break(sorted(flat), moved, {**quiet, 13: {**flat[13], "direct": 0.05}})["named_by"] == "acts through"
     best = best_blocks(hand_table([(layer, "mlp", 1.0 if layer in flat else 0.0, 0.0, (4, 4), (3, 3)) for layer in range(18)]),
                        ties={"mlp": unwritten})["mlp"]
     assert tie_note("mlp", best, {"n_failure_selection": 4, "n_panel_selection": 3}).endswith(
-        "the one every earlier tied block acts through, 17, is named; no tied block's own write stands out in its "
-        "direct effect on the logits (nats): 1 -0.00, 12 -0.01, 13 +0.00, 16 +0.00, 17 -0.09")
+        "the one every earlier tied block acts through, 17, is named; no tied block's own write stands out (by at "
+        "least 0.1 nats and above every other's) in its direct effect on the logits (nats): 1 -0.00, 12 -0.01, "
+        "13 +0.00, 16 +0.00, 17 -0.09")
     # a record of another tie is not this one's
     assert best_blocks(table, ties={"mlp": tie_break([2, 11], {(2, 11): 0.9})})["mlp"]["layer"] == 2
     assert "tie_break" not in best_blocks(table)["mlp"]

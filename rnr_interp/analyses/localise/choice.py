@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from rnr_interp.analyses.localise.mediation import RULE as TIE_RULE, direct_shares, moved_shares, tie_break
+from rnr_interp.analyses.localise.mediation import (
+    RULE as TIE_RULE, WRITES_AT_LEAST, direct_shares, moved_shares, tie_break)
 from rnr_interp.analyses.localise.silencing import as_swept
 from rnr_interp.models import LoadedModel
 from rnr_interp.tasks.base import Question, Task
@@ -91,7 +92,8 @@ def tie_note(component: str, best: dict[str, Any] | None, split: dict[str, Any])
     direct = broken.get("direct")
     shares = "" if not direct else (
         ("; mean direct effect of each (nats): " if by_direct
-         else "; no tied block's own write stands out in its direct effect on the logits (nats): ")
+         else f"; no tied block's own write stands out (by at least {WRITES_AT_LEAST:g} nats and above every "
+              "other's) in its direct effect on the logits (nats): ")
         + ", ".join(f"{d['block']} {d['direct']:+.2f}" for d in direct))
     return (f"the best {component} block is a tie on the selection part ({split['n_failure_selection']} failures, "
             f"{split['n_panel_selection']} panel): layers {layers} rank alike and {why}, {best['layer']}, is named{shares}")

@@ -20,11 +20,12 @@ logit(gold token) - logit(failure's token):
 `directions.unembedded`; the last block's share is 1 by construction). The tied block
 with the largest mean direct effect, in nats, is named: the effect, not the share, since a
 block whose silencing barely moves the margin there (total near 0) can have any share.
-It is named only where its own write moves the margin toward the gold by more than any
-other tied block's own write moves it either way: the blocks that repair through later
-ones show how far a write that is not the failure's moves the margin, and where no tied
-block stands out above that, none writes the failure into the logits (all repair through
-blocks after them) and the second reading names one.
+It is named only where its own write moves the margin toward the gold by at least
+`WRITES_AT_LEAST` nats and by more than any other tied block's own write moves it either
+way: the blocks that repair through later ones show how far a write that is not the
+failure's moves the margin, and where no tied block stands out above that and above the
+floor, none writes the failure into the logits (all repair through blocks after them) and
+the second reading names one.
 
 What acts through what (`moved_shares`, read where no failure's reply parts from its gold
 on a token or no tied block's direct effect stands out, and recorded always). Silencing a
@@ -69,9 +70,15 @@ from rnr_interp.tasks.base import Question, Task
 #: for the earlier one to count as acting through it (half the way to the panel)
 ACTS_THROUGH = 0.5
 
+#: the least mean direct effect, in nats, that names a tied block as the failure's writer:
+#: a write that moves the odds of the gold over the failure's token by under about 10%
+#: does not write the failure, however far the other tied blocks' writes sit below it
+WRITES_AT_LEAST = 0.1
+
 RULE = ("the tied block whose own write carries the most of its repair straight to the logits (mean direct effect "
         "on logit(gold) - logit(failure's token), nats, at the first answer token each selection failure's deployed "
-        "reply parts from the gold), where that effect exceeds every other tied block's direct effect in size; "
+        f"reply parts from the gold), where that effect is at least {WRITES_AT_LEAST:g} nats and exceeds every other "
+        "tied block's direct effect in size; "
         "where no reply parts from its gold on a token, or no tied block's effect stands out so: the latest tied block that every "
         "earlier tied block acts through (silencing it moves the later block's failure write, beyond what it moves "
         f"the panel's, along its own failure direction at least {ACTS_THROUGH:g} of the way to the panel's, where the "
@@ -148,11 +155,11 @@ def proximate(layers: Sequence[int], moved: Mapping[tuple[int, int], float]) -> 
 
 def writer(direct: Mapping[int, Mapping[str, float]]) -> int | None:
     """The block of `direct` (`direct_shares`) with the largest mean direct effect, when
-    that effect exceeds every other block's direct effect in size; None when none stands
-    out so, two equal ones included (module docstring)."""
+    that effect is at least `WRITES_AT_LEAST` nats and exceeds every other block's direct
+    effect in size; None when none stands out so, two equal ones included (module docstring)."""
     best = max(sorted(direct), key=lambda layer: direct[layer]["direct"])
     others = max((abs(reading["direct"]) for layer, reading in direct.items() if layer != best), default=0.0)
-    return best if direct[best]["direct"] > others else None
+    return best if direct[best]["direct"] > others and direct[best]["direct"] >= WRITES_AT_LEAST else None
 
 
 def tie_break(layers: Sequence[int], moved: Mapping[tuple[int, int], float],
