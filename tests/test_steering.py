@@ -440,7 +440,8 @@ def test_an_induced_answer_takes_the_failure_s_form_only_when_it_is_wrong_and_on
 
 
 def test_the_write_unit_is_the_rms_norm_of_what_the_block_writes_at_the_last_prompt_position(lm, task):
-    from rnr_interp.analyses.localise.steering import steering_vector, write_rms
+    from rnr_interp.analyses.localise.directions import direction
+    from rnr_interp.analyses.localise.steering import read_block, steering_vector
 
     writes = []
     handle = lm.hf_model.model.layers[1].mlp.register_forward_hook(lambda m, i, out: writes.append(out[0, -1].detach()))
@@ -451,7 +452,10 @@ def test_the_write_unit_is_the_rms_norm_of_what_the_block_writes_at_the_last_pro
     finally:
         handle.remove()
     by_hand = float(torch.stack(writes).pow(2).sum(-1).mean().sqrt())
-    assert write_rms(lm, task, task.questions, 1, "mlp") == pytest.approx(by_hand, rel=1e-4)
+    failure, panel = task.questions[:2], task.questions[2:]
+    v, _, write_rms = read_block(lm, task, failure, panel, 1, "mlp")
+    assert write_rms == pytest.approx(by_hand, rel=1e-4)
+    assert torch.equal(v, direction(lm, task, failure, panel, 1, "mlp"))  # the same reading, in the same pass
     v = torch.tensor([3.0, 4.0] + [0.0] * (writes[0].shape[0] - 2))
     u = steering_vector(v, "write", by_hand)
     assert float(u.norm()) == pytest.approx(by_hand) and float(u @ v) == pytest.approx(by_hand * 5)

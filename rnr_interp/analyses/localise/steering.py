@@ -19,7 +19,7 @@ prompt position, over the selection questions), so alpha = 1 adds a vector as lo
 typical residual vector there, whatever |v| and the model's activation scale; with
 "raw", u = v (the unnormalised difference of means, alpha a multiple of it), kept for
 comparison and labelled; with "write", u = w * v / |v| and w the RMS norm of the block's
-own write where v is read (`write_rms`), for a model whose residual stream is far longer
+own write where v is read (`read_block`), for a model whose residual stream is far longer
 than what one block writes (Gemma 3 at block 16: 11.5 times v's norm), where the RMS
 unit's smallest step is already a push larger than the block's whole effect. The paper
 gives its alphas (-8v, +4v) without a scale.
@@ -64,7 +64,9 @@ from rnr_interp.analyses.localise.cohort import (
     PANEL_CAP, Cohort, CohortRun, Split, check_localisation_options, localisation_config, open_cohort,
 )
 from rnr_interp.analyses.localise.defaults import ALPHA_UNITS, DEFAULT_DRAWS, DEFAULT_KS
-from rnr_interp.analyses.localise.directions import block_output, direction, last_position, read_ids, top_units, unit_scores
+from rnr_interp.analyses.localise.directions import (
+    block_writes, direction, last_position, mean_difference, read_ids, top_units, unit_scores, write_sites,
+)
 from rnr_interp.analyses.localise.positions import check_read_at, read_setting
 from rnr_interp.analyses.localise.readings import as_failure_count, check_permutation_control, outcome_counts, rates
 from rnr_interp.engine.rows import run_rows
@@ -100,27 +102,28 @@ DEFAULT_ALPHAS = DEFAULT_ALPHAS_BY_UNIT["rms"]
 # -- activations -----------------------------------------------------------------------
 
 
-def residual_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], layer: int,
-                 batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None) -> float:
-    """The residual stream's RMS norm after block `layer` (``hook_resid_post``) at the
-    last position of each question's context (`read_ids`): sqrt(mean of |x|^2)."""
-    if not questions:
-        raise ValueError("the residual stream's RMS norm needs at least one question")
-    key = ("hook_resid_post", layer)
-    acts = last_position(lm, read_ids(lm, task, questions, contexts), [key], batch_size)[key]
-    return float(acts.pow(2).sum(-1).mean().sqrt())
+def read_block(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
+               component: str, site: str | None = None, batch_size: int = 16,
+               contexts: Mapping[str, Sequence[int]] | None = None) -> tuple[Float[Tensor, "d"] | None, float, float]:
+    """What steering reads of block (`layer`, `component`) at the last position of each
+    question's context (`read_ids`), failures then panel, in one forward pass: v (as
+    `directions.direction`; None without both a failure and a panel question), the
+    residual stream's RMS norm after the block (``hook_resid_post``: the "rms" alpha
+    unit) and the RMS norm of what the block writes, or of the activation at `site` of
+    that block where a given vector is added there (the "write" unit); an RMS norm is
+    sqrt(mean of |x|^2)."""
+    ids = read_ids(lm, task, [*failure, *panel], contexts)
+    if not ids:
+        raise ValueError("steering's scales need at least one question")
+    resid = ("hook_resid_post", layer)
+    at_site = [] if site is None else [(site, layer)]
+    acts = last_position(lm, ids, [*write_sites([layer], component), resid, *at_site], batch_size)
+    write = block_writes(acts, [layer], component)[layer]
+    v = mean_difference(write, len(failure)) if failure and panel else None
+    return v, rms_norm(acts[resid]), rms_norm(write if site is None else acts[site, layer])
 
 
-def write_rms(lm: LoadedModel, task: Task, questions: Sequence[Question], layer: int, component: str,
-              site: str | None = None, batch_size: int = 16, contexts: Mapping[str, Sequence[int]] | None = None) -> float:
-    """The RMS norm of what block (`layer`, `component`) writes, or of the activation at
-    `site` of that block when a given vector is added there, at the last position of each
-    question's context (`read_ids`): the scale of the "write" alpha unit."""
-    if not questions:
-        raise ValueError("the block's write RMS norm needs at least one question")
-    ids = read_ids(lm, task, questions, contexts)
-    acts = (last_position(lm, ids, [(site, layer)], batch_size)[site, layer] if site is not None
-            else block_output(lm, ids, layer, component, batch_size))
+def rms_norm(acts: Float[Tensor, "n d"]) -> float:
     return float(acts.pow(2).sum(-1).mean().sqrt())
 
 
@@ -431,12 +434,13 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     contexts = c.reading_contexts([*f_sel, *p_sel], read_at)
     if vector is None:
         chosen, why = choose_block(c, layer=layer, component=component, repair_run=repair_run, contexts=contexts)
-        v = direction(lm, task, f_sel, p_sel, chosen, component, contexts=contexts)
     else:
-        chosen, why, v = layer, f"given with the vector (at {site})", torch.as_tensor(vector, dtype=torch.float32)
-    rms = residual_rms(lm, task, [*f_sel, *p_sel], chosen, contexts=contexts)
-    # only in its own unit, so a default run reads nothing it did not before
-    write = write_rms(lm, task, [*f_sel, *p_sel], chosen, component, site, contexts=contexts) if alpha_unit == "write" else None
+        chosen, why = layer, f"given with the vector (at {site})"
+    read_v, rms, write_rms = read_block(lm, task, f_sel, p_sel, chosen, component, site, contexts=contexts)
+    v = torch.as_tensor(vector, dtype=torch.float32) if vector is not None else read_v
+    if v is None:
+        raise ValueError(f"the steering direction needs a non-empty failure set and panel (got {len(f_sel)} and {len(p_sel)})")
+    write = write_rms if alpha_unit == "write" else None  # recorded in its own unit only
     u = steering_vector(v, alpha_unit, rms if write is None else write)
     scales = {"residual_rms": rms, **({} if write is None else {"write_rms": write}), "steered_norm_per_alpha": float(u.norm())}
     run.write_json("direction", {"layer": chosen, "component": component, "site": site or COMPONENT_SITE[component],
