@@ -1,6 +1,6 @@
 """The hook registry: interventions as data, and the one place that turns them into hooks.
 
-An intervention is a small frozen spec (`Ablate`, `Steer`, `AblateUnits`, `Route`, or
+An intervention is a small frozen spec (`Ablate`, `Steer`, `Clamp`, `AblateUnits`, `Route`, or
 your own: subclass `Intervention` and `@register` it) that serialises to JSON. A *set*
 is a tuple of specs; a batch carries one set per row, so a sweep over every layer and
 component is one batched forward with row r silencing its own block: each spec's hooks
@@ -29,6 +29,7 @@ import contextvars
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, get_args
@@ -359,23 +360,79 @@ class Steer(Intervention):
 
     def edits(self, lm) -> list[tuple[str, Edit]]:
         def add(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
-            v = torch.tensor(self.vector, device=act.device, dtype=act.dtype)
-            if v.shape[-1] != act.shape[-1]:
-                raise ValueError(f"Steer vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
-            if self.at == "every":
-                return act + self.alpha * v
-            if self.at == "prompt":
-                end = prompt_end_in_call(act.shape[1])
-                at = None if end is None else slice(end, end + 1)
-            else:
-                at = reply_in_call(act.shape[1])
-            if at is None:
-                return act
-            act = act.clone()
-            act[:, at] += self.alpha * v
-            return act
+            v = site_vector(self.vector, act, hook, "Steer")
+            return at_positions(act, self.at, lambda x: x + self.alpha * v)
 
         return [(site_hook(lm, self.site, self.layer), add)]
+
+
+def site_vector(vector: Sequence[float], act: Tensor, hook, what: str) -> Tensor:
+    """`vector` as a tensor beside `act`, checked to fit the site's width."""
+    v = torch.tensor(vector, device=act.device, dtype=act.dtype)
+    if v.shape[-1] != act.shape[-1]:
+        raise ValueError(f"{what} vector has size {v.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
+    return v
+
+
+def at_positions(act: Float[Tensor, "batch pos d"], at: str, change: Callable[[Tensor], Tensor]) -> Tensor:
+    """`act` with `change` applied at the positions `at` names (`STEER_AT`) among this
+    forward call's, the others as they were."""
+    if at == "every":
+        return change(act)
+    if at == "prompt":
+        end = prompt_end_in_call(act.shape[1])
+        where = None if end is None else slice(end, end + 1)
+    else:
+        where = reply_in_call(act.shape[1])
+    if where is None:
+        return act
+    act = act.clone()
+    act[:, where] = change(act[:, where])
+    return act
+
+
+@register
+@dataclass(frozen=True)
+class Clamp(Intervention):
+    """Set the component along `direction` (taken at unit length) of the activation at
+    site `site` of block `layer` to `value`, a `fraction` of the way from where each
+    position has it: ``act + fraction * (value - act . d) d``, every orthogonal
+    component kept, at the positions `at` names (as `Steer`). Where ``-alpha * v`` moves
+    every question by the same vector, a clamp moves each by what it takes to reach
+    `value`: a write whose size along d differs from question to question is undone on
+    each (the steer run's clamp control, `localise.steering`)."""
+
+    layer: int
+    direction: tuple[float, ...]
+    value: float
+    site: str = "hook_resid_post"
+    at: SteerAt = "every"
+    fraction: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "direction", tuple(float(x) for x in self.direction))
+        check_steer_at(self.at, "Clamp at")
+        norm = math.sqrt(sum(x * x for x in self.direction))
+        if not (norm > 0 and math.isfinite(norm) and math.isfinite(self.value) and math.isfinite(self.fraction)):
+            raise ValueError("Clamp needs a non-zero finite direction and a finite value and fraction")
+
+    def label(self) -> str:
+        where = "" if self.at == "every" else f":at-{self.at}"
+        return f"clamp:{self.layer}:{self.site}:{self.value:g}:{self.fraction:g}:{digest(self.direction)}{where}"
+
+    def layers(self) -> tuple[int, ...]:
+        return (self.layer,)
+
+    def validate(self, lm) -> None:
+        site_hook(lm, self.site, self.layer)
+
+    def edits(self, lm) -> list[tuple[str, Edit]]:
+        def clamp(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
+            d = site_vector(self.direction, act, hook, "Clamp direction")
+            d = d / d.norm()
+            return at_positions(act, self.at, lambda x: x + self.fraction * (self.value - x @ d)[..., None] * d)
+
+        return [(site_hook(lm, self.site, self.layer), clamp)]
 
 
 @register

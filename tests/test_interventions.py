@@ -11,7 +11,7 @@ from rnr_interp.engine.decoding import Decoding
 
 from rnr_interp.engine.generate import forward, generate, last_logits, left_pad
 from rnr_interp.interventions import (
-    Ablate, AblateUnits, Route, Steer, applied, dumps, from_json, loads, set_id, to_json,
+    Ablate, AblateUnits, Clamp, Route, Steer, applied, dumps, from_json, loads, set_id, to_json,
 )
 from rnr_interp.models import build_tiny, load_model
 
@@ -362,6 +362,29 @@ def test_a_steer_over_the_reply_leaves_the_prompt_and_steers_every_generated_pos
     assert [row[0][0][:1] for row in cached] == [row[0][0][:1] for row in end_only]
     assert cached != end_only and cached != every
     assert over_reply.label().endswith(":at-reply") and loads(dumps([over_reply])) == (over_reply,)
+
+
+def test_a_clamp_moves_each_position_along_its_direction_by_what_it_takes_to_reach_its_value(lm):
+    """A clamp at the prompt's end is the steer of d's unit vector by (value - the
+    component there): known from the block's write read at that position; clamped to
+    the component it already has, or by a fraction 0, nothing moves."""
+    from rnr_interp.analyses.localise.directions import block_output
+
+    prompt = [lm.encode(lm.render(PROMPTS[1]))]
+    d = torch.randn(lm.bridge.cfg.d_model, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    unit = d / d.norm()
+    there = float(block_output(lm, prompt, 1, "mlp")[0].double() @ unit)
+    clamp = Clamp(1, tuple(d.tolist()), value=there + 5.0, site="hook_mlp_out", at="prompt")
+    steer = Steer(1, tuple(unit.tolist()), 5.0, site="hook_mlp_out", at="prompt")
+    base = last_logits(lm, prompt)
+    assert torch.allclose(last_logits(lm, prompt, [clamp]), last_logits(lm, prompt, [steer]), atol=1e-4)
+    assert not torch.allclose(last_logits(lm, prompt, [clamp]), base, atol=1e-3)
+    for still in (Clamp(1, tuple(d.tolist()), there, "hook_mlp_out", "prompt"),
+                  Clamp(1, tuple(d.tolist()), there + 5.0, "hook_mlp_out", "prompt", fraction=0.0)):
+        assert torch.allclose(last_logits(lm, prompt, [still]), base, atol=1e-4)
+    assert loads(dumps([clamp])) == (clamp,) and clamp.label().startswith("clamp:1:hook_mlp_out:") and clamp.label().endswith(":at-prompt")
+    with pytest.raises(ValueError, match="non-zero finite direction"):
+        Clamp(1, (0.0, 0.0), 1.0)
 
 
 def test_specs_serialise_round_trip():

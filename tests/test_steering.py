@@ -351,6 +351,50 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     assert set(ur.read_records().loc[lambda r: r["probe"].str.startswith("units:"), "question_id"]) <= held
 
 
+def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_mean_along_v(tmp_path, lm):
+    from rnr_interp.analyses.localise.directions import block_output
+    from rnr_interp.analyses.localise.steering import run_steer
+    from tests.test_repair import parity_task
+
+    t = parity_task(40)
+    d = deployed_decoding(t, max_new_tokens=3)
+    with pytest.raises(ValueError, match="clamp control clamps an MLP or attention block's write"):
+        run_steer(lm, t, tmp_path / "bad", layer=1, component="layer", decoding=d, progress=False, clamp_control=True)
+    assert not (tmp_path / "bad").exists()
+    s = run_steer(lm, t, tmp_path / "c", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
+                  steer_at="prompt", clamp_control=True)
+    assert s.skipped is None, s.skipped
+    run = RunDir(tmp_path / "c")
+    assert run.config["clamp_control"] == {"seed": 0}
+    by_id = {q.id: q for q in t.questions}
+    p_sel = [by_id[i] for i in run.read_json("healthy_panel")["selection_ids"]]
+    v = torch.tensor(run.read_json("direction")["vector"], dtype=torch.float64)
+    panel_mean = block_output(lm, [prompt_ids(lm, t, q) for q in p_sel], 1, "mlp").double().mean(0)
+    clamp = s.clamp_control
+    assert clamp["value"] == pytest.approx(float(panel_mean @ v / v.norm()), abs=1e-4)
+    assert clamp["failure_value"] - clamp["value"] == pytest.approx(s.v_norm, rel=1e-5)
+    table = run.read_table("steering_clamp")
+    sp = s.split
+    assert sorted(zip(table["direction"], table["way"])) == [("random", "damage"), ("random", "rescue"), ("v", "damage"),
+                                                             ("v", "rescue")]
+    assert (table["n"] == table["way"].map({"rescue": sp["n_failure_heldout"], "damage": sp["n_panel_heldout"]})).all()
+    records = run.read_records()
+    clamped = records[records["probe"].str.startswith("steer:clamp")]
+    assert set(clamped["probe"]) == {"steer:clamp-rescue:1", "steer:clamp-damage:1", "steer:clamp-rescue-random:1",
+                                     "steer:clamp-damage-random:1"}
+    assert clamped["intervention"].str.match(r"clamp:1:hook_mlp_out:.*:at-prompt$").all()
+    assert set(clamped.loc[clamped["probe"] == "steer:clamp-rescue:1", "question_id"]) == set(
+        run.read_json("failure_set")["heldout_ids"])
+    for r in table.itertuples():
+        probe = f"steer:clamp-{r.way}{'' if r.direction == 'v' else '-random'}:1"
+        right = int(records.loc[records["probe"] == probe, "correct"].sum())
+        assert r.k == (right if r.way == "rescue" else r.n - right)
+    plain = run_steer(lm, t, tmp_path / "p", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
+                      steer_at="prompt")
+    assert plain.clamp_control is None and "clamp_control" not in RunDir(tmp_path / "p").config
+    assert RunDir(tmp_path / "p").read_table("steering").equals(run.read_table("steering"))  # v's sweep unchanged
+
+
 def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path, lm):
     from rnr_interp.analyses.localise.circular import rotated_probe
     from rnr_interp.analyses.localise.steering import run_steer
@@ -453,9 +497,10 @@ def test_the_write_unit_is_the_rms_norm_of_what_the_block_writes_at_the_last_pro
         handle.remove()
     by_hand = float(torch.stack(writes).pow(2).sum(-1).mean().sqrt())
     failure, panel = task.questions[:2], task.questions[2:]
-    v, _, write_rms = read_block(lm, task, failure, panel, 1, "mlp")
-    assert write_rms == pytest.approx(by_hand, rel=1e-4)
-    assert torch.equal(v, direction(lm, task, failure, panel, 1, "mlp"))  # the same reading, in the same pass
+    reading = read_block(lm, task, failure, panel, 1, "mlp")
+    assert reading.write_rms == pytest.approx(by_hand, rel=1e-4)
+    assert torch.equal(reading.v, direction(lm, task, failure, panel, 1, "mlp"))  # the same reading, in the same pass
+    assert torch.allclose(reading.panel_mean, torch.stack(writes[2:]).float().mean(0), atol=1e-4)
     v = torch.tensor([3.0, 4.0] + [0.0] * (writes[0].shape[0] - 2))
     u = steering_vector(v, "write", by_hand)
     assert float(u.norm()) == pytest.approx(by_hand) and float(u @ v) == pytest.approx(by_hand * 5)

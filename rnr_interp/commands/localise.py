@@ -294,6 +294,10 @@ def steer(
     random_control: Annotated[bool, typer.Option(
         "--random-control", help="the same sweep along a random direction as long as the steered vector, printed "
         "beside: a rescue or induction any push of that size gives is not the direction's (as many rows again)")] = False,
+    clamp_control: Annotated[bool, typer.Option(
+        "--clamp-control", help="also clamp the block's write to the panel's mean along v (and along a random "
+        "direction) on the held-out failures and panel: a rescue where the failure's write differs in size from "
+        "question to question, which no single alpha undoes (an MLP or attention block's own v)")] = False,
     max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -321,7 +325,8 @@ def steer(
                   component=component, repair_run=repair_run, alphas=None if alphas is None else numbers("--alphas", alphas),
                   alpha_unit=alpha_unit, readout=readout, panel=panel, split=Split(seed=split_seed),
                   permutation_control=permute_control, circular=circular, site=site, grading=grading, read_at=read_at,
-                  steer_at=steer_at, random_control=random_control, vector=None if vector is None else _vector_file(vector))
+                  steer_at=steer_at, random_control=random_control, clamp_control=clamp_control,
+                  vector=None if vector is None else _vector_file(vector))
     _print_curve(s, "steering", f"{component} layer {s.layer} ({s.block_choice}), |v| = {s.v_norm or 0:.3f}, "
                  f"residual RMS norm {s.residual_rms or 0:.3f}; alpha in {s.alpha_unit_words}",
                  "  alpha  rescue (held-out failures)   induction (held-out panel)   [95% Wilson]", ("alpha", "direction"),
@@ -334,6 +339,12 @@ def steer(
         for alpha, sub in pd.DataFrame(s.random_control["table"]).groupby("alpha"):
             r = {d: row for d, row in zip(sub["direction"], sub.to_dict("records"))}
             typer.echo(f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
+    if s.skipped is None and s.clamp_control:
+        clamp = s.clamp_control
+        typer.echo(f"  the block's write clamped along v to the panel's mean {clamp['value']:+.3f} (the failures' "
+                   f"{clamp['failure_value']:+.3f}), and along the random direction to the panel's mean along it:")
+        for r in clamp["table"]:
+            typer.echo(f"    {r['direction']:6s} {r['way']:6s} {_rate(r)}")
     print_multiple_choice(s)
     run_folder(out)
     log_finished(out, log_to)

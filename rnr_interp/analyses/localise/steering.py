@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -73,7 +73,7 @@ from rnr_interp.engine.rows import run_rows
 from rnr_interp.engine.rows import Row
 from rnr_interp.engine.decoding import Decoding
 from rnr_interp.interventions import (
-    COMPONENT_SITE, Ablate, AblateUnits, Steer, check_steer_at, set_id, site_hook, split_hook_name,
+    COMPONENT_SITE, Ablate, AblateUnits, Clamp, Steer, check_steer_at, set_id, site_hook, split_hook_name,
 )
 from rnr_interp.metrics import INDUCTION_EFFECT, RESCUE_EFFECT, proportion, wilson_power
 from rnr_interp.models import LoadedModel
@@ -102,16 +102,24 @@ DEFAULT_ALPHAS = DEFAULT_ALPHAS_BY_UNIT["rms"]
 # -- activations -----------------------------------------------------------------------
 
 
+class BlockReading(NamedTuple):
+    """What steering reads of the chosen block on the selection parts (`read_block`)."""
+
+    v: Float[Tensor, "d"] | None  # mean write over the failures - over the panel (None without both)
+    residual_rms: float  # the residual stream's RMS norm after the block: the "rms" alpha unit
+    write_rms: float  # of what the block writes, or of the activation at a given vector's site: the "write" unit
+    panel_mean: Float[Tensor, "d"] | None  # the panel's mean write (what the clamp control clamps to)
+
+
 def read_block(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                component: str, site: str | None = None, batch_size: int = 16,
-               contexts: Mapping[str, Sequence[int]] | None = None) -> tuple[Float[Tensor, "d"] | None, float, float]:
+               contexts: Mapping[str, Sequence[int]] | None = None) -> BlockReading:
     """What steering reads of block (`layer`, `component`) at the last position of each
     question's context (`read_ids`), failures then panel, in one forward pass: v (as
-    `directions.direction`; None without both a failure and a panel question), the
-    residual stream's RMS norm after the block (``hook_resid_post``: the "rms" alpha
-    unit) and the RMS norm of what the block writes, or of the activation at `site` of
-    that block where a given vector is added there (the "write" unit); an RMS norm is
-    sqrt(mean of |x|^2)."""
+    `directions.direction`), the RMS norms of the residual stream after the block
+    (``hook_resid_post``) and of what the block writes, or of the activation at `site`
+    of that block where a given vector is added there, and the panel's mean write; an
+    RMS norm is sqrt(mean of |x|^2)."""
     ids = read_ids(lm, task, [*failure, *panel], contexts)
     if not ids:
         raise ValueError("steering's scales need at least one question")
@@ -120,7 +128,8 @@ def read_block(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: 
     acts = last_position(lm, ids, [*write_sites([layer], component), resid, *at_site], batch_size)
     write = block_writes(acts, [layer], component)[layer]
     v = mean_difference(write, len(failure)) if failure and panel else None
-    return v, rms_norm(acts[resid]), rms_norm(write if site is None else acts[site, layer])
+    return BlockReading(v, rms_norm(acts[resid]), rms_norm(write if site is None else acts[site, layer]),
+                        write[len(failure):].mean(0) if panel else None)
 
 
 def rms_norm(acts: Float[Tensor, "n d"]) -> float:
@@ -219,6 +228,36 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
                 form = dict(zip(AS_FAILURE_COLUMNS, (f["k"], f["rate"], f["ci"][0], f["ci"][1])))
             table.append({"alpha": float(alpha), "direction": way, "rate": p["rate"], "lo": p["ci"][0],
                           "hi": p["ci"][1], "k": p["k"], "n": p["n"], **form})
+    return pd.DataFrame(table)
+
+
+def clamp_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
+                component: str, directions: Mapping[str, tuple[Tensor, float]], *, decoding: Decoding,
+                run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
+                circular: bool = False, at: str = "every") -> pd.DataFrame:
+    """Table (direction, way, rate, lo, hi, k, n): for each `directions` entry (name ->
+    (direction, value)), the block's write clamped to `value` along it (`Clamp`, at the
+    positions `at` names) on `failure` (way "rescue", rate: now right) and on `panel`
+    (way "damage", rate: now wrong), each with its Wilson interval. Probes
+    ``steer:clamp-rescue[-NAME]:1`` / ``steer:clamp-damage[-NAME]:1`` (NAME omitted for "v")."""
+    if component not in ("mlp", "attn"):
+        raise ValueError(f"the clamp control clamps what an MLP or attention block writes, not a {component!r}")
+    site = COMPONENT_SITE[component]
+    probes, rows = {}, []
+    for name, (d, value) in directions.items():
+        spec = Clamp(layer=layer, direction=tuple(d.tolist()), value=float(value), site=site, at=at)
+        suffix = "" if name == "v" else f"-{name}"
+        for way, questions in (("rescue", failure), ("damage", panel)):
+            probes[name, way] = str(ProbeLabel.steer(f"clamp-{way}{suffix}", 1))
+            rows += [Row(q, (spec,), probes[name, way]) for q in questions]
+    records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
+                       desc="clamp", progress=progress)
+    table = []
+    for (name, way), probe in probes.items():
+        right, n = outcome_counts(records, failure if way == "rescue" else panel, probe, circular)
+        p = proportion(right if way == "rescue" else n - right, n, level)
+        table.append({"direction": name, "way": way, "rate": p["rate"], "lo": p["ci"][0], "hi": p["ci"][1],
+                      "k": p["k"], "n": p["n"]})
     return pd.DataFrame(table)
 
 
@@ -388,7 +427,7 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
               decoding: Decoding | None = None, permutation_control: bool = False, circular: bool = False,
               batch_size: int = 32, progress: bool = True, vector: Tensor | None = None, site: str | None = None,
               grading: str | None = None, read_at: str = "prompt", steer_at: str = "every",
-              random_control: bool = False) -> SteerSummary:
+              random_control: bool = False, clamp_control: bool = False) -> SteerSummary:
     """Direction for the chosen block from the selection parts (or `vector`, added at
     `site` of block `layer`: `given_vector`); rescue and induction
     on the held-out parts (kind "steer"), alpha in `alpha_unit` (`ALPHA_UNITS`; the
@@ -402,7 +441,13 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     every generated one.
     `random_control`: the same sweep along a random direction as long as the steered
     vector (`random_direction`), table ``steering_random`` and the summary's
-    ``random_control`` (as many rows again, so off by default)."""
+    ``random_control`` (as many rows again, so off by default).
+    `clamp_control`: the held-out failures and panel with the block's write clamped to
+    the selection panel's mean along v (`Clamp`, where the vector is added), and along
+    the random direction beside it: a rescue for a failure whose write along v differs
+    in size from question to question, which no single alpha undoes (table
+    ``steering_clamp``, the summary's ``clamp_control``; an MLP or attention block's own
+    v only)."""
     check_read_at(read_at)
     check_steer_at(steer_at)
     check_alpha_unit(alpha_unit)
@@ -418,13 +463,17 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         control.update(site=site, vector={"sha256": digest, "size": int(vector.shape[0])})
     elif site is not None:
         raise ValueError("a steering site needs a given vector (--vector); without one v is the block's own output")
+    if clamp_control and (vector is not None or component not in ("mlp", "attn")):
+        raise ValueError("the clamp control clamps an MLP or attention block's write along its own v: not with a given "
+                         f"vector or component {component!r}")
     run = RunDir.create(out, localisation_config(STEER, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
                                                  alphas=[float(a) for a in alphas], alpha_unit=alpha_unit,
                                                  **read_setting(read_at), **control,
                                                  **({} if steer_at == "every" else {"steer_at": steer_at}),
-                                                 **({"random_control": {"seed": RANDOM_DIRECTION_SEED}} if random_control else {})))
+                                                 **({"random_control": {"seed": RANDOM_DIRECTION_SEED}} if random_control else {}),
+                                                 **({"clamp_control": {"seed": RANDOM_DIRECTION_SEED}} if clamp_control else {})))
     c = _cohort_from(run, repair_run, task, lm, readout=readout, panel=panel, split=split, decoding=decoding,
                      batch_size=batch_size, progress=progress, circular=circular)
     cohort, summary = c.cohort, {**c.summary(STEER), **c.readings()}
@@ -436,8 +485,9 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         chosen, why = choose_block(c, layer=layer, component=component, repair_run=repair_run, contexts=contexts)
     else:
         chosen, why = layer, f"given with the vector (at {site})"
-    read_v, rms, write_rms = read_block(lm, task, f_sel, p_sel, chosen, component, site, contexts=contexts)
-    v = torch.as_tensor(vector, dtype=torch.float32) if vector is not None else read_v
+    reading = read_block(lm, task, f_sel, p_sel, chosen, component, site, contexts=contexts)
+    rms, write_rms = reading.residual_rms, reading.write_rms
+    v = torch.as_tensor(vector, dtype=torch.float32) if vector is not None else reading.v
     if v is None:
         raise ValueError(f"the steering direction needs a non-empty failure set and panel (got {len(f_sel)} and {len(p_sel)})")
     write = write_rms if alpha_unit == "write" else None  # recorded in its own unit only
@@ -456,6 +506,8 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         mine = table["direction"] == direction_name
         table.loc[mine, "power"] = [wilson_power(effect, int(n)) for n in table.loc[mine, "n"]]
     run.write_table("steering", table)
+    if clamp_control:
+        summary["clamp_control"] = _clamp_control(c, reading, chosen, component, steer_at, decoding, run, batch_size, progress)
     if random_control:
         r = random_direction(u)
         random_table = steering_sweep(lm, task, f_out, p_out, chosen, component, r, alphas=alphas, decoding=decoding, run=run,
@@ -478,6 +530,22 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
                    for a in alphas if a != 0}
         summary["permutation_control"] = c.permutation_control(steered)
     return run.write_summary(summary)
+
+
+def _clamp_control(c: CohortRun, reading: BlockReading, layer: int, component: str, at: str, decoding: Decoding,
+                   run: RunDir, batch_size: int, progress: bool) -> dict[str, Any]:
+    """`run_steer`'s clamp control: the held-out parts with the block's write clamped to
+    the selection panel's mean along v, and along a random direction (`random_direction`
+    of v, its seed) to the panel's mean along that; written as table ``steering_clamp``."""
+    (_, f_out), (_, p_out) = c.cohort.parts("failure"), c.cohort.parts("panel")
+    v, mean = reading.v.double(), reading.panel_mean.double()
+    r = random_direction(v)
+    directions = {name: (d, float(mean @ d / d.norm())) for name, d in (("v", v), ("random", r))}
+    table = clamp_sweep(c.lm, c.task, f_out, p_out, layer, component, directions, decoding=decoding, run=run,
+                        batch_size=batch_size, progress=progress, circular=c.cohort.circular, at=at)
+    run.write_table("steering_clamp", table)
+    return {"seed": RANDOM_DIRECTION_SEED, "at": at, "value": directions["v"][1], "random_value": directions["random"][1],
+            "failure_value": directions["v"][1] + float(v.norm()), "table": table.to_dict(orient="records")}
 
 
 def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
