@@ -320,3 +320,19 @@ def test_the_steering_figure_draws_the_induced_failure_dotted_where_the_run_read
     assert set(dotted) == {"dot", "dashdot"} and list(dotted["dot"].y) == [0.0, 0.25]
     assert dotted["dot"].name == "induction (panel, +alpha v): to an answer the failure set gave, n=4"
     assert len(steering_curves(table.drop(columns="as_failure_rate"), "t", "raw").data) == 2  # a run from before: none
+
+
+def test_the_steering_figure_draws_the_clamp_control_as_levels_without_an_alpha():
+    from rnr_interp.report.repair_figures import steering_curves
+
+    table = pd.DataFrame([{"alpha": a, "direction": d, "rate": a / 2, "lo": 0.0, "hi": 1.0, "n": 4}
+                          for a in (0.0, 1.0) for d in ("rescue", "induction")])
+    clamp = pd.DataFrame([{"direction": d, "way": w, "rate": r, "n": n}
+                          for d, w, r, n in (("v", "rescue", 0.75, 4), ("v", "damage", 0.0, 3),
+                                             ("random", "rescue", 0.25, 4), ("random", "damage", 1 / 3, 3))])
+    fig = steering_curves(table, "t", "rms", clamp=clamp)
+    levels = sorted((shape.y0, shape.line.dash) for shape in fig.layout.shapes)
+    assert levels == [(0.0, "dashdot"), (0.25, "dot"), (1 / 3, "dot"), (0.75, "dashdot")]
+    notes = {a.text for a in fig.layout.annotations}
+    assert "write clamped along v: rescue 0.75 (n=4)" in notes and "write clamped along a random direction: damage 0.33 (n=3)" in notes
+    assert len(fig.data) == 2 and not steering_curves(table, "t", "rms").layout.shapes  # no clamp control: no levels

@@ -106,11 +106,13 @@ STEERING_COLOURS = {"rescue": "#1f77b4", "induction": "#d62728"}
 
 
 def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw",
-                    random: pd.DataFrame | None = None) -> go.Figure:
+                    random: pd.DataFrame | None = None, clamp: pd.DataFrame | None = None) -> go.Figure:
     """Rescue rate (-alpha v on the failure set) and induction rate (+alpha v on the
     panel) against alpha, in `alpha_unit`; dashed beside them, the same along a random
     direction of the same length (`random`: the run's ``steering_random`` table); dotted,
-    the induced answers that are ones the failure set gave (``as_failure_rate``)."""
+    the induced answers that are ones the failure set gave (``as_failure_rate``);
+    horizontal lines, the clamp control's rescue and damage (`clamp`: the run's
+    ``steering_clamp`` table), which has no alpha."""
     names = {"rescue": "rescue (failure set, -alpha v)", "induction": "induction (panel, +alpha v)"}
     fig = go.Figure()
     for kind, frame in (("v", table), ("random", random)):
@@ -130,6 +132,11 @@ def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw
                 fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["as_failure_rate"], mode="lines+markers",
                                          name=f"{name}: to an answer the failure set gave, n={n}",
                                          line=line | {"dash": "dot" if kind == "v" else "dashdot"}))
+    for r in ([] if clamp is None else clamp.to_dict("records")):
+        along = "v" if r["direction"] == "v" else "a random direction"
+        fig.add_hline(y=r["rate"], line_dash="dashdot" if r["direction"] == "v" else "dot",
+                      line_color=STEERING_COLOURS["rescue" if r["way"] == "rescue" else "induction"],
+                      annotation_text=f"write clamped along {along}: {r['way']} {r['rate']:.2f} (n={int(r['n'])})")
     fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title=ALPHA_AXIS.get(alpha_unit, alpha_unit),
                       yaxis_title="fraction of questions flipped", yaxis_range=[-0.05, 1.05])
     return fig
@@ -192,7 +199,8 @@ def figures(run: RunDir, label: str) -> Figures:
     if (t := read_table(run, "steering")) is not None and len(t):
         where = " · steered at the prompt's end" if run.config.get("steer_at") == "prompt" else ""
         figs.append(("steering_curves", steering_curves(t, label + where, str(run.config.get("alpha_unit", "raw")),
-                                                         read_table(run, "steering_random"))))
+                                                         read_table(run, "steering_random"),
+                                                         read_table(run, "steering_clamp"))))
     if (t := read_table(run, "units")) is not None and len(t):
         figs.append(("units_curve", units_curve(t, label)))
     return figs
