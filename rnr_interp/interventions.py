@@ -394,31 +394,38 @@ def at_positions(act: Float[Tensor, "batch pos d"], at: str, change: Callable[[T
 @register
 @dataclass(frozen=True)
 class Clamp(Intervention):
-    """Set the component along `direction` (taken at unit length) of the activation at
-    site `site` of block `layer` to `value`, a `fraction` of the way from where each
-    position has it: ``act + fraction * (value - act . d) d``, every orthogonal
-    component kept, at the positions `at` names (as `Steer`). Where ``-alpha * v`` moves
-    every question by the same vector, a clamp moves each by what it takes to reach
-    `value`: a write whose size along d differs from question to question is undone on
-    each (the steer run's clamp control, `localise.steering`)."""
+    """Set ``act . row`` to its value for every row of `basis` (linearly independent;
+    with orthonormal rows, the components along them), for the activation at site `site`
+    of block `layer`, a `fraction` of the way from where each position has it, moving
+    only within the rows' span (for orthonormal B: ``act + fraction * (values - act B^T)
+    B``), at the positions `at` names (as `Steer`). Where ``-alpha * v`` moves every
+    question by the same vector, a clamp moves each by what it takes to reach `values`: a
+    write whose size or direction within the span differs from question to question is
+    undone on each (the steer run's clamp control, `localise.steering`)."""
 
     layer: int
-    direction: tuple[float, ...]
-    value: float
+    basis: tuple[tuple[float, ...], ...]
+    values: tuple[float, ...]
     site: str = "hook_resid_post"
     at: SteerAt = "every"
     fraction: float = 1.0
 
     def __post_init__(self):
-        object.__setattr__(self, "direction", tuple(float(x) for x in self.direction))
+        object.__setattr__(self, "basis", tuple(tuple(float(x) for x in row) for row in self.basis))
+        object.__setattr__(self, "values", tuple(float(x) for x in self.values))
         check_steer_at(self.at, "Clamp at")
-        norm = math.sqrt(sum(x * x for x in self.direction))
-        if not (norm > 0 and math.isfinite(norm) and math.isfinite(self.value) and math.isfinite(self.fraction)):
-            raise ValueError("Clamp needs a non-zero finite direction and a finite value and fraction")
+        rows = torch.tensor(self.basis, dtype=torch.float64)
+        if rows.ndim != 2 or len(self.values) != rows.shape[0] or rows.shape[0] == 0:
+            raise ValueError(f"Clamp needs one value per basis row, got {len(self.values)} values for {len(self.basis)} rows")
+        if not (bool(torch.isfinite(rows).all()) and all(map(math.isfinite, (*self.values, self.fraction)))):
+            raise ValueError("Clamp needs a finite basis, values and fraction")
+        if int(torch.linalg.matrix_rank(rows)) < rows.shape[0]:
+            raise ValueError("Clamp needs linearly independent basis rows (non-zero directions)")
 
     def label(self) -> str:
         where = "" if self.at == "every" else f":at-{self.at}"
-        return f"clamp:{self.layer}:{self.site}:{self.value:g}:{self.fraction:g}:{digest(self.direction)}{where}"
+        return (f"clamp:{self.layer}:{self.site}:{len(self.basis)}:{self.fraction:g}:"
+                f"{digest([x for row in self.basis for x in row] + list(self.values))}{where}")
 
     def layers(self) -> tuple[int, ...]:
         return (self.layer,)
@@ -426,11 +433,21 @@ class Clamp(Intervention):
     def validate(self, lm) -> None:
         site_hook(lm, self.site, self.layer)
 
+    def orthonormal(self) -> tuple[Float[Tensor, "k d"], Float[Tensor, " k"]]:
+        """The basis orthonormalised (QR of its rows, in order) and the values it takes."""
+        q, r = torch.linalg.qr(torch.tensor(self.basis, dtype=torch.float64).T)
+        # the targets along the new rows: values were given along the old ones, b_i = sum_j r_ji q_j
+        targets = torch.linalg.solve_triangular(r.T, torch.tensor(self.values, dtype=torch.float64)[:, None], upper=False)
+        return q.T, targets[:, 0]
+
     def edits(self, lm) -> list[tuple[str, Edit]]:
+        basis, targets = self.orthonormal()
+
         def clamp(act: Float[Tensor, "batch pos d"], hook) -> Tensor:
-            d = site_vector(self.direction, act, hook, "Clamp direction")
-            d = d / d.norm()
-            return at_positions(act, self.at, lambda x: x + self.fraction * (self.value - x @ d)[..., None] * d)
+            if basis.shape[-1] != act.shape[-1]:
+                raise ValueError(f"Clamp basis has size {basis.shape[-1]} but {hook.name if hook else 'the site'} has {act.shape[-1]}")
+            b, t = basis.to(act.device, act.dtype), targets.to(act.device, act.dtype)
+            return at_positions(act, self.at, lambda x: x + self.fraction * (t - x @ b.T) @ b)
 
         return [(site_hook(lm, self.site, self.layer), clamp)]
 

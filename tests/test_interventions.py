@@ -364,27 +364,41 @@ def test_a_steer_over_the_reply_leaves_the_prompt_and_steers_every_generated_pos
     assert over_reply.label().endswith(":at-reply") and loads(dumps([over_reply])) == (over_reply,)
 
 
-def test_a_clamp_moves_each_position_along_its_direction_by_what_it_takes_to_reach_its_value(lm):
-    """A clamp at the prompt's end is the steer of d's unit vector by (value - the
-    component there): known from the block's write read at that position; clamped to
-    the component it already has, or by a fraction 0, nothing moves."""
+def test_a_clamp_moves_each_position_within_its_span_by_what_it_takes_to_reach_its_values(lm):
+    """A clamp of one unit direction at the prompt's end is the steer along it by (value -
+    the component there), known from the block's write read at that position; a clamp of
+    two rows given at any length and not orthogonal reaches act . row = value for each and
+    moves nothing outside their span; clamped to where it already is, or by a fraction 0,
+    nothing moves."""
     from rnr_interp.analyses.localise.directions import block_output
 
     prompt = [lm.encode(lm.render(PROMPTS[1]))]
-    d = torch.randn(lm.bridge.cfg.d_model, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    draw = torch.Generator().manual_seed(2)
+    d, e = (torch.randn(lm.bridge.cfg.d_model, generator=draw, dtype=torch.float64) for _ in range(2))
     unit = d / d.norm()
-    there = float(block_output(lm, prompt, 1, "mlp")[0].double() @ unit)
-    clamp = Clamp(1, tuple(d.tolist()), value=there + 5.0, site="hook_mlp_out", at="prompt")
+    write = block_output(lm, prompt, 1, "mlp")[0].double()
+    there = float(write @ unit)
+    clamp = Clamp(1, (tuple(unit.tolist()),), (there + 5.0,), site="hook_mlp_out", at="prompt")
     steer = Steer(1, tuple(unit.tolist()), 5.0, site="hook_mlp_out", at="prompt")
     base = last_logits(lm, prompt)
     assert torch.allclose(last_logits(lm, prompt, [clamp]), last_logits(lm, prompt, [steer]), atol=1e-4)
     assert not torch.allclose(last_logits(lm, prompt, [clamp]), base, atol=1e-3)
-    for still in (Clamp(1, tuple(d.tolist()), there, "hook_mlp_out", "prompt"),
-                  Clamp(1, tuple(d.tolist()), there + 5.0, "hook_mlp_out", "prompt", fraction=0.0)):
+    for still in (Clamp(1, (tuple(unit.tolist()),), (there,), "hook_mlp_out", "prompt"),
+                  Clamp(1, (tuple(unit.tolist()),), (there + 5.0,), "hook_mlp_out", "prompt", fraction=0.0)):
         assert torch.allclose(last_logits(lm, prompt, [still]), base, atol=1e-4)
-    assert loads(dumps([clamp])) == (clamp,) and clamp.label().startswith("clamp:1:hook_mlp_out:") and clamp.label().endswith(":at-prompt")
-    with pytest.raises(ValueError, match="non-zero finite direction"):
-        Clamp(1, (0.0, 0.0), 1.0)
+    rows = torch.stack([3 * d, d + e])
+    values = (float(rows[0] @ write) + 4.0, float(rows[1] @ write) - 2.0)
+    two = Clamp(1, tuple(map(tuple, rows.tolist())), values, site="hook_mlp_out")
+    moved = two.edits(lm)[0][1](write[None, None].clone(), None)[0, 0]
+    assert (rows @ moved).tolist() == pytest.approx(list(values), abs=1e-6)
+    q, _ = torch.linalg.qr(rows.T)
+    assert torch.allclose(moved - q @ (q.T @ moved), write - q @ (q.T @ write), atol=1e-8)  # nothing off the span moves
+    assert loads(dumps([clamp])) == (clamp,) and clamp.label().startswith("clamp:1:hook_mlp_out:1:1:")
+    assert clamp.label().endswith(":at-prompt") and two.label() != Clamp(1, two.basis, (0.0, 0.0), "hook_mlp_out").label()
+    with pytest.raises(ValueError, match="linearly independent"):
+        Clamp(1, ((0.0, 0.0),), (1.0,))
+    with pytest.raises(ValueError, match="one value per basis row"):
+        Clamp(1, ((1.0, 0.0),), (1.0, 2.0))
 
 
 def test_specs_serialise_round_trip():

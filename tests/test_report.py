@@ -327,12 +327,14 @@ def test_the_steering_figure_draws_the_clamp_control_as_levels_without_an_alpha(
 
     table = pd.DataFrame([{"alpha": a, "direction": d, "rate": a / 2, "lo": 0.0, "hi": 1.0, "n": 4}
                           for a in (0.0, 1.0) for d in ("rescue", "induction")])
-    clamp = pd.DataFrame([{"direction": d, "way": w, "rate": r, "n": n}
-                          for d, w, r, n in (("v", "rescue", 0.75, 4), ("v", "damage", 0.0, 3),
-                                             ("random", "rescue", 0.25, 4), ("random", "damage", 1 / 3, 3))])
+    clamp = pd.DataFrame([{"clamped": c, "rank": k, "way": w, "rate": r, "n": n}
+                          for c, k, w, r, n in (("v", 1, "rescue", 0.0, 4), ("span", 3, "rescue", 0.75, 4),
+                                                ("span", 3, "damage", 0.5, 2), ("random", 3, "damage", 1 / 3, 3))])
     fig = steering_curves(table, "t", "rms", clamp=clamp)
     levels = sorted((shape.y0, shape.line.dash) for shape in fig.layout.shapes)
-    assert levels == [(0.0, "dashdot"), (0.25, "dot"), (1 / 3, "dot"), (0.75, "dashdot")]
+    assert levels == [(0.0, "dashdot"), (1 / 3, "dot"), (0.5, "longdash"), (0.75, "longdash")]
     notes = {a.text for a in fig.layout.annotations}
-    assert "write clamped along v: rescue 0.75 (n=4)" in notes and "write clamped along a random direction: damage 0.33 (n=3)" in notes
+    assert "write clamped within the failures' span (rank 3): rescue 0.75 (n=4)" in notes
+    assert "write clamped along v (rank 1): rescue 0.00 (n=4)" in notes
+    assert "write clamped within a random span (rank 3): damage 0.33 (n=3)" in notes
     assert len(fig.data) == 2 and not steering_curves(table, "t", "rms").layout.shapes  # no clamp control: no levels

@@ -351,9 +351,9 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
     assert set(ur.read_records().loc[lambda r: r["probe"].str.startswith("units:"), "question_id"]) <= held
 
 
-def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_mean_along_v(tmp_path, lm):
+def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_mean(tmp_path, lm):
     from rnr_interp.analyses.localise.directions import block_output
-    from rnr_interp.analyses.localise.steering import run_steer
+    from rnr_interp.analyses.localise.steering import failure_span, run_steer
     from tests.test_repair import parity_task
 
     t = parity_task(40)
@@ -367,28 +367,38 @@ def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_m
     run = RunDir(tmp_path / "c")
     assert run.config["clamp_control"] == {"seed": 0}
     by_id = {q.id: q for q in t.questions}
-    p_sel = [by_id[i] for i in run.read_json("healthy_panel")["selection_ids"]]
+    f_sel, p_sel = ([by_id[i] for i in run.read_json(name)["selection_ids"]] for name in ("failure_set", "healthy_panel"))
+    writes = block_output(lm, [prompt_ids(lm, t, q) for q in [*f_sel, *p_sel]], 1, "mlp").double()
+    panel_mean = writes[len(f_sel):].mean(0)
     v = torch.tensor(run.read_json("direction")["vector"], dtype=torch.float64)
-    panel_mean = block_output(lm, [prompt_ids(lm, t, q) for q in p_sel], 1, "mlp").double().mean(0)
     clamp = s.clamp_control
-    assert clamp["value"] == pytest.approx(float(panel_mean @ v / v.norm()), abs=1e-4)
-    assert clamp["failure_value"] - clamp["value"] == pytest.approx(s.v_norm, rel=1e-5)
+    assert clamp["value_along_v"] == pytest.approx(float(panel_mean @ v / v.norm()), abs=1e-4)
+    assert clamp["failure_value_along_v"] - clamp["value_along_v"] == pytest.approx(s.v_norm, rel=1e-5)
+    # the span: the fewest singular directions of the failures' deviations holding 99% of their squared length
+    shares = torch.linalg.svdvals(writes[:len(f_sel)] - panel_mean) ** 2
+    shares = (shares / shares.sum()).tolist()
+    assert clamp["spectrum"] == pytest.approx(shares, abs=1e-6)
+    assert clamp["rank"] == next(k for k in range(1, len(shares) + 1) if sum(shares[:k]) >= 0.99 - 1e-12)
     table = run.read_table("steering_clamp")
     sp = s.split
-    assert sorted(zip(table["direction"], table["way"])) == [("random", "damage"), ("random", "rescue"), ("v", "damage"),
-                                                             ("v", "rescue")]
+    assert sorted(zip(table["clamped"], table["way"])) == [(c, w) for c in ("random", "span", "v") for w in ("damage", "rescue")]
+    assert (table["rank"] == table["clamped"].map({"v": 1, "span": clamp["rank"], "random": clamp["rank"]})).all()
     assert (table["n"] == table["way"].map({"rescue": sp["n_failure_heldout"], "damage": sp["n_panel_heldout"]})).all()
     records = run.read_records()
     clamped = records[records["probe"].str.startswith("steer:clamp")]
-    assert set(clamped["probe"]) == {"steer:clamp-rescue:1", "steer:clamp-damage:1", "steer:clamp-rescue-random:1",
-                                     "steer:clamp-damage-random:1"}
-    assert clamped["intervention"].str.match(r"clamp:1:hook_mlp_out:.*:at-prompt$").all()
-    assert set(clamped.loc[clamped["probe"] == "steer:clamp-rescue:1", "question_id"]) == set(
+    assert set(clamped["probe"]) == {f"steer:clamp-{w}-{c}:1" for c in ("v", "span", "random") for w in ("rescue", "damage")}
+    assert clamped["intervention"].str.match(r"clamp:1:hook_mlp_out:\d+:1:.*:at-prompt$").all()
+    assert set(clamped.loc[clamped["probe"] == "steer:clamp-rescue-span:1", "question_id"]) == set(
         run.read_json("failure_set")["heldout_ids"])
     for r in table.itertuples():
-        probe = f"steer:clamp-{r.way}{'' if r.direction == 'v' else '-random'}:1"
-        right = int(records.loc[records["probe"] == probe, "correct"].sum())
+        right = int(records.loc[records["probe"] == f"steer:clamp-{r.way}-{r.clamped}:1", "correct"].sum())
         assert r.k == (right if r.way == "rescue" else r.n - right)
+    # a failure span made of two directions: the rank is theirs, whatever the lengths along them
+    two = torch.zeros(6, 8, dtype=torch.float64)
+    two[:3, 0], two[3:, 1] = torch.tensor([5.0, 7.0, 9.0]), torch.tensor([1.0, 2.0, 1.5])
+    basis, spectrum = failure_span(two)
+    assert basis.shape == (2, 8) and spectrum[2] == pytest.approx(0.0, abs=1e-12)
+    assert torch.allclose(basis.abs().sum(0)[2:], torch.zeros(6, dtype=torch.float64))
     plain = run_steer(lm, t, tmp_path / "p", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
                       steer_at="prompt")
     assert plain.clamp_control is None and "clamp_control" not in RunDir(tmp_path / "p").config

@@ -295,9 +295,10 @@ def steer(
         "--random-control", help="the same sweep along a random direction as long as the steered vector, printed "
         "beside: a rescue or induction any push of that size gives is not the direction's (as many rows again)")] = False,
     clamp_control: Annotated[bool, typer.Option(
-        "--clamp-control", help="also clamp the block's write to the panel's mean along v (and along a random "
-        "direction) on the held-out failures and panel: a rescue where the failure's write differs in size from "
-        "question to question, which no single alpha undoes (an MLP or attention block's own v)")] = False,
+        "--clamp-control", help="also clamp the block's write to the panel's mean along v, within the span of "
+        "the failures' writes and within a random span of that rank, on the held-out failures and panel: a rescue "
+        "where the failure's write differs in size or direction from question to question, which no single alpha "
+        "along one v undoes (an MLP or attention block's own v)")] = False,
     max_new_tokens: MaxTokOpt = None,
     batch_size: BatchOpt = 32, task_config: TaskConfigOpt = None, on_invalid: OnInvalidOpt = "refuse",
     log_to: LogToOpt = None, quiet: QuietOpt = False,
@@ -341,10 +342,13 @@ def steer(
             typer.echo(f"  {alpha:5g}  {_rate(r['rescue'])}   {_rate(r['induction'])}")
     if s.skipped is None and s.clamp_control:
         clamp = s.clamp_control
-        typer.echo(f"  the block's write clamped along v to the panel's mean {clamp['value']:+.3f} (the failures' "
-                   f"{clamp['failure_value']:+.3f}), and along the random direction to the panel's mean along it:")
+        spectrum = ", ".join(f"{x:.3f}" for x in clamp["spectrum"][:clamp["rank"] + 2])
+        typer.echo(f"  the block's write clamped to the panel's mean: along v ({clamp['value_along_v']:+.3f}, the "
+                   f"failures' {clamp['failure_value_along_v']:+.3f}), within the failures' span (rank {clamp['rank']}: "
+                   f"the top directions holding {clamp['energy']:g} of their length; shares {spectrum}, ...) and within "
+                   "a random span of that rank:")
         for r in clamp["table"]:
-            typer.echo(f"    {r['direction']:6s} {r['way']:6s} {_rate(r)}")
+            typer.echo(f"    {r['clamped']:6s} {r['way']:6s} {_rate(r)}")
     print_multiple_choice(s)
     run_folder(out)
     log_finished(out, log_to)

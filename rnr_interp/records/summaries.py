@@ -341,8 +341,9 @@ class SteerSummary(ChosenBlockSummary):
     steer_at: str | None = None
     #: the same sweep along a random direction as long as the steered vector (seed, norm, cosine with v, table)
     random_control: Json | None = None
-    #: the block's write clamped to the panel's mean along v, and along a random direction, on the held-out
-    #: failures (rescue) and panel (damage): value, failure_value (the failures' mean along v), seed, at, table
+    #: the block's write clamped to the panel's mean along v, within the failures' span and within a random span
+    #: of its rank, on the held-out failures (rescue) and panel (damage): rank, spectrum, energy, values along v,
+    #: seed, at, table
     clamp_control: Json | None = None
 
 

@@ -132,11 +132,13 @@ def steering_curves(table: pd.DataFrame, title: str = "", alpha_unit: str = "raw
                 fig.add_trace(go.Scatter(x=sub["alpha"], y=sub["as_failure_rate"], mode="lines+markers",
                                          name=f"{name}: to an answer the failure set gave, n={n}",
                                          line=line | {"dash": "dot" if kind == "v" else "dashdot"}))
+    where = {"v": "along v", "span": "within the failures' span", "random": "within a random span"}
+    dashes = {"v": "dashdot", "span": "longdash", "random": "dot"}
     for r in ([] if clamp is None else clamp.to_dict("records")):
-        along = "v" if r["direction"] == "v" else "a random direction"
-        fig.add_hline(y=r["rate"], line_dash="dashdot" if r["direction"] == "v" else "dot",
+        fig.add_hline(y=r["rate"], line_dash=dashes.get(r["clamped"], "dot"),
                       line_color=STEERING_COLOURS["rescue" if r["way"] == "rescue" else "induction"],
-                      annotation_text=f"write clamped along {along}: {r['way']} {r['rate']:.2f} (n={int(r['n'])})")
+                      annotation_text=f"write clamped {where.get(r['clamped'], r['clamped'])} (rank {int(r['rank'])}): "
+                                      f"{r['way']} {r['rate']:.2f} (n={int(r['n'])})")
     fig.update_layout(title=f"reciprocal steering (95% Wilson): {title}", xaxis_title=ALPHA_AXIS.get(alpha_unit, alpha_unit),
                       yaxis_title="fraction of questions flipped", yaxis_range=[-0.05, 1.05])
     return fig

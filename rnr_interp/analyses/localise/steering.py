@@ -109,6 +109,7 @@ class BlockReading(NamedTuple):
     residual_rms: float  # the residual stream's RMS norm after the block: the "rms" alpha unit
     write_rms: float  # of what the block writes, or of the activation at a given vector's site: the "write" unit
     panel_mean: Float[Tensor, "d"] | None  # the panel's mean write (what the clamp control clamps to)
+    deviations: Float[Tensor, "n_failure d"] | None  # each failure's write minus the panel's mean (the clamp's span)
 
 
 def read_block(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
@@ -118,8 +119,8 @@ def read_block(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: 
     question's context (`read_ids`), failures then panel, in one forward pass: v (as
     `directions.direction`), the RMS norms of the residual stream after the block
     (``hook_resid_post``) and of what the block writes, or of the activation at `site`
-    of that block where a given vector is added there, and the panel's mean write; an
-    RMS norm is sqrt(mean of |x|^2)."""
+    of that block where a given vector is added there, the panel's mean write and each
+    failure's write minus it; an RMS norm is sqrt(mean of |x|^2)."""
     ids = read_ids(lm, task, [*failure, *panel], contexts)
     if not ids:
         raise ValueError("steering's scales need at least one question")
@@ -128,8 +129,9 @@ def read_block(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: 
     acts = last_position(lm, ids, [*write_sites([layer], component), resid, *at_site], batch_size)
     write = block_writes(acts, [layer], component)[layer]
     v = mean_difference(write, len(failure)) if failure and panel else None
-    return BlockReading(v, rms_norm(acts[resid]), rms_norm(write if site is None else acts[site, layer]),
-                        write[len(failure):].mean(0) if panel else None)
+    panel_mean = write[len(failure):].mean(0) if panel else None
+    return BlockReading(v, rms_norm(acts[resid]), rms_norm(write if site is None else acts[site, layer]), panel_mean,
+                        write[:len(failure)] - panel_mean if panel_mean is not None and failure else None)
 
 
 def rms_norm(acts: Float[Tensor, "n d"]) -> float:
@@ -231,24 +233,44 @@ def steering_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], pan
     return pd.DataFrame(table)
 
 
+#: the clamp control's span: the fewest top singular directions of the selection failures'
+#: writes minus the panel's mean that hold this share of their squared length
+CLAMP_ENERGY = 0.99
+
+
+def failure_span(deviations: Float[Tensor, "n d"], energy: float = CLAMP_ENERGY) -> tuple[Float[Tensor, "k d"], list[float]]:
+    """The orthonormal directions (rows) of the fewest top singular directions of
+    `deviations` that hold `energy` of their squared length, and every direction's share
+    of it (the spectrum, largest first)."""
+    _, s, vt = torch.linalg.svd(deviations.double(), full_matrices=False)
+    shares = (s ** 2 / (s ** 2).sum()).tolist()
+    k = next(i + 1 for i, total in enumerate(np.cumsum(shares)) if total >= energy - 1e-12)
+    return vt[:k], shares
+
+
+def random_span(k: int, d: int, seed: int = RANDOM_DIRECTION_SEED) -> Float[Tensor, "k d"]:
+    """k orthonormal directions drawn uniformly (a seeded Gaussian matrix, QR)."""
+    g = torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.linalg.qr(g)[0].T
+
+
 def clamp_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
-                component: str, directions: Mapping[str, tuple[Tensor, float]], *, decoding: Decoding,
+                component: str, spans: Mapping[str, tuple[Tensor, Tensor]], *, decoding: Decoding,
                 run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
                 circular: bool = False, at: str = "every") -> pd.DataFrame:
-    """Table (direction, way, rate, lo, hi, k, n): for each `directions` entry (name ->
-    (direction, value)), the block's write clamped to `value` along it (`Clamp`, at the
-    positions `at` names) on `failure` (way "rescue", rate: now right) and on `panel`
-    (way "damage", rate: now wrong), each with its Wilson interval. Probes
-    ``steer:clamp-rescue[-NAME]:1`` / ``steer:clamp-damage[-NAME]:1`` (NAME omitted for "v")."""
+    """Table (clamped, rank, way, rate, lo, hi, k, n): for each `spans` entry (name ->
+    (orthonormal rows, the values along them)), the block's write clamped to those values
+    within their span (`Clamp`, at the positions `at` names) on `failure` (way "rescue",
+    rate: now right) and on `panel` (way "damage", rate: now wrong), each with its Wilson
+    interval. Probes ``steer:clamp-rescue-NAME:1`` / ``steer:clamp-damage-NAME:1``."""
     if component not in ("mlp", "attn"):
         raise ValueError(f"the clamp control clamps what an MLP or attention block writes, not a {component!r}")
     site = COMPONENT_SITE[component]
     probes, rows = {}, []
-    for name, (d, value) in directions.items():
-        spec = Clamp(layer=layer, direction=tuple(d.tolist()), value=float(value), site=site, at=at)
-        suffix = "" if name == "v" else f"-{name}"
+    for name, (basis, values) in spans.items():
+        spec = Clamp(layer=layer, basis=tuple(map(tuple, basis.tolist())), values=tuple(values.tolist()), site=site, at=at)
         for way, questions in (("rescue", failure), ("damage", panel)):
-            probes[name, way] = str(ProbeLabel.steer(f"clamp-{way}{suffix}", 1))
+            probes[name, way] = str(ProbeLabel.steer(f"clamp-{way}-{name}", 1))
             rows += [Row(q, (spec,), probes[name, way]) for q in questions]
     records = run_rows(lm, task, circular_rows(rows) if circular else rows, decoding, run, batch_size=batch_size,
                        desc="clamp", progress=progress)
@@ -256,8 +278,8 @@ def clamp_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel:
     for (name, way), probe in probes.items():
         right, n = outcome_counts(records, failure if way == "rescue" else panel, probe, circular)
         p = proportion(right if way == "rescue" else n - right, n, level)
-        table.append({"direction": name, "way": way, "rate": p["rate"], "lo": p["ci"][0], "hi": p["ci"][1],
-                      "k": p["k"], "n": p["n"]})
+        table.append({"clamped": name, "rank": int(spans[name][0].shape[0]), "way": way, "rate": p["rate"],
+                      "lo": p["ci"][0], "hi": p["ci"][1], "k": p["k"], "n": p["n"]})
     return pd.DataFrame(table)
 
 
@@ -443,9 +465,10 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
     vector (`random_direction`), table ``steering_random`` and the summary's
     ``random_control`` (as many rows again, so off by default).
     `clamp_control`: the held-out failures and panel with the block's write clamped to
-    the selection panel's mean along v (`Clamp`, where the vector is added), and along
-    the random direction beside it: a rescue for a failure whose write along v differs
-    in size from question to question, which no single alpha undoes (table
+    the selection panel's mean (`Clamp`, where the vector is added) along v, within the
+    span of the selection failures' writes, and within a random span of that rank: a
+    rescue for a failure whose write differs in size or direction from question to
+    question (one unit per wrong answer), which no single alpha along one v undoes (table
     ``steering_clamp``, the summary's ``clamp_control``; an MLP or attention block's own
     v only)."""
     check_read_at(read_at)
@@ -535,17 +558,22 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
 def _clamp_control(c: CohortRun, reading: BlockReading, layer: int, component: str, at: str, decoding: Decoding,
                    run: RunDir, batch_size: int, progress: bool) -> dict[str, Any]:
     """`run_steer`'s clamp control: the held-out parts with the block's write clamped to
-    the selection panel's mean along v, and along a random direction (`random_direction`
-    of v, its seed) to the panel's mean along that; written as table ``steering_clamp``."""
+    the selection panel's mean along v ("v"), within the span of the selection failures'
+    writes (`failure_span`: "span"), and within as many random directions (`random_span`,
+    its seed: "random"); written as table ``steering_clamp``."""
     (_, f_out), (_, p_out) = c.cohort.parts("failure"), c.cohort.parts("panel")
-    v, mean = reading.v.double(), reading.panel_mean.double()
-    r = random_direction(v)
-    directions = {name: (d, float(mean @ d / d.norm())) for name, d in (("v", v), ("random", r))}
-    table = clamp_sweep(c.lm, c.task, f_out, p_out, layer, component, directions, decoding=decoding, run=run,
+    mean = reading.panel_mean.double()
+    span, shares = failure_span(reading.deviations)
+    bases = {"v": (reading.v.double() / reading.v.double().norm())[None], "span": span,
+             "random": random_span(span.shape[0], span.shape[1])}
+    spans = {name: (basis, basis @ mean) for name, basis in bases.items()}
+    table = clamp_sweep(c.lm, c.task, f_out, p_out, layer, component, spans, decoding=decoding, run=run,
                         batch_size=batch_size, progress=progress, circular=c.cohort.circular, at=at)
     run.write_table("steering_clamp", table)
-    return {"seed": RANDOM_DIRECTION_SEED, "at": at, "value": directions["v"][1], "random_value": directions["random"][1],
-            "failure_value": directions["v"][1] + float(v.norm()), "table": table.to_dict(orient="records")}
+    return {"seed": RANDOM_DIRECTION_SEED, "at": at, "energy": CLAMP_ENERGY, "rank": int(span.shape[0]),
+            "spectrum": shares, "value_along_v": float(spans["v"][1][0]),
+            "failure_value_along_v": float(spans["v"][1][0]) + float(reading.v.double().norm()),
+            "table": table.to_dict(orient="records")}
 
 
 def run_units(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None = None, repair_run: Path | None = None,
