@@ -26,7 +26,7 @@ PUBLIC = {
     "load_model": "models", "LoadedModel": "models", "load_task": "tasks",
     "Probe": "engine.sampling", "Decoding": "engine.decoding", "generate": "engine.generate",
     "Ablate": "interventions", "AblateUnits": "interventions", "Steer": "interventions", "Route": "interventions",
-    "AblateHead": "interventions", "Patch": "interventions", "SAEFeature": "interventions",
+    "Clamp": "interventions", "AblateHead": "interventions", "Patch": "interventions", "SAEFeature": "interventions",
     "applied": "interventions", "capturing": "interventions", "register": "interventions",
     "patching_sweep": "analyses.patching", "patching_heatmap": "report.patching_figures",
     "load_sae": "sae", "feature_loadings": "sae",

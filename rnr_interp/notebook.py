@@ -155,7 +155,8 @@ def steer(model: Any, task: Task | str, *, repair_run: Result | str | Path | Non
     """Reciprocal steering (`rnr steer`) along the failure direction of a block: the
     one `repair_run` chose (a `Result` of `repair(..., out=...)` or its folder), else
     `layer=`/`component=`. `options` go to `analyses.localise.steering.run_steer`
-    (alphas, alpha_unit, readout, panel, split, permutation_control, circular, read_at, steer_at)."""
+    (alphas, alpha_unit, readout, panel, split, permutation_control, circular, read_at, steer_at,
+    random_control, clamp_control)."""
     from rnr_interp.analyses.localise.steering import run_steer
 
     lm, t = inputs(model, task, n, data)
