@@ -360,8 +360,8 @@ def test_validate_steers_where_it_is_told_and_a_resume_cannot_change_it(tmp_path
 def test_validate_plants_at_the_block_and_with_the_units_asked_and_reads_and_steers_as_told(tmp_path, monkeypatch,
                                                                                             quiet_mlp_base):
     """`--layer` and `--plant-units` plant as `rnr plant --layer --units` does (not at the
-    block the seed draws, 2 here); `--read-at`, `--alphas` and `--alpha-unit` reach the
-    units and steer runs; all of them are in the run's config, so a resume with others is
+    block the seed draws, 2 here); `--read-at`, `--alphas`, `--alpha-unit` and
+    `--clamp-control` reach the units and steer runs; all of them are in the run's config, so a resume with others is
     refused, and bad values are refused before any work."""
     from rnr_interp.analyses.validate import PROFILES, Profile, run_validate
     from rnr_interp.records import RunDir
@@ -379,7 +379,7 @@ def test_validate_plants_at_the_block_and_with_the_units_asked_and_reads_and_ste
         assert not (tmp_path / "bad").exists(), bad
     assert draw_layer(0, 4) == 2
     summary = run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), layer=1, plant_units=1,
-                           read_at="answer", alphas=(0.0, 0.5), alpha_unit="raw", progress=False)
+                           read_at="answer", alphas=(0.0, 0.5), alpha_unit="raw", clamp_control=True, progress=False)
     planted = read_planted(tmp_path / "v" / "organisms" / "units-s1-seed0")
     assert planted.location["layer"] == 1 and len(planted.location["units"]) == 1 and planted.drawn == {}
     recovery = RunDir(tmp_path / "v").read_table("recovery").set_index("analysis")
@@ -391,12 +391,13 @@ def test_validate_plants_at_the_block_and_with_the_units_asked_and_reads_and_ste
     assert units.config["read_at"] == "answer" and steer.config["read_at"] == "answer" and repair.config["read_at"] == "answer"
     assert steer.config["alphas"] == [0.0, 0.5] and steer.config["alpha_unit"] == "raw"
     assert sorted(steer.read_table("steering")["alpha"].unique()) == [0.0, 0.5]
-    asked = dict(layer=1, plant_units=1, read_at="answer", alphas=[0.0, 0.5], alpha_unit="raw")
+    assert steer.config["clamp_control"] == {"seed": 0} and "steer:clamp" in recovery.index
+    asked = dict(layer=1, plant_units=1, read_at="answer", alphas=[0.0, 0.5], alpha_unit="raw", clamp_control=True)
     assert {key: RunDir(tmp_path / "v").config[key] for key in asked} == asked
     assert {key: getattr(summary, key) for key in asked} == asked
     with pytest.raises(ValueError, match="layer"):  # the same folder planted at the drawn block: another run
         run_validate(quiet_mlp_base, task, tmp_path / "v", profile="one", kinds=("units",), plant_units=1, read_at="answer",
-                     alphas=(0.0, 0.5), alpha_unit="raw", progress=False)
+                     alphas=(0.0, 0.5), alpha_unit="raw", clamp_control=True, progress=False)
     for args, message in ((["--plant-units", "1"], "--plant-units is how many units the units kind plants"),
                           (["--kinds", "units", "--alphas", "0,x"], "--alphas must be comma-separated numbers"),
                           (["--kinds", "units", "--read-at", "end"], "--read-at must be one of prompt, answer"),

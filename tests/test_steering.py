@@ -354,6 +354,7 @@ def test_steer_and_units_runs_on_a_split_cohort(tmp_path, lm):
 def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_mean(tmp_path, lm):
     from rnr_interp.analyses.localise.directions import block_output
     from rnr_interp.analyses.localise.steering import failure_span, run_steer
+    from rnr_interp.analyses.validate import RateFound, steering_found
     from tests.test_repair import parity_task
 
     t = parity_task(40)
@@ -362,7 +363,7 @@ def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_m
         run_steer(lm, t, tmp_path / "bad", layer=1, component="layer", decoding=d, progress=False, clamp_control=True)
     assert not (tmp_path / "bad").exists()
     s = run_steer(lm, t, tmp_path / "c", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
-                  steer_at="prompt", clamp_control=True)
+                  steer_at="prompt", clamp_control=True, random_control=True)
     assert s.skipped is None, s.skipped
     run = RunDir(tmp_path / "c")
     assert run.config["clamp_control"] == {"seed": 0}
@@ -399,10 +400,15 @@ def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_m
     basis, spectrum = failure_span(two)
     assert basis.shape == (2, 8) and spectrum[2] == pytest.approx(0.0, abs=1e-12)
     assert torch.allclose(basis.abs().sum(0)[2:], torch.zeros(6, dtype=torch.float64))
+    # validate scores the span's rescue against the random span's, as steer:clamp
+    rescue = table[table["way"] == "rescue"].set_index("clamped")
+    found = steering_found(run)
+    assert found["steer:clamp"] == RateFound(1, rescue.at["span", "rate"], rescue.at["span", "lo"], rescue.at["random", "rate"])
     plain = run_steer(lm, t, tmp_path / "p", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
-                      steer_at="prompt")
+                      steer_at="prompt", random_control=True)
     assert plain.clamp_control is None and "clamp_control" not in RunDir(tmp_path / "p").config
     assert RunDir(tmp_path / "p").read_table("steering").equals(run.read_table("steering"))  # v's sweep unchanged
+    assert "steer:clamp" not in steering_found(RunDir(tmp_path / "p"))
 
 
 def test_steer_permutation_control_rescores_every_nonzero_alpha_rotated(tmp_path, lm):

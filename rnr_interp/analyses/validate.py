@@ -74,6 +74,10 @@ Analyses per kind (`ANALYSES`):
   that breaks answers into something else induces nothing; the vector added where `rnr validate --steer-at`
   says, at every position by default, on the grid `--alphas` and `--alpha-unit` give).
   Units and steer read the block where `--read-at` says (the prompt's end by default).
+  With `rnr validate --clamp-control` the steer run also clamps the block's write within
+  the span of the failures' writes (`rnr steer --clamp-control`), a fourth row:
+  ``steer:clamp`` (score = the held-out rescue with the span clamped; recovered when its
+  Wilson interval lies above the rescue of a random span of the same rank).
   An analysis of another block than the planted one scores 0.
 
 A null of these kinds names its location when the analysis says what it says of the
@@ -388,6 +392,8 @@ class Cell:
     alphas: tuple[float, ...] | None = None
     #: what one alpha is (`rnr steer --alpha-unit`)
     alpha_unit: str = "rms"
+    #: the steer runs also clamp the failures' span (`rnr steer --clamp-control`), scored as ``steer:clamp``
+    clamp_control: bool = False
 
 
 def _repair_layer(organism: Organism, task: Task, out: Path, cell: Cell) -> int | None:
@@ -506,16 +512,19 @@ def _steer(organism: Organism, task: Task, out: Path, cell: Cell) -> dict[str, F
     an induction any push of that length gives is not the direction's (on the units
     organism a random direction induces as much as v from alpha 0.25: docs/findings.md)."""
     run = _on_chosen_block(run_steer, organism, task, out, cell, random_control=True, steer_at=cell.steer_at,
-                           read_at=cell.read_at, alphas=cell.alphas, alpha_unit=cell.alpha_unit)
+                           read_at=cell.read_at, alphas=cell.alphas, alpha_unit=cell.alpha_unit,
+                           clamp_control=cell.clamp_control)
     if run is None:
-        return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction"))
+        return dict.fromkeys(("steer:direction", "steer:rescue", "steer:induction",
+                              *(("steer:clamp",) if cell.clamp_control else ())))
     return steering_found(run)
 
 
 def steering_found(run: RunDir) -> dict[str, Found]:
     """What a finished steer run (made with the random-direction control) found: its v,
     and the rescue and the induced failure at the alpha where each most exceeds the
-    random direction's."""
+    random direction's; with the clamp control, the rescue of the failures' span
+    clamped beside a random span's (``steer:clamp``)."""
     table = steering_beside_control(run)
     if table is None or "as_failure_rate" not in table.columns:
         raise ValueError(f"{str(run.path)!r} is a steer run made by an older validation (without the random-direction "
@@ -528,9 +537,14 @@ def steering_found(run: RunDir) -> dict[str, Found]:
     table["above"] = table["rate"] - table["random_rate"]
     best = {d: table[table["direction"] == d].sort_values(["above", "alpha"], ascending=[False, True]).iloc[0]
             for d in ("rescue", "induction")}
+    clamp = run.read_summary().clamp_control
+    if clamp is not None:
+        rescue = pd.DataFrame(clamp["table"]).query("way == 'rescue'").set_index("clamped")
+        clamped = {"steer:clamp": RateFound(layer, float(rescue.at["span", "rate"]), float(rescue.at["span", "lo"]),
+                                            float(rescue.at["random", "rate"]))}
     return {"steer:direction": DirectionFound(layer, tuple(run.read_json("direction")["vector"])),
             **{f"steer:{d}": RateFound(layer, float(r["rate"]), float(r["lo"]), float(r["random_rate"]))
-               for d, r in best.items()}}
+               for d, r in best.items()}, **(clamped if clamp is not None else {})}
 
 
 ANALYSES: dict[str, dict[str, Runner]] = {
@@ -572,7 +586,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
                  ablation: str = "zero", grading: str | None = None, steer_at: str = "every", units: int | None = None,
                  seeds: Sequence[int] | str | None = None, strengths: Sequence[float] | None = None,
                  layer: int | None = None, plant_units: int | None = None, read_at: str = "prompt",
-                 alphas: Sequence[float] | None = None, alpha_unit: str = "rms",
+                 alphas: Sequence[float] | None = None, alpha_unit: str = "rms", clamp_control: bool = False,
                  keep_organisms: bool = False, progress: bool = True) -> ValidateSummary:
     """Every cell of `profile` for each of `kinds` (module docstring) into the run folder
     `out` (kind "validate"); returns the summary (`validation_summary`). `seeds` replaces
@@ -581,7 +595,9 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     each kind's default; 0 is the null). `layer` plants the kinds planted at a layer
     (layer, units) there instead of at the layer each seed draws, and `plant_units` is how
     many units the units kind plants (`rnr plant --layer`, `--units`); `read_at`,
-    `alphas` and `alpha_unit` are the units and steer runs' (`rnr steer`'s options).
+    `alphas` and `alpha_unit` are the units and steer runs' (`rnr steer`'s options);
+    `clamp_control` has each steer run clamp the failures' span too, scored as the row
+    ``steer:clamp``, which "every analysis" then includes.
     `keep_organisms`: keep every organism's checkpoint (by default each is dropped once
     its cell's analyses are done)."""
     if profile not in PROFILES:
@@ -626,7 +642,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
         check_units(plant_units)
     # a bad temperature refused before any work
     cell = Cell(batch_size, False, Probe(temperature=temperature), ablation, grading, steer_at, units, read_at, alphas,
-                alpha_unit)
+                alpha_unit, clamp_control)
     asked = task
     lm = load_model(model) if gold == "base" or seeds == EVERY_LAYER or layer is not None else None
     if layer is not None and not 0 <= layer < lm.n_layers:
@@ -641,7 +657,7 @@ def run_validate(model: str, task: Task, out: str | Path, *, profile: str = "qui
     departs = {name: value for name, value, default in (
         ("steer_at", steer_at, "every"), ("units", units, None), ("layer", layer, None), ("plant_units", plant_units, None),
         ("read_at", read_at, "prompt"), ("alphas", None if alphas is None else list(alphas), None),
-        ("alpha_unit", alpha_unit, "rms")) if value != default}
+        ("alpha_unit", alpha_unit, "rms"), ("clamp_control", clamp_control, False)) if value != default}
     run = RunDir.create(out, {"kind": VALIDATE, "model": model, "task": asked.describe(), "profile": asdict(chosen),
                               "kinds": list(kinds), "gold": gold, "batch_size": batch_size,
                               **({} if temperature == SAMPLING_TEMPERATURE else {"temperature": temperature}),

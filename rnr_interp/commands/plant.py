@@ -108,6 +108,9 @@ def validate(
     plant_units: Annotated[Optional[int], typer.Option("--plant-units", help="how many units the units kind plants "
                                                        "(rnr plant units --units; default 3)")] = None,
     read_at: ReadAtOpt = "prompt", alphas: AlphasOpt = None, alpha_unit: AlphaUnitOpt = "rms",
+    clamp_control: Annotated[bool, typer.Option("--clamp-control", help="the steer runs also clamp the block's write "
+                                                "within the span of the failures' writes (rnr steer --clamp-control), "
+                                                "scored as steer:clamp against a random span of that rank")] = False,
     keep_organisms: Annotated[bool, typer.Option("--keep-organisms", help="keep every organism's checkpoint in OUT/organisms "
                                                  "(by default each is dropped once its analyses are done and rebuilt "
                                                  "from its seed if needed again)")] = False,
@@ -148,7 +151,8 @@ def validate(
         return analysis_of(VALIDATE).run(model, t, out, profile=profile, kinds=chosen, gold=gold, batch_size=batch_size,
                                          temperature=temperature, ablation=ablation, grading=grading, steer_at=steer_at, units=units, seeds=seed_list,
                                          strengths=strength_list, layer=layer, plant_units=plant_units, read_at=read_at,
-                                         alphas=alpha_grid, alpha_unit=alpha_unit, keep_organisms=keep_organisms,
+                                         alphas=alpha_grid, alpha_unit=alpha_unit, clamp_control=clamp_control,
+                                         keep_organisms=keep_organisms,
                                          progress=not quiet)
 
     summary = execute(body)

@@ -420,6 +420,8 @@ class ValidateSummary(Summary):
     #: the steer runs' alpha grid and its unit (None: the unit's default grid; rms)
     alphas: list[float] | None = None
     alpha_unit: str | None = None
+    #: the steer runs also clamped the failures' span, scored as steer:clamp (None: they did not)
+    clamp_control: bool | None = None
     #: kind -> {rate, ci, n, n_seeds, null_false_positive_rate, null_ci, n_null, n_null_seeds}: n counts
     #: distinct organisms (two seeds that drew the same weights are one); kinds with a repair
     #: sweep also n_without_failure (planted organisms whose repair run found no failure set);
