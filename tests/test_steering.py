@@ -400,6 +400,8 @@ def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_m
     basis, spectrum = failure_span(two)
     assert basis.shape == (2, 8) and spectrum[2] == pytest.approx(0.0, abs=1e-12)
     assert torch.allclose(basis.abs().sum(0)[2:], torch.zeros(6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="no span to clamp"):
+        failure_span(torch.zeros(3, 8))
     # validate scores the span's rescue against the random span's, as steer:clamp
     rescue = table[table["way"] == "rescue"].set_index("clamped")
     found = steering_found(run)

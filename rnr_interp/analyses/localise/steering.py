@@ -243,6 +243,8 @@ def failure_span(deviations: Float[Tensor, "n d"], energy: float = CLAMP_ENERGY)
     `deviations` that hold `energy` of their squared length, and every direction's share
     of it (the spectrum, largest first)."""
     _, s, vt = torch.linalg.svd(deviations.double(), full_matrices=False)
+    if not float((s ** 2).sum()) > 0:
+        raise ValueError("the failures' writes equal the panel's mean: no span to clamp")
     shares = (s ** 2 / (s ** 2).sum()).tolist()
     k = next(i + 1 for i, total in enumerate(np.cumsum(shares)) if total >= energy - 1e-12)
     return vt[:k], shares
