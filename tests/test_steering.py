@@ -362,6 +362,10 @@ def test_the_clamp_control_clamps_the_held_out_writes_to_the_selection_panel_s_m
     with pytest.raises(ValueError, match="clamp control clamps an MLP or attention block's write"):
         run_steer(lm, t, tmp_path / "bad", layer=1, component="layer", decoding=d, progress=False, clamp_control=True)
     assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="not with a given vector"):
+        run_steer(lm, t, tmp_path / "bad", layer=1, vector=torch.ones(lm.bridge.cfg.d_model), decoding=d, progress=False,
+                  clamp_control=True)
+    assert not (tmp_path / "bad").exists()
     s = run_steer(lm, t, tmp_path / "c", layer=1, alphas=(0.0, 8.0), panel=6, decoding=d, progress=False,
                   steer_at="prompt", clamp_control=True, random_control=True)
     assert s.skipped is None, s.skipped

@@ -529,7 +529,8 @@ def steering_found(run: RunDir) -> dict[str, Found]:
     if table is None or "as_failure_rate" not in table.columns:
         raise ValueError(f"{str(run.path)!r} is a steer run made by an older validation (without the random-direction "
                          "control or the induced failure's form): delete that folder and run the validation again to redo it")
-    layer = int(run.read_summary().layer)
+    summary = run.read_summary()
+    layer = int(summary.layer)
     # induction counts the failure induced (an answer the failure set gave), not any wrong answer
     induced = table["direction"] == "induction"
     table.loc[induced, ["rate", "lo", "random_rate"]] = (
@@ -537,7 +538,7 @@ def steering_found(run: RunDir) -> dict[str, Found]:
     table["above"] = table["rate"] - table["random_rate"]
     best = {d: table[table["direction"] == d].sort_values(["above", "alpha"], ascending=[False, True]).iloc[0]
             for d in ("rescue", "induction")}
-    clamp = run.read_summary().clamp_control
+    clamp = summary.clamp_control
     if clamp is not None:
         rescue = pd.DataFrame(clamp["table"]).query("way == 'rescue'").set_index("clamped")
         clamped = {"steer:clamp": RateFound(layer, float(rescue.at["span", "rate"]), float(rescue.at["span", "lo"]),

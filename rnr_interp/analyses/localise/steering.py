@@ -256,6 +256,11 @@ def random_span(k: int, d: int, seed: int = RANDOM_DIRECTION_SEED) -> Float[Tens
     return torch.linalg.qr(g)[0].T
 
 
+def check_clampable(component: str) -> None:
+    if component not in ("mlp", "attn"):
+        raise ValueError(f"the clamp control clamps an MLP or attention block's write, not a {component!r}'s")
+
+
 def clamp_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel: Sequence[Question], layer: int,
                 component: str, spans: Mapping[str, tuple[Tensor, Tensor]], *, decoding: Decoding,
                 run: RunDir | None = None, batch_size: int = 32, progress: bool = False, level: float = 0.95,
@@ -265,8 +270,7 @@ def clamp_sweep(lm: LoadedModel, task: Task, failure: Sequence[Question], panel:
     within their span (`Clamp`, at the positions `at` names) on `failure` (way "rescue",
     rate: now right) and on `panel` (way "damage", rate: now wrong), each with its Wilson
     interval. Probes ``steer:clamp-rescue-NAME:1`` / ``steer:clamp-damage-NAME:1``."""
-    if component not in ("mlp", "attn"):
-        raise ValueError(f"the clamp control clamps what an MLP or attention block writes, not a {component!r}")
+    check_clampable(component)
     site = COMPONENT_SITE[component]
     probes, rows = {}, []
     for name, (basis, values) in spans.items():
@@ -488,9 +492,10 @@ def run_steer(lm: LoadedModel, task: Task, out: str | Path, *, layer: int | None
         control.update(site=site, vector={"sha256": digest, "size": int(vector.shape[0])})
     elif site is not None:
         raise ValueError("a steering site needs a given vector (--vector); without one v is the block's own output")
-    if clamp_control and (vector is not None or component not in ("mlp", "attn")):
-        raise ValueError("the clamp control clamps an MLP or attention block's write along its own v: not with a given "
-                         f"vector or component {component!r}")
+    if clamp_control:
+        check_clampable(component)
+        if vector is not None:
+            raise ValueError("the clamp control clamps a block's write within its own failures' span: not with a given vector")
     run = RunDir.create(out, localisation_config(STEER, lm, task, decoding, readout, panel, batch_size, split,
                                                  circular=circular, grading=grading, layer=layer, component=component,
                                                  repair_run=str(repair_run) if repair_run else None,
