@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnr_interp"
 #: (layer, its entries in import order): a dotted name below rnr_interp names a module or a
 #: whole package
 LAYERS: list[tuple[str, list[str]]] = [
-    ("data and models", ["models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
+    ("data and models", ["lockfile", "models.packed_linear", "models.fast_attention", "models", "records.schema", "records.files",
                          "records.journal", "records.config", "records.lock", "records.summaries", "records.reference",
                          "records.outdir", "records.rundir", "records", "tasks", "metrics", "grading", "sae", "interventions"]),
     ("engine and rows", ["engine.decoding", "engine.batch", "engine.generate", "engine.vllm_backend", "engine.sampling", "engine.rows"]),

@@ -28,6 +28,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from rnr_interp.lockfile import claim, clear, read_holder
 from rnr_interp.models.environment import cache_dir
 from rnr_interp.models.errors import ModelSpecError
 from rnr_interp.models.loaders import load_gguf
@@ -69,7 +70,8 @@ class BuiltinModel:
         """Hold `root/.lock` while the cache is made: two processes started at once on a
         fresh machine (two `rnr` jobs, test workers) would otherwise write the same
         `.part` files; the second waits, then finds the cache made. A waiter says on
-        stderr which process it waits for (the holder writes its pid into the lock file):
+        stderr which process it waits for (the holder writes its record into the lock file,
+        `rnr_interp.lockfile`):
         a fetch can take minutes, and a silent wait reads as a hang. The kernel drops a
         dead holder's flock, so no lock outlives its maker. Never nested: a second flock
         of this process on another descriptor would wait on itself."""
@@ -80,16 +82,14 @@ class BuiltinModel:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()  # empty until the holder writes it
-                print(f"waiting for {f'process {pid}' if pid else 'another process'}, which is making the {self.name} model cache "
+                print(f"waiting for {read_holder(fd)}, which is making the {self.name} model cache "
                       f"in {self.root} (lock {lock})", file=sys.stderr, flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, 0)  # a killed maker's pid
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            claim(fd)
             try:
                 yield
             finally:
-                os.ftruncate(fd, 0)  # a later waiter names no finished maker
+                clear(fd)
         finally:
             os.close(fd)
 

@@ -1,48 +1,18 @@
 """The writer lock: one process writes a run folder at a time (an `flock` on
-`run/.lock` that names its holder)."""
+`run/.lock` that names its holder, see `rnr_interp.lockfile`)."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
-import socket
-import sys
-import time
 import weakref
-from datetime import datetime, timezone
 from pathlib import Path
 
-
+from rnr_interp.lockfile import claim, read_holder
 from rnr_interp.records.schema import LOCK, RunFolderError, RunLockedError
 
 # -- the writer lock ----------------------------------------------------------------
-
-
-_NO_DETAILS = "a process that left no details"
-
-
-def _holder_text(raw: bytes) -> str:
-    try:
-        h = json.loads(raw.decode())
-        return f"pid {h['pid']} on {h['host']} since {h['started']} ({h['command']})"
-    except (ValueError, KeyError, TypeError):
-        return _NO_DETAILS
-
-
-def _read_holder(fd: int) -> str:
-    """Who holds the lock on `fd`. A holder writes its details just after taking the
-    flock, so a racing reader can find the file still empty: it looks again for up to a
-    second before saying the holder left none."""
-    for _ in range(20):
-        raw = os.pread(fd, 4096, 0)
-        if raw.strip():
-            text = _holder_text(raw)
-            if text != _NO_DETAILS:
-                return text
-        time.sleep(0.05)
-    return _holder_text(os.pread(fd, 4096, 0))
 
 
 class WriterLock:
@@ -62,7 +32,7 @@ class WriterLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                holder = _read_holder(fd)
+                holder = read_holder(fd)
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise RunLockedError(
@@ -79,17 +49,7 @@ class WriterLock:
             if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
                 os.close(fd)
                 continue
-            previous = os.pread(fd, 4096, 0)
-            if previous.strip():
-                self.stale_holder = _holder_text(previous)
-            info = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:200] if sys.argv else "python",
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(info).encode(), 0)
+            self.stale_holder = claim(fd)
             self._finalizer = weakref.finalize(self, _release_lock, fd, self.path)
             return
         raise RunFolderError(f"{self.path}: kept changing while being locked")
