@@ -265,7 +265,7 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
 
     monkeypatch.setitem(PROFILES, "one", Profile(strengths=(0.0, 1.0), seeds=(0,), n=30, why="one seed"))
     summary = run_validate(quiet_mlp_base, echo_task(quiet_mlp_base), tmp_path / "v", profile="one", kinds=("units",),
-                           progress=False)
+                           clamp_control=True, progress=False)
     recovery = RunDir(tmp_path / "v").read_table("recovery").set_index(["strength", "analysis"])
     planted = recovery.loc[1.0]  # the profile's multiple of the default strength (a 1-nat lead)
     layer = int(planted.loc["repair:mlp", "planted"])
@@ -293,10 +293,22 @@ def test_validate_finds_the_planted_units_and_their_null_stays_silent(tmp_path, 
         assert row["as_failure_k"] == sum(not c and str(e) in failure_answers for e, c in zip(mine["extracted"], mine["correct"]))
     above = induction["as_failure_lo"] > random.loc["induction", "as_failure_rate"]
     assert bool(planted.loc["steer:induction", "recovered"]) == bool(above.any())
+    # the clamp's known answer: each planted unit writes its own direction, so the selection
+    # failures' writes span as many directions as units fire there (their answers' first
+    # tokens are the units' partners), and clamping that span repairs more held-out failures
+    # than clamping along v, their mean, or a random span of the same rank
+    partners = read_planted(tmp_path / "v" / "organisms" / "units-s1-seed0").detail["partners"]
+    firing = {p for p in partners for q in selection if str(deployed[q]).startswith(p)}
+    clamp = steer.read_summary().clamp_control
+    assert clamp["rank"] == len(firing) > 1, (clamp["spectrum"], firing)
+    rescued = steer.read_table("steering_clamp").query("way == 'rescue'").set_index("clamped")["k"]
+    assert rescued["span"] > max(rescued["v"], rescued["random"]), rescued
+    assert planted.loc["steer:clamp", "recovered"]
     # the null: nothing fails, so no analysis names anything
     null = recovery.loc[0.0]
+    assert "steer:clamp" in null.index
     assert (null["found"] == "").all() and null["recovered"].all() and (null["planted"] == "").all()
-    # the kind's rate is one organism found end to end: every one of its five analyses recovered it
+    # the kind's rate is one organism found end to end: every one of its analyses recovered it
     units = summary.recovery["units"]
     assert units["n"] == 1 and units["rate"] == float(planted["recovered"].all())
     assert units["null_false_positive_rate"] == 0.0 and units["n_null"] == 1
