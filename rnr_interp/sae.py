@@ -29,6 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from rnr_interp.records import read_json_file
+
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "jumprelu", "topk")
@@ -96,10 +98,7 @@ def _load(folder: str, version: int) -> SAE:
     for name in (CFG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{folder} is not a SAELens SAE folder: no {name}")
-    try:
-        cfg = json.loads((path / CFG_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path / CFG_FILE} is not JSON: {e}") from None
+    cfg = read_json_file(path / CFG_FILE)  # bounded in size and depth; a bad file is a one-line ValueError
     if not isinstance(cfg, dict):
         raise ValueError(f"{path / CFG_FILE} must hold a JSON object")
     weights = load_file(str(path / WEIGHTS_FILE), device="cpu")

@@ -383,6 +383,34 @@ def test_data_that_is_not_a_bounded_regular_file_is_refused(tmp_path, monkeypatc
     _refused_quickly(lambda: load_task("x", task_config=config, data=long), r"long.jsonl:1: a line of 2,0\d\d bytes")
 
 
+def test_json_handed_over_that_is_a_device_a_pipe_or_too_large_is_refused_before_reading(tmp_path, monkeypatch):
+    """A sweep grid, an organism's planted.json and an SAE's cfg.json come from other
+    people: /dev/zero, a pipe nobody writes to, or a file over the limit is refused in one
+    line naming it, not read into memory or waited on."""
+    import os
+
+    from rnr_interp.analyses.organisms import read_planted
+    from rnr_interp.analyses.sweep import Grid
+    from rnr_interp.records import files
+    from rnr_interp.sae import load_sae
+
+    _refused_quickly(lambda: Grid.load("/dev/zero"), "/dev/zero: not a regular file")
+    organism = tmp_path / "organism"
+    organism.mkdir()
+    os.mkfifo(organism / "planted.json")
+    _refused_quickly(lambda: read_planted(organism), "planted.json: not a regular file")
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"models": ["tiny-llama"], "tasks": ["arithmetic"], "n": 2}) + " " * 100)
+    assert Grid.load(grid).tasks[0].n == 2  # within the limit: read as before
+    sae = tmp_path / "sae"
+    sae.mkdir()
+    (sae / "cfg.json").write_text(json.dumps({"metadata": {"hook_name": "blocks.0.hook_resid_pre", "note": "x" * 200}}))
+    (sae / "sae_weights.safetensors").write_bytes(b"")
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", 100)
+    _refused_quickly(lambda: Grid.load(grid), r"grid.json: more than the 100 bytes a JSON file may hold")
+    _refused_quickly(lambda: load_sae(sae), r"cfg.json: more than the 100 bytes a JSON file may hold")
+
+
 CHAT_BOMBS = {
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "more than 2 s of CPU",
     "{{ 'x' * 10 ** 20 }}": "OverflowError",

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from rnr_interp.interventions import dumps, loads, set_id
-from rnr_interp.records import SUMMARY, TEMPERATURE_SWEEP, AuditSummary, JSONTooDeepError, RunDir, parse_json, read_json_file, write_json_atomic
+from rnr_interp.records import SUMMARY, TEMPERATURE_SWEEP, AuditSummary, RunDir, read_json_file, write_json_atomic
 from rnr_interp.engine.decoding import BACKENDS, check_hooks
 from rnr_interp.engine.sampling import Probe
 
@@ -147,12 +147,7 @@ class Grid:
 
     @classmethod
     def load(cls, path: str | Path) -> "Grid":
-        try:
-            return cls.from_dict(parse_json(Path(path).read_text()))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not JSON ({exc})") from exc
-        except JSONTooDeepError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+        return cls.from_dict(read_json_file(Path(path)))  # bounded; a bad file is a one-line RunFolderError
 
     def cells(self, backend: str = "tl") -> list[Cell]:
         """Every combination, in grid order. Cells with interventions stay on "tl"

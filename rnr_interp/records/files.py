@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -134,10 +135,30 @@ def parse_json(text: str | bytes) -> Any:
     raise JSONTooDeepError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
 
 
+#: the largest JSON file read: a run folder's own are under a megabyte, a sweep grid with
+#: inline steering vectors or clamp bases a few; a larger one is not data of ours
+MAX_JSON_BYTES = 64 << 20
+
+
+def _bounded_bytes(path: Path) -> bytes:
+    """The bytes of `path`, when it is a regular file (links followed) of at most
+    MAX_JSON_BYTES: a device (/dev/zero), a pipe or a huge file is refused before a byte is
+    read, and one that grows after the check is cut off at the limit and refused."""
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise RunFolderError(f"{path}: not a regular file (a device, a pipe or a folder)")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_JSON_BYTES + 1)
+    if len(raw) > MAX_JSON_BYTES:
+        raise RunFolderError(f"{path}: more than the {MAX_JSON_BYTES:,} bytes a JSON file may hold")
+    return raw
+
+
 def read_json_file(path: Path) -> Any:
-    """A JSON file's content, or RunFolderError naming the file and what is wrong."""
+    """A JSON file's content, or RunFolderError naming the file and what is wrong
+    (missing, not a regular file, too large, not UTF-8, not JSON, nested too deep)."""
     try:
-        return parse_json(path.read_bytes().decode("utf-8"))
+        return parse_json(_bounded_bytes(Path(path)).decode("utf-8"))
     except JSONTooDeepError as exc:
         raise RunFolderError(f"{path}: {exc}") from None
     except FileNotFoundError:

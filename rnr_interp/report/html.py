@@ -214,9 +214,18 @@ def _has_json(run: RunDir, name: str) -> bool:
     return (run.artefacts_dir / f"{name}.json").is_file()
 
 
+#: how much of an artefact's JSON a page shows, in bytes
+JSON_SHOWN = 20000
+
+
 def _json_details(run: RunDir, name: str) -> str:
-    text = (run.artefacts_dir / f"{name}.json").read_text()
-    return f"<details><summary>{escape_html(name)}.json</summary><pre>{escape_html(_clip(text, 20000))}</pre></details>"
+    path = run.artefacts_dir / f"{name}.json"
+    with open(path, "rb") as f:  # only what the page shows is read: a foreign folder's artefact may be any size
+        text = f.read(JSON_SHOWN).decode("utf-8", "replace")
+    size = path.stat().st_size
+    if size > JSON_SHOWN:
+        text += f"… (+{size - JSON_SHOWN:,} bytes)"
+    return f"<details><summary>{escape_html(name)}.json</summary><pre>{escape_html(text)}</pre></details>"
 
 
 def _other_artefacts_section(page: Page) -> None:

@@ -24,6 +24,7 @@ from rnr_interp.analyses.organisms.losable import losable_layer
 from rnr_interp.analyses.organisms.units import plant_units
 from rnr_interp.interventions import decoder_blocks
 from rnr_interp.models import BUILTIN, TINY_ARCHITECTURES, ModelSpecError, build_tiny, refuse_remote_code
+from rnr_interp.records import read_json_file
 from rnr_interp.tasks.base import Task
 
 PLANTED_FILE = "planted.json"
@@ -223,6 +224,6 @@ def read_planted(folder: Path) -> Planted:
     """The ground truth of an organism folder."""
     path = Path(folder) / PLANTED_FILE
     try:
-        return Planted(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as exc:
+        return Planted(**read_json_file(path))
+    except (ValueError, TypeError) as exc:
         raise ValueError(f"{str(path)!r} is not an organism's {PLANTED_FILE} ({exc})") from None
